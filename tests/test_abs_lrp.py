@@ -1,4 +1,4 @@
-"""absLRP (Vukadin et al., ACM TIST 2024): the "abslrp" rule set of lrp_timm and the abs_lrp method."""
+"""absLRP (Vukadin et al., ACM TIST 2024): the "abslrp" rule set of instrumentation.lrp and the abs_lrp method."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from conftest import make_vit
 
 from vitexplain import explain
-from vitexplain.instrumentation import UnsupportedModelError, lrp_timm
-from vitexplain.instrumentation.lrp_timm import RULE_SETS, Rules, relevance
+from vitexplain.instrumentation import UnsupportedModelError, lrp
+from vitexplain.instrumentation.lrp import RULE_SETS, Rules, relevance
 
 OTHERS = dataclasses.replace(RULE_SETS["abslrp"], start="others")
 
@@ -35,7 +35,7 @@ def randomise_affines(model: torch.nn.Module, seed: int = 5) -> torch.nn.Module:
 @pytest.fixture
 def unstabilised(monkeypatch):
     """The written-out rules divide exactly; take the 1e-9 stabiliser out of the comparison."""
-    monkeypatch.setattr(lrp_timm, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp, "STABILISER", 1e-300)
 
 
 # -- an independent, written-out absLRP, layer by layer in the order of the authors' explain ------

@@ -6,13 +6,13 @@ from transformers import (DeiTConfig, DeiTForImageClassification, DeiTForImageCl
 
 import vitexplain
 from vitexplain.instrumentation import BLOCK_FIELDS, TransformersViTAdapter, UnsupportedModelError, adapter_for
+from vitexplain.instrumentation.lrp import RULE_SETS, relevance
 
 from conftest import make_vit
 from test_instrumentation import _assert_same, _snapshot
 
 HF_TINY = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
                intermediate_size=96, num_labels=10, layer_norm_eps=1e-6, qkv_bias=True)
-LRP_METHODS = ("conservative_lrp", "lrp", "partial_lrp", "transformer_attribution")
 CHEAP = {"rise": dict(n_masks=16), "tis": dict(n_masks=8), "smoothgrad": dict(samples=3), "integrated_gradients": dict(steps=4),
          "tam": dict(steps=3), "bt_head": dict(steps=3), "bt_token": dict(steps=3)}
 #: (timm distilled?, transformers attention): ViT with eager attention, DeiT with teacher with SDPA.
@@ -89,27 +89,39 @@ def test_recording_equals_the_timm_twins(twins, variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("method", [m for m in vitexplain.available_methods() if m not in LRP_METHODS])
+@pytest.mark.parametrize("method", vitexplain.available_methods())
 def test_every_method_gives_the_maps_of_the_timm_twin(twins, variant, method):
-    """Every method runs unchanged, except those built on timm's LRP rules, which refuse (as LRP_METHODS do)."""
+    """Every method runs unchanged, the LRP family (rules placed by lrp_hf) included."""
     timm_model, hf_model = twins[variant]
     images = _images()
     target = torch.tensor([3, 7])
     options = CHEAP.get(method, {})
-    try:
-        got = vitexplain.explain(hf_model, images, method, target=target, **options)
-    except UnsupportedModelError as error:
-        assert "LRP rules are written for timm" in str(error)
-        return
+    got = vitexplain.explain(hf_model, images, method, target=target, **options)
     expected = vitexplain.explain(timm_model, images, method, target=target, **options)
     assert got.shape == expected.shape
     _close(got, expected)
 
 
-@pytest.mark.parametrize("method", LRP_METHODS)
-def test_lrp_methods_refuse_transformers_models(twins, method):
-    with pytest.raises(UnsupportedModelError, match="LRP rules are written for timm"):
-        vitexplain.explain(twins[VARIANTS[0]][1], _images(), method)
+@pytest.mark.parametrize("rules", sorted(RULE_SETS))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lrp_relevance_at_every_stage_equals_the_timm_twins(twins, variant, rules):
+    """Not just the pixels: the relevance of every attention map, block boundary and patch embedding."""
+    timm_model, hf_model = twins[variant]
+    images = _images()
+    expected, got = (relevance(model, images, torch.tensor([3, 7]), rules=rules) for model in (timm_model, hf_model))
+    _close(got.logits, expected.logits, 1e-5)
+    for mine, theirs in zip([*got.attn, *got.residuals, got.patches, got.pixels],
+                            [*expected.attn, *expected.residuals, expected.patches, expected.pixels], strict=True):
+        _close(mine, theirs)
+
+
+def test_abs_lrp_on_deit_without_teacher_and_model_left_as_found():
+    torch.manual_seed(0)
+    model = DeiTForImageClassification(DeiTConfig(**HF_TINY)).eval()
+    before = _snapshot(model)
+    maps = vitexplain.explain(model, _images(), "abs_lrp")
+    assert maps.shape == (2, 32, 32) and torch.isfinite(maps).all() and maps.abs().sum() > 0
+    _assert_same(before, _snapshot(model))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -141,7 +153,7 @@ def test_model_left_as_found_and_outputs_unchanged(twins, attention):
     with torch.no_grad():
         expected = model.eval()(pixel_values=images).logits
     model.train()
-    for method in ("gae", "tokentm", "tis", "integrated_gradients"):
+    for method in ("gae", "tokentm", "tis", "integrated_gradients", "abs_lrp", "transformer_attribution"):
         vitexplain.explain(model, images, method, **CHEAP.get(method, {}))
     _assert_same(before, _snapshot(model))
     assert model.config._attn_implementation == attention
@@ -151,9 +163,10 @@ def test_model_left_as_found_and_outputs_unchanged(twins, attention):
 
     handle = model.base_model.layers[1].mlp.register_forward_hook(explode)
     before["hooks"] = _snapshot(model)["hooks"]
-    with pytest.raises(RuntimeError, match="injected"):
-        vitexplain.explain(model, images, "agcam")
-    _assert_same(before, _snapshot(model))
+    for method in ("agcam", "abs_lrp"):
+        with pytest.raises(RuntimeError, match="injected"):
+            vitexplain.explain(model, images, method)
+        _assert_same(before, _snapshot(model))
     handle.remove()
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(pixel_values=images).logits, expected)
@@ -169,3 +182,13 @@ def test_what_cannot_be_served_gets_a_reason():
         adapter_for(flex)
     with pytest.raises(ValueError, match="takes 32x32 images, got 48x48"):
         vitexplain.explain(ViTForImageClassification(ViTConfig(**HF_TINY)), torch.randn(1, 3, 48, 48), "gae")
+
+
+def test_lrp_names_the_module_it_has_no_rule_for():
+    torch.manual_seed(0)
+    model = ViTForImageClassification(ViTConfig(**HF_TINY)).eval()
+    model.base_model.layernorm = torch.nn.RMSNorm(HF_TINY["hidden_size"])
+    before = _snapshot(model)
+    with pytest.raises(UnsupportedModelError, match=r"its module vit.layernorm \(RMSNorm\) has no LRP rule"):
+        vitexplain.explain(model, _images(), "abs_lrp")
+    _assert_same(before, _snapshot(model))

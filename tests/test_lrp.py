@@ -8,8 +8,8 @@ from conftest import make_vit
 
 from vitexplain import explain
 from vitexplain.instrumentation import UnsupportedModelError
-from vitexplain.instrumentation import lrp_timm
-from vitexplain.instrumentation.lrp_timm import RULE_SETS, Rules, relevance
+from vitexplain.instrumentation import lrp
+from vitexplain.instrumentation.lrp import RULE_SETS, Rules, relevance
 
 LRP_METHODS = ("transformer_attribution", "lrp", "partial_lrp", "conservative_lrp")
 
@@ -146,7 +146,7 @@ def double_model():
 @pytest.fixture
 def unstabilised(monkeypatch):
     """The written-out rules divide exactly; take the 1e-9 stabiliser out of the comparison."""
-    monkeypatch.setattr(lrp_timm, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp, "STABILISER", 1e-300)
 
 
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])

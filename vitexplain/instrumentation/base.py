@@ -176,6 +176,16 @@ class ModelAdapter(ABC):
     def encode(self, tokens: Tensor) -> Tensor:
         """Run the blocks, the final norm and the head on a token sequence [B, N', C] -> logits [B, classes]."""
 
+    def apply_lrp_rules(self, writer) -> None:
+        """Place LRP rules on the family's own parts (attention, residual adds, embeddings, head).
+
+        ``writer`` is a :class:`~vitexplain.instrumentation.lrp.RuleWriter`; see
+        :func:`~vitexplain.instrumentation.lrp.lrp_rules`. Families without LRP code refuse.
+        """
+        raise UnsupportedModelError(
+            "LRP rules are written for timm Vision Transformers and transformers' ViT / DeiT image "
+            f"classifiers, not {type(self.model).__name__}")
+
     # -- shared behaviour -----------------------------------------------------------------------
     def require_class_token(self, method: str) -> int:
         if self.class_token_index is None:

@@ -95,5 +95,10 @@ class TransformersViTAdapter(TransformersAdapter):
         height, width = self.model.base_model.embeddings.patch_embeddings.image_size
         return torch.zeros(batch, channels, height, width, device=self.device, dtype=self.dtype)
 
+    def apply_lrp_rules(self, writer) -> None:
+        from .lrp_hf import apply_rules
+
+        apply_rules(self, writer)
+
     def embed(self, images: Tensor) -> Tensor:
         return self.model.base_model.embeddings(images)

@@ -144,6 +144,11 @@ class TimmViTAdapter(ModelAdapter):
             yield
 
     # -- token subsets --------------------------------------------------------------------------
+    def apply_lrp_rules(self, writer) -> None:
+        from .lrp_timm import apply_rules
+
+        apply_rules(self, writer)
+
     def embed(self, images: Tensor) -> Tensor:
         model = self.model
         tokens = model._pos_embed(model.patch_embed(images))

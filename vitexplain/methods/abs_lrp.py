@@ -6,7 +6,7 @@ import dataclasses
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.lrp_timm import RULE_SETS, relevance
+from ..instrumentation.lrp import RULE_SETS, relevance
 from ..registry import register_method
 
 
@@ -17,7 +17,7 @@ def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: 
     Vukadin, Afrić, Šilić & Delač, "Advancing Attribution-Based Neural Network Explainability through
     Relative Absolute Magnitude Layer-Wise Relevance Propagation and Multi-Component Evaluation", ACM
     TIST 15(3), 2024 (arXiv 2412.09311), compared in GradToken's Table 1. Rule set ``"abslrp"`` of
-    :mod:`vitexplain.instrumentation.lrp_timm`: at every layer y = f(x) the relevance follows the
+    :mod:`vitexplain.instrumentation.lrp`: at every layer y = f(x) the relevance follows the
     positive contributions only, divided by the absolute output, R_x = x ⊙ ∂[f(x) + f_abs(|x|)]ᵀ
     (R_y / |y|) (for a Linear: R_i = Σ_j (x_i w_ji + |x_i w_ji|) / |y_j| · R_j), and each input's
     relevance is then rescaled to Σ|R| = 1 per image. The paper's text could not be consulted here;

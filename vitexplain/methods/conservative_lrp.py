@@ -4,7 +4,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.lrp_timm import relevance
+from ..instrumentation.lrp import relevance
 from ..registry import register_method
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.lrp_timm import relevance
+from ..instrumentation.lrp import relevance
 from ..registry import register_method
 
 
@@ -15,7 +15,7 @@ def lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
     Relevance Propagation", PLOS ONE 2015, applied to ViT as in Chefer, Gur & Wolf, CVPR 2021
     (their "LRP" baseline, ``method="full"`` of ``ViT_orig_LRP.py``): rule set ``"lrp"`` of
-    :mod:`vitexplain.instrumentation.lrp_timm` — LRP-αβ (α=1, β=0) for Linear layers, relevance
+    :mod:`vitexplain.instrumentation.lrp` — LRP-αβ (α=1, β=0) for Linear layers, relevance
     passed unchanged through LayerNorm, GELU and softmax, halved z-rule at the attention products,
     z-rule at the residual and position-embedding adds, prefix tokens dropped, and the z^B rule at the
     patch-embedding convolution. Returns the pixel map [B, H, W] (their evaluation also uses it at

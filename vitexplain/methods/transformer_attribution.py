@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, identity_like
-from ..instrumentation.lrp_timm import relevance
+from ..instrumentation.lrp import relevance
 from ..registry import register_method
 from ._heads import check_start_layer
 
@@ -17,7 +17,7 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization", CVPR 2021,
     Sec. 3.3, Eq. (9)-(10): Ā_b = I + E_h[(∇A_b ⊙ R^{A_b})⁺], C = Ā_B · … · Ā_start; the class token's
     row over the patches. R^{A_b} is the LRP relevance of block b's attention probabilities under
-    their rules (Sec. 3.1-3.2; rule set ``"chefer"`` of :mod:`vitexplain.instrumentation.lrp_timm`,
+    their rules (Sec. 3.1-3.2; rule set ``"chefer"`` of :mod:`vitexplain.instrumentation.lrp`,
     propagated from relevance 1 on the target logit); ∇A_b is the plain gradient of the target
     logit. As in hila-chefer/Transformer-Explainability (``compute_rollout_attention`` of
     ``ViT_LRP.py``), the rows of Ā_b are not renormalised.
