@@ -36,6 +36,8 @@ def add_parser(subparsers) -> None:
             ("clip_grad", float, "gradient norm clip (0: none)"),
             ("focus", float, "fraction of the steps (the first ones) on a window of tokens around the digit"),
             ("focus_window", int, "side of that window, in tokens"),
+            ("rotation", float, "training canvases turned by up to this many degrees about the digit"),
+            ("shear", float, "training canvases sheared by up to this factor about the digit"),
             ("tau", float, "temperature of soft distillation"), ("seed", int, "initialisation, order, windows"),
             ("train_size", int, "fixed training set of this many canvases (default: a new canvas for every example)"),
             ("data_seed", int, "seed of the training canvases"), ("split_seed", int, "train/test split of the scans"),
@@ -46,6 +48,8 @@ def add_parser(subparsers) -> None:
     recipe.add_argument("--distillation", choices=DISTILLATIONS, default=defaults.distillation)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's setting)")
     parser.add_argument("--eval-every", type=int, help="also report the test accuracy every that many steps")
+    parser.add_argument("--snapshot-every", type=int, help="save the training state every that many steps to "
+                        "OUT.snapshot.pt and resume from it when it exists (deleted at the end)")
     parser.add_argument("-o", "--out", required=True, help="checkpoint path (.safetensors); the model card goes beside it")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -68,6 +72,7 @@ def run(args) -> int:
     try:
         result = train_digits(args.arch, model_kwargs, teacher=args.teacher, threads=args.threads, out=args.out,
                               command=command_line(args), eval_every=args.eval_every,
+                              snapshot_every=args.snapshot_every,
                               progress=not args.no_progress, **recipe)
     except (ModelLoadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
