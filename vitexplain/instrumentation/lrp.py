@@ -517,6 +517,15 @@ class RuleWriter:
             self.add_rule(convolution, _absolute_conv_hook, absolute=True)
 
 
+def require_rules_for(model: nn.Module, covered) -> None:
+    """Raise :class:`UnsupportedModelError` naming the first module of ``model`` that ``covered(module)``
+    rejects: a family's LRP code refuses what its rules do not cover instead of giving wrong relevance."""
+    for name, module in model.named_modules():
+        if not covered(module):
+            raise UnsupportedModelError(f"cannot propagate LRP through this {type(model).__name__}: its module "
+                                        f"{name} ({type(module).__name__}) has no LRP rule here")
+
+
 @contextlib.contextmanager
 def lrp_rules(adapter: ModelAdapter, rules: str | Rules = "chefer") -> Iterator[Trace]:
     """Within the block, the model's backward propagates relevance under ``rules``; yields the :class:`Trace`.

@@ -15,8 +15,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .base import ModelAdapter, UnsupportedModelError
-from .lrp import RuleWriter, absolute_passthrough
+from .base import ModelAdapter
+from .lrp import RuleWriter, absolute_passthrough, require_rules_for
 
 
 def _attention_forward(attention: nn.Module, hidden_states: Tensor, attention_mask: Tensor | None = None,
@@ -55,25 +55,19 @@ def _written_classes() -> tuple[type, ...]:
             deit.DeiTMLP)
 
 
-def _unsupported_part(model: nn.Module) -> str | None:
-    """A sentence naming the first module the rules do not cover, or None."""
+def _covered(model: nn.Module):
+    """Whether the rules cover a module: the classes written here, plain layers, the MLP activations
+    and the patch convolution."""
     base = model.base_model
-    activations = {id(layer.mlp.activation_fn) for layer in base.layers}
+    exempt = {id(layer.mlp.activation_fn) for layer in base.layers} | {id(base.embeddings.patch_embeddings.projection)}
     allowed = (*_written_classes(), nn.Linear, nn.LayerNorm, nn.Dropout, nn.Identity, nn.ModuleList)
-    for name, module in model.named_modules():
-        if id(module) in activations or module is base.embeddings.patch_embeddings.projection:
-            continue
-        if type(module) not in allowed:
-            return f"its module {name} ({type(module).__name__}) has no LRP rule here"
-    return None
+    return lambda module: id(module) in exempt or type(module) in allowed
 
 
 def apply_rules(adapter: ModelAdapter, writer: RuleWriter) -> None:
     """Place ``writer``'s rules on the adapter's transformers ViT / DeiT (see :meth:`ModelAdapter.apply_lrp_rules`)."""
     model = adapter.model
-    reason = _unsupported_part(model)
-    if reason is not None:
-        raise UnsupportedModelError(f"cannot propagate LRP through this {type(model).__name__}: {reason}")
+    require_rules_for(model, _covered(model))
     base, embeddings = model.base_model, model.base_model.embeddings
     if writer.absolute_dropouts:  # timm's head dropout, before each classifier's own rule
         for head in model.children():

@@ -4,7 +4,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .base import ModelAdapter, UnsupportedModelError
-from .lrp import RuleWriter, absolute_rule
+from .lrp import RuleWriter, absolute_rule, require_rules_for
 
 
 def _absolute_layer_scale_hook(layer_scale: nn.Module, args: tuple, output: Tensor) -> Tensor:
@@ -34,23 +34,23 @@ def _block_forward(block: nn.Module, x: Tensor, attn_mask: Tensor | None = None,
     return add(x, block.drop_path2(block.ls2(block.mlp(block.norm2(x)))))
 
 
-def _unsupported_part(model: nn.Module) -> str | None:
-    """A sentence naming the first module the rules do not cover, or None."""
+def _covered(model: nn.Module):
+    """Whether the rules cover a module: timm's ViT classes and plain layers (no gated attention), the
+    MLP activations and the patch convolution."""
     from timm.layers import DropPath, LayerScale, Mlp, PatchDropout, PatchEmbed
     from timm.models.vision_transformer import Attention, Block, VisionTransformer
 
-    if getattr(model, "attn_pool", None) is not None:
-        return "its attention-pooling head (global_pool='map') has no LRP rule here"
-    activations = {id(block.mlp.act) for block in model.blocks if type(block.mlp) is Mlp}
+    exempt = {id(block.mlp.act) for block in model.blocks if type(block.mlp) is Mlp}
+    if isinstance(model.patch_embed.proj, nn.Conv2d):
+        exempt.add(id(model.patch_embed.proj))
     allowed = (VisionTransformer, Block, Attention, Mlp, PatchEmbed, LayerScale, DropPath, PatchDropout,
                nn.Linear, nn.LayerNorm, nn.Identity, nn.Dropout, nn.Sequential, nn.ModuleList)
-    for name, module in model.named_modules():
-        if id(module) in activations or module is model.patch_embed.proj and isinstance(module, nn.Conv2d):
-            continue
+
+    def covered(module: nn.Module) -> bool:
         gated = isinstance(module, Attention) and getattr(module, "gate", None) is not None
-        if gated or not isinstance(module, allowed):
-            return f"its module {name} ({type(module).__name__}) has no LRP rule here"
-    return None
+        return id(module) in exempt or (isinstance(module, allowed) and not gated)
+
+    return covered
 
 
 def apply_rules(adapter: ModelAdapter, writer: RuleWriter) -> None:
@@ -58,9 +58,10 @@ def apply_rules(adapter: ModelAdapter, writer: RuleWriter) -> None:
     from timm.layers import LayerScale
 
     model = adapter.model
-    reason = _unsupported_part(model)
-    if reason is not None:
-        raise UnsupportedModelError(f"cannot propagate LRP through this {type(model).__name__}: {reason}")
+    if getattr(model, "attn_pool", None) is not None:
+        raise UnsupportedModelError(f"cannot propagate LRP through this {type(model).__name__}: its attention-pooling "
+                                    "head (global_pool='map') has no LRP rule here")
+    require_rules_for(model, _covered(model))
     position_dropout = getattr(model, "pos_drop", None)
     writer.layers(model, position_dropout, extra={LayerScale: _absolute_layer_scale_hook})
     for block in model.blocks:
