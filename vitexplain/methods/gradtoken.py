@@ -13,12 +13,12 @@ HEAD_INTEGRATIONS = ("relu_mean", "mean")
 SCORES = ("logit", "probability")
 
 
-def aggregate_attention(blocks: list[BlockRecord], aggregation: str, propagation: str) -> Tensor:
+def aggregate_attention(blocks: list[BlockRecord], aggregation: str, top_down: bool) -> Tensor:
     """The lower blocks' attention combined into one [B, N, N] matrix (Sec. 3.3).
 
     ``average``: Ā = 1/B · 1/H Σ_b Σ_h A_h^(b) (Eq. 14), B counting the averaged blocks plus the last one.
-    ``rollout``: L^(b) = I + 1/H Σ_h A_h^(b) (Eq. 9), multiplied top-down L^(B-1)⋯L^(1) for element-wise
-    propagation (Eq. 10) and bottom-up L^(1)⋯L^(B-1) for matrix propagation (Eq. 12).
+    ``rollout``: L^(b) = I + 1/H Σ_h A_h^(b) (Eq. 9), multiplied ``top_down`` L^(B-1)⋯L^(1) (Eq. 10) or
+    bottom-up L^(1)⋯L^(B-1) (Eq. 12 as printed).
     """
     fused = [block.attn.mean(1) for block in blocks]
     if aggregation == "average":
@@ -29,7 +29,7 @@ def aggregate_attention(blocks: list[BlockRecord], aggregation: str, propagation
         layer = eye + attn
         if product is None:
             product = layer
-        elif propagation == "elementwise":
+        elif top_down:
             product = torch.bmm(layer, product)
         else:
             product = torch.bmm(product, layer)
@@ -94,8 +94,7 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *, aggregation
 
     lower = record.blocks[depth % num_blocks:-1]
     if propagation != "none" and lower:
-        top_down = propagation == "elementwise" or transpose
-        aggregated = aggregate_attention(lower, aggregation, "elementwise" if top_down else "matmul")
+        aggregated = aggregate_attention(lower, aggregation, top_down=propagation == "elementwise" or transpose)
         if propagation == "elementwise":
             relevance = aggregated[:, None, cls, prefix:] * relevance
         else:
