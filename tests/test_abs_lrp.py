@@ -289,7 +289,7 @@ def test_model_is_restored_after_use_and_after_an_exception():
 
 def test_clear_errors(tiny):
     images = images_like(2)
-    with pytest.raises(TypeError, match="contrastive must be a bool"):
+    with pytest.raises(TypeError, match="option contrastive of method .* must be True or False"):
         explain(tiny, images, "abs_lrp", contrastive="yes")
     with pytest.raises(TypeError, match="has no option 'rules'"):
         explain(tiny, images, "abs_lrp", rules="chefer")

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import vitexplain
-from vitexplain.registry import _REGISTRY, register_method
+from vitexplain.registry import METHODS, register_method
 
 from conftest import make_vit
 
@@ -76,4 +76,4 @@ def test_a_method_returning_the_wrong_shape_is_caught(images):
         with pytest.raises(ValueError, match="already registered"):
             register_method("_test_wrong_shape")(wrong)
     finally:
-        _REGISTRY.pop("_test_wrong_shape")
+        METHODS.remove("_test_wrong_shape")

@@ -280,13 +280,13 @@ def test_works_on_distilled_deit_and_registers(method):
 @pytest.mark.parametrize("method, options, message", [
     ("rise", dict(p1=0), "p1"),
     ("rise", dict(n_masks=0), "n_masks"),
-    ("rise", dict(score="softmax"), "unknown score"),
-    ("vitcx", dict(features="tokens"), "unknown features"),
+    ("rise", dict(score="softmax"), "option score of method .* must be one of"),
+    ("vitcx", dict(features="tokens"), "option features of method .* must be one of"),
     ("vitcx", dict(layer=3), "layer"),
     ("vitcx", dict(distance_threshold=-1), "distance_threshold"),
-    ("integrated_gradients", dict(quadrature="simpson"), "unknown quadrature"),
+    ("integrated_gradients", dict(quadrature="simpson"), "option quadrature of method .* must be one of"),
     ("integrated_gradients", dict(baseline=torch.zeros(2, 1, 1)), "does not broadcast"),
-    ("smoothgrad", dict(channel_reduction="mean"), "unknown channel_reduction"),
+    ("smoothgrad", dict(channel_reduction="mean"), "option channel_reduction of method .* must be one of"),
     ("smoothgrad", dict(stdev=-0.1), "stdev"),
 ])
 def test_bad_options_are_named(method, options, message):

@@ -130,7 +130,7 @@ def test_batch_equals_one_image_at_a_time():
     ({"score": "log_odds"}, "unknown score"),
     ({"depth": 3}, "depth must index"),
     ({"depth": -4}, "depth must index"),
-    ({"depth": 1.0}, "depth must index"),
+    ({"depth": 1.0}, "option depth of method .* must be an integer"),
 ])
 def test_bad_options_are_refused(options, message):
     model = make_vit()

@@ -6,7 +6,9 @@ from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassifica
                           RobertaForSequenceClassification)
 
 import vitexplain
-from vitexplain.api import TEXT_METHODS
+from vitexplain.registry import available_methods
+
+TEXT_METHODS = available_methods("text")
 from vitexplain.instrumentation import BLOCK_FIELDS, TokenBatch, TransformersTextAdapter, UnsupportedModelError, adapter_for
 
 from test_instrumentation import _assert_same, _snapshot

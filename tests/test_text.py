@@ -57,6 +57,6 @@ def test_missing_model_and_bad_target_are_reported(model_dir, tmp_path, capsys):
     assert "no Hugging Face model in" in capsys.readouterr().err
     assert main(["explain-text", "good", "--model", str(model_dir), "--target", "5", "--html", str(tmp_path / "b.html")]) == 2
     assert "outside the model's 2 classes" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["explain-text", "good", "--model", str(model_dir), "--method", "rise"])
-    assert "invalid choice: 'rise'" in capsys.readouterr().err
+    assert main(["explain-text", "good", "--model", str(model_dir), "--method", "rise", "--html", str(tmp_path / "c.html")]) == 2
+    error = capsys.readouterr().err
+    assert "'rise' explains images only" in error and "gradtoken" in error

@@ -234,7 +234,7 @@ def test_tokens_no_mask_keeps_get_zero_not_nan():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(score="probability"), "unknown score"),
+    (dict(score="probability"), "option score of method .* must be one of"),
     (dict(ratio=0), "ratio"),
     (dict(ratio=[0.5, 1.5]), "ratio"),
     (dict(ratio=[]), "ratio"),

@@ -191,9 +191,9 @@ def test_batch_equals_one_image_at_a_time():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"reference": "output"}, "unknown reference"),
-    ({"score": "log_odds"}, "unknown score"),
-    ({"depth": 0}, "depth must be"),
+    ({"reference": "output"}, "option reference of method .* must be one of"),
+    ({"score": "log_odds"}, "option score of method .* must be one of"),
+    ({"depth": 0}, "option depth of method .* must be an integer >= 1"),
     ({"depth": 4}, "depth must be"),
     ({"depth": 2, "aggregate": False}, "needs aggregate=True"),
 ])

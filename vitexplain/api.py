@@ -8,15 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .instrumentation import ModelAdapter, TokenBatch, adapter_for
-from .registry import MethodSpec, get_method
-
-#: Methods that explain text: they read only the recording (attention, q / k / v, the residual
-#: stream and its gradients), so a 1-D token "grid" serves them. The others work on images: they
-#: scale, mask, noise or resample pixels (integrated gradients, SmoothGrad, RISE, ViT-CX and the
-#: integrated attention gradients of TAM and Beyond Intuition), sample 2-D patch subsets (TIS), or
-#: follow LRP rules written for timm's modules (transformer_attribution, partial_lrp, lrp,
-#: conservative_lrp). See docs/decisions/hf.md.
-TEXT_METHODS = ("agcam", "attcat", "attn_gradcam", "gae", "gradcam", "gradtoken", "raw_attention", "rollout", "tokentm")
+from .registry import MethodSpec, available_methods, get_method
 
 
 def explain(
@@ -34,7 +26,8 @@ def explain(
         inputs: preprocessed float images [B, 3, H, W]; for a text classifier, tokenised text: a
             tokenizer's output (e.g. a ``BatchEncoding`` with ``input_ids`` and ``attention_mask``),
             or token ids [B, T] whose pad tokens are padding. Sequences must be right-padded.
-        method: a name from :func:`vitexplain.available_methods` (for text, one of :data:`TEXT_METHODS`).
+        method: a name from :func:`vitexplain.available_methods` (for text, one of
+            ``available_methods("text")``: the methods that only read the recording; see docs/decisions/hf.md).
         target: None (explain each input's predicted class), an int (the same class for every
             input), or one class per input (LongTensor [B] or a sequence of ints).
         **options: the method's options; an unknown one raises an error listing the valid ones.
@@ -64,8 +57,9 @@ def _explain_text(spec: MethodSpec, adapter: ModelAdapter, tokens: TokenBatch, t
     Sequences of one length run together, cut to that length, so no method ever sees padding and a
     sequence's map does not depend on the other sequences of the batch or on how much it was padded.
     """
-    if spec.name not in TEXT_METHODS:
-        raise ValueError(f"method {spec.name!r} explains images only; for text use one of: {', '.join(TEXT_METHODS)}")
+    if "text" not in spec.modalities:
+        raise ValueError(f"method {spec.name!r} explains images only; for text use one of: "
+                         f"{', '.join(available_methods('text'))}")
     lengths = tokens.lengths
     positions = torch.arange(tokens.shape[1], device=tokens.device)
     if not torch.equal(tokens.attention_mask, positions < lengths[:, None]):

@@ -1,20 +1,90 @@
-"""Explanation methods registered by name.
+"""Things registered by name — explanation methods, metrics, datasets, reproduce recipes — in one kind of registry.
 
-A method is a function ``fn(adapter, images, target, *, option=default, ...) -> Tensor [B, h, w]``
-decorated with :func:`register_method`. Its keyword-only parameters are its options; anything
-else a user passes is refused with the list of valid ones. Each method lives in its own module
-under :mod:`vitexplain.methods`, which imports them all, so adding one touches nothing else.
+A :class:`Registry` maps names to entries, refuses a second entry under a taken name, and answers an
+unknown name with the closest match and the full list. Everything a part of the library needs to
+know about an entry lives on the entry (for a method: its resolution, whether it is class-specific,
+randomised or a control, which inputs it explains, what it costs), so adding one touches no table
+elsewhere.
+
+Explanation methods are functions ``fn(adapter, images, target, *, option=default, ...) -> Tensor
+[B, h, w]`` decorated with :func:`register_method`. Their keyword-only parameters are their options,
+checked by name and by annotated type (:mod:`vitexplain.options`). Each built-in method lives in its
+own module under :mod:`vitexplain.methods`, which imports them all.
 """
 from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Generic, TypeVar
 
 from torch import Tensor
 
+from . import options as option_checks
+
+T = TypeVar("T")
+
 RESOLUTIONS = ("token", "pixel")
+MODALITIES = ("image", "text")
+
+
+class Registry(Generic[T]):
+    """Entries of one kind by name; ``loader`` (called before any lookup) registers the built-in ones.
+
+    Names are listed sorted, or in registration order with ``sort=False`` (e.g. recipes in table order).
+    """
+
+    def __init__(self, kind: str, loader: Callable[[], None] | None = None, *, sort: bool = True):
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+        self._loader = loader
+        self._sort = sort
+
+    def _load(self) -> None:
+        if self._loader is not None:
+            loader, self._loader = self._loader, None
+            loader()
+
+    def add(self, name: str, entry: T) -> T:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
+        if name in self._entries:
+            raise ValueError(f"a {self.kind} named {name!r} is already registered")
+        self._entries[name] = entry
+        return entry
+
+    def remove(self, name: str) -> T:
+        """Unregister ``name`` (for plug-ins and tests that register temporary entries)."""
+        return self._entries.pop(name)
+
+    def get(self, name: str) -> T:
+        self._load()
+        if not isinstance(name, str) or name not in self._entries:
+            close = difflib.get_close_matches(str(name), self._entries, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown {self.kind} {name!r}{hint}; available: {', '.join(self.names())}")
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        """Every registered name (sorted unless the registry keeps registration order)."""
+        self._load()
+        return sorted(self._entries) if self._sort else list(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+
+def fixed_cost(passes: float) -> Callable[[dict[str, Any]], float]:
+    """A cost function for a method whose cost does not depend on its options."""
+    return lambda options: float(passes)
 
 
 @dataclass(frozen=True)
@@ -26,66 +96,86 @@ class MethodSpec:
         fn: the implementation.
         resolution: ``"token"`` (maps on the patch grid) or ``"pixel"`` (maps at image size).
         class_specific: whether the map depends on the target class.
-        randomised: whether the method draws random numbers (then it takes a ``seed`` option).
-        summary: first line of the docstring.
+        modalities: the inputs it explains: ``"image"`` and, for methods that only read the recording
+            (attention, q / k / v, the residual stream and its gradients), ``"text"``.
+        control: a reference map, not an explanation (random / constant): shown for reference in
+            reports, never counted as best, left out of ``--method all``.
+        cost: model passes per input (a backward counts as two forwards) given the effective
+            options, for planning (``vitexplain reproduce --list``).
     """
 
     name: str
     fn: Callable[..., Tensor]
     resolution: str
     class_specific: bool
-    randomised: bool
+    modalities: tuple[str, ...]
+    control: bool
+    cost: Callable[[dict[str, Any]], float]
+
+    @property
+    def randomised(self) -> bool:
+        """Whether the method draws random numbers (then it takes a ``seed`` option)."""
+        return "seed" in self.options
 
     @property
     def options(self) -> dict[str, Any]:
         """Option names and their defaults."""
-        params = inspect.signature(self.fn).parameters.values()
-        return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        return option_checks.option_defaults(self.fn)
+
+    @property
+    def option_types(self) -> dict[str, Any]:
+        """Option names and their annotated types."""
+        return option_checks.option_types(self.fn)
 
     @property
     def summary(self) -> str:
         return (inspect.getdoc(self.fn) or "").split("\n", 1)[0]
 
     def check_options(self, options: dict[str, Any]) -> None:
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            valid = ", ".join(sorted(self.options)) or "none"
-            raise TypeError(f"method {self.name!r} has no option {', '.join(map(repr, unknown))}; its options are: {valid}")
+        """Refuse unknown options (listing the valid ones) and values outside their annotated type."""
+        option_checks.check_options(f"method {self.name!r}", self.fn, options)
 
-
-_REGISTRY: dict[str, MethodSpec] = {}
-
-
-def register_method(name: str, *, resolution: str = "token", class_specific: bool = True) -> Callable:
-    """Decorator that registers an explanation method under ``name``."""
-    if resolution not in RESOLUTIONS:
-        raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
-
-    def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        if name in _REGISTRY:
-            raise ValueError(f"an explanation method named {name!r} is already registered")
-        randomised = "seed" in inspect.signature(fn).parameters
-        _REGISTRY[name] = MethodSpec(name, fn, resolution, class_specific, randomised)
-        return fn
-
-    return decorate
+    def passes(self, options: dict[str, Any] | None = None) -> float:
+        """Model passes per input with ``options`` over the defaults (see :attr:`cost`)."""
+        return self.cost({**self.options, **(options or {})})
 
 
 def _load_builtin_methods() -> None:
     from . import methods  # noqa: F401  (importing registers every built-in method)
 
 
-def available_methods() -> list[str]:
-    """Names of every registered explanation method, sorted."""
-    _load_builtin_methods()
-    return sorted(_REGISTRY)
+METHODS: Registry[MethodSpec] = Registry("explanation method", _load_builtin_methods)
+
+
+def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
+                    modalities: tuple[str, ...] = ("image",), control: bool = False,
+                    cost: float | Callable[[dict[str, Any]], float] = 3.0) -> Callable:
+    """Decorator that registers an explanation method under ``name`` (see :class:`MethodSpec`).
+
+    ``cost`` is a number of model passes, or a function of the effective options returning one; the
+    default, 3, is one forward and one backward.
+    """
+    if resolution not in RESOLUTIONS:
+        raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
+    unknown = set(modalities) - set(MODALITIES)
+    if not modalities or unknown:
+        raise ValueError(f"modalities must be a non-empty subset of {MODALITIES}, got {modalities!r}")
+    cost_fn = cost if callable(cost) else fixed_cost(cost)
+
+    def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn))
+        return fn
+
+    return decorate
+
+
+def available_methods(modality: str | None = None, *, controls: bool = True) -> list[str]:
+    """Names of the registered explanation methods, sorted: all, or those explaining ``modality``
+    (``"image"`` / ``"text"``), with or without the controls."""
+    return [name for name in METHODS.names()
+            if (modality is None or modality in METHODS.get(name).modalities) and (controls or not METHODS.get(name).control)]
 
 
 def get_method(name: str) -> MethodSpec:
     """The registered method called ``name``; an unknown name gets the list of valid ones."""
-    _load_builtin_methods()
-    if not isinstance(name, str) or name not in _REGISTRY:
-        close = difflib.get_close_matches(str(name), _REGISTRY, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown explanation method {name!r}{hint}; available: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    return METHODS.get(name)

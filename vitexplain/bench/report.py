@@ -13,12 +13,9 @@ import torch
 from torch import Tensor
 
 from ..metrics import get_metric
+from ..registry import METHODS
 from .config import DatasetSpec
 from .store import atomic_write, safe_name
-
-#: methods that are controls, not explanations: their rows are references, never "best"
-CONTROLS = frozenset({"random_baseline", "constant_baseline"})
-
 
 @dataclass
 class Share:
@@ -125,11 +122,11 @@ class BenchResult:
         return [(label, number, number if names[number] == 1 else f"{label}/{number}") for label, number in pairs]
 
     def table(self, model: str) -> Table:
-        """The model's table; control methods (:data:`CONTROLS`) never count as best."""
+        """The model's table; control methods (registered with ``control=True``) never count as best."""
         columns = self.columns(model)
         better = [self.higher_is_better.get(label, {}).get(number) for label, number, _ in columns]
         methods = list(self.scores[model])
-        controls = {m for m in methods if self.settings.get("methods", {}).get(m, {}).get("name") in CONTROLS}
+        controls = {m for m in methods if _is_control(self.settings.get("methods", {}).get(m, {}).get("name"))}
         values = [[self.scores[model][m].get(label, {}).get(number) for label, number, _ in columns] for m in methods]
         best = [[False] * len(columns) for _ in methods]
         for j, direction in enumerate(better):
@@ -231,6 +228,10 @@ class BenchResult:
     def to_dict(self) -> dict[str, Any]:
         """Everything but the galleries' pixels, as plain data."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "galleries"}
+
+
+def _is_control(method: str | None) -> bool:
+    return method in METHODS and METHODS.get(method).control
 
 
 def format_value(value: float | None) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import TEXT_METHODS, explain
+from ..api import explain
 
 
 def add_parser(subparsers) -> None:
@@ -16,7 +16,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("text", help="the text to classify and explain")
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="local Hugging Face model directory (save_pretrained layout, with its tokenizer)")
-    parser.add_argument("--method", default="gradtoken", choices=TEXT_METHODS, help="explanation method (default: %(default)s)")
+    parser.add_argument("--method", default="gradtoken",
+                        help="a method that explains text (`vitexplain methods` marks them; default: %(default)s)")
     parser.add_argument("--target", type=int, help="class to explain (default: the prediction)")
     parser.add_argument("--max-length", type=int, default=512, help="word pieces kept, special tokens included (default: %(default)s)")
     parser.add_argument("--html", default="vitexplain-text.html", help="where the HTML snippet goes (default: %(default)s)")

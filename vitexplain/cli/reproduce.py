@@ -37,7 +37,8 @@ def describe_recipes() -> str:
     from ..reproduce import DATA_INPUTS, MODELS, RECIPES, estimate_gpu_hours, plan_recipe
 
     lines = []
-    for name, recipe in RECIPES.items():
+    for name in RECIPES:
+        recipe = RECIPES.get(name)
         lines.append(f"{name}  {recipe.paper}, {recipe.title}")
         inputs = [DATA_INPUTS[key].flag + (" (optional)" if DATA_INPUTS[key].optional else "") for key in recipe.inputs()]
         lines.append(f"    data:    {', '.join(inputs)}")

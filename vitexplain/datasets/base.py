@@ -9,7 +9,6 @@ names of :class:`vitexplain.metrics.EvalBatch`: ``images``, ``labels``, ``ids``,
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
+
+from ..registry import Registry
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -143,16 +144,14 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------- registry
 
-_DATASETS: dict[str, Callable[..., Dataset]] = {}
+DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset")
 
 
 def register_dataset(name: str) -> Callable:
     """Class decorator that registers a dataset loader under ``name``."""
 
     def decorate(cls):
-        if name in _DATASETS:
-            raise ValueError(f"a dataset named {name!r} is already registered")
-        _DATASETS[name] = cls
+        DATASETS.add(name, cls)
         return cls
 
     return decorate
@@ -160,7 +159,7 @@ def register_dataset(name: str) -> Callable:
 
 def available_datasets() -> list[str]:
     """Names of every registered dataset, sorted."""
-    return sorted(_DATASETS)
+    return DATASETS.names()
 
 
 def get_dataset(name: str, root: str | Path | None = None, split: str | None = None, **options) -> Dataset:
@@ -169,11 +168,7 @@ def get_dataset(name: str, root: str | Path | None = None, split: str | None = N
     ``split`` defaults to the dataset's first split; ``options`` are the loader's keyword arguments
     (e.g. ``preprocess``, ``n``, ``seed``); unknown names get the list of valid ones.
     """
-    if not isinstance(name, str) or name not in _DATASETS:
-        close = difflib.get_close_matches(str(name), _DATASETS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown dataset {name!r}{hint}; available: {', '.join(available_datasets())}")
-    cls = _DATASETS[name]
+    cls = DATASETS.get(name)
     params = inspect.signature(cls).parameters
     valid = sorted(p for p in params if p not in ("root", "split"))
     unknown = sorted(set(options) - set(valid))

@@ -2,27 +2,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ._heads import check_start_layer
+from ..options import Range
+from ._heads import block_index
 
 #: Depth of ViT-B/16, the model the authors of TAM and Beyond Intuition chose their start layers for.
 REFERENCE_DEPTH = 12
 
 
-def check_choice(option: str, value: str, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"unknown {option} {value!r}; choose one of {tuple(choices)}")
-    return value
-
-
-def check_count(option: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{option} must be an integer >= {minimum}, got {value!r}")
-    return value
+#: Integration steps of the path-integrated attention gradients (both path ends included, so at least two).
+IntegrationSteps = Annotated[int, Range(low=2)]
 
 
 def resolve_start_layer(start_layer: int | None, authors_value: int, num_blocks: int) -> int:
@@ -34,9 +28,7 @@ def resolve_start_layer(start_layer: int | None, authors_value: int, num_blocks:
     """
     if start_layer is None:
         return authors_value * num_blocks // REFERENCE_DEPTH
-    if isinstance(start_layer, bool) or not isinstance(start_layer, int):
-        raise ValueError(f"start_layer must be an integer block index or None, got {start_layer!r}")
-    return check_start_layer(start_layer, num_blocks)
+    return block_index("start_layer", start_layer, num_blocks)
 
 
 def propagate_rows(rows: Tensor, matrices: Iterable[Tensor]) -> Tensor:

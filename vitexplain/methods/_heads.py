@@ -1,21 +1,21 @@
 """Small tensor helpers several attention-based methods share."""
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
-HEAD_FUSIONS = ("mean", "max", "min")
+HeadFusion = Literal["mean", "max", "min"]
 
 
-def fuse_heads(attn: Tensor, how: str = "mean") -> Tensor:
+def fuse_heads(attn: Tensor, how: HeadFusion = "mean") -> Tensor:
     """Combine per-head maps [B, H, N, N] into one [B, N, N]."""
     if how == "mean":
         return attn.mean(1)
     if how == "max":
         return attn.amax(1)
-    if how == "min":
-        return attn.amin(1)
-    raise ValueError(f"unknown head_fusion {how!r}; choose one of {HEAD_FUSIONS}")
+    return attn.amin(1)
 
 
 def with_residual(attn: Tensor) -> Tensor:
@@ -25,7 +25,9 @@ def with_residual(attn: Tensor) -> Tensor:
     return augmented / augmented.sum(-1, keepdim=True)
 
 
-def check_start_layer(start_layer: int, num_blocks: int) -> int:
-    if not -num_blocks <= start_layer < num_blocks:
-        raise ValueError(f"start_layer must index one of the model's {num_blocks} blocks, got {start_layer}")
-    return start_layer % num_blocks
+def block_index(option: str, value: int, num_blocks: int) -> int:
+    """A block index option (0-based, negative counts from the end) as 0 … num_blocks-1, checked against the model."""
+    if not -num_blocks <= value < num_blocks:
+        raise ValueError(f"{option} must index one of the model's {num_blocks} blocks (-{num_blocks} … {num_blocks - 1}), "
+                         f"got {value}")
+    return value % num_blocks

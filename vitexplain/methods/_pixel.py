@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, resolve_targets
-from ..instrumentation.base import SCORES
 
+#: How per-channel attributions [B, C, H, W] become a map [B, H, W]: ``sum`` Σ_c a_c (signed; what the TIS
+#: authors' Captum wrapper does), ``abs_sum`` Σ_c |a_c|, ``max_abs`` max_c |a_c| (Simonyan et al., 2014).
+ChannelReduction = Literal["sum", "abs_sum", "max_abs"]
 CHANNEL_REDUCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "sum": lambda attributions: attributions.sum(1),
     "abs_sum": lambda attributions: attributions.abs().sum(1),
@@ -17,22 +20,8 @@ CHANNEL_REDUCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def check_score(score: str) -> str:
-    if score not in SCORES:
-        raise ValueError(f"unknown score {score!r}; choose one of {sorted(SCORES)}")
-    return score
-
-
 def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
     """A generator of its own on ``device``, so the global RNG is never drawn from."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}")
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -73,15 +62,3 @@ def mask_major_pairs(counts: Tensor) -> tuple[Tensor, Tensor]:
 def chunks(total: int, size: int) -> Iterator[slice]:
     for start in range(0, total, size):
         yield slice(start, min(start + size, total))
-
-
-def channel_reducer(how: str) -> Callable[[Tensor], Tensor]:
-    """How per-channel attributions [B, C, H, W] become a map [B, H, W], by name.
-
-    ``sum``: Σ_c a_c (signed; what the TIS authors' Captum wrapper does); ``abs_sum``: Σ_c |a_c|;
-    ``max_abs``: max_c |a_c| (Simonyan et al., 2014).
-    """
-    try:
-        return CHANNEL_REDUCTIONS[how]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown channel_reduction {how!r}; choose one of {sorted(CHANNEL_REDUCTIONS)}") from None

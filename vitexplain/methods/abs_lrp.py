@@ -10,7 +10,7 @@ from ..instrumentation.lrp import RULE_SETS, relevance
 from ..registry import register_method
 
 
-@register_method("abs_lrp", resolution="pixel")
+@register_method("abs_lrp", resolution="pixel", cost=lambda o: 4 * (1 + o["contrastive"]))
 def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: bool = True) -> Tensor:
     """absLRP pixel relevance of the target class, minus that of all other classes, summed over channels.
 
@@ -35,8 +35,6 @@ def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: 
     visualisation and GradToken's pixel-level evaluation. Not rescaled (their ``relevancy`` also
     divides by the per-image max |value|, a positive factor left to visualisation and evaluation).
     """
-    if not isinstance(contrastive, bool):
-        raise TypeError(f"contrastive must be a bool, got {contrastive!r}")
     explained = relevance(adapter, images, target, rules="abslrp")
     pixels = explained.pixels
     if contrastive:

@@ -1,18 +1,17 @@
 """Attention Guided CAM (Leem & Seo, AAAI 2024)."""
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._gradients import check_choice
-
-FUSIONS = ("sum", "mean", "max", "min")
-GRADIENTS_OF = ("attn", "attn_logits")
+Fusion = Literal["sum", "mean", "max", "min"]
 
 
-def fuse(maps: Tensor, dim: int, how: str) -> Tensor:
+def fuse(maps: Tensor, dim: int, how: Fusion) -> Tensor:
     if how == "sum":
         return maps.sum(dim)
     if how == "mean":
@@ -20,9 +19,10 @@ def fuse(maps: Tensor, dim: int, how: str) -> Tensor:
     return maps.amax(dim) if how == "max" else maps.amin(dim)
 
 
-@register_method("agcam")
-def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: str = "sum",
-          layer_fusion: str = "sum", gradient_of: str = "attn", detach_attention_input: bool = True) -> Tensor:
+@register_method("agcam", modalities=("image", "text"))
+def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: Fusion = "sum",
+          layer_fusion: Fusion = "sum", gradient_of: Literal["attn", "attn_logits"] = "attn",
+          detach_attention_input: bool = True) -> Tensor:
     """Attention Guided CAM: sigmoid-normalised attention scores weighted by positive gradients.
 
     Leem & Seo, "Attention Guided CAM: Visual Explanations of Vision Transformer Guided by
@@ -46,9 +46,6 @@ def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: st
             model, default) or let them flow through the attention of later blocks (False).
     """
     cls = adapter.require_class_token("agcam")
-    check_choice("head_fusion", head_fusion, FUSIONS)
-    check_choice("layer_fusion", layer_fusion, FUSIONS)
-    check_choice("gradient_of", gradient_of, GRADIENTS_OF)
     record = adapter.record(images, target, grads=(gradient_of,),
                             stop_gradient=("attn_input",) if detach_attention_input else ())
     prefix = record.num_prefix_tokens

@@ -1,19 +1,17 @@
 """AttCAT: attentive class activation tokens (Qiang et al., NeurIPS 2022)."""
 from __future__ import annotations
 
+from typing import Literal
+
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._gradients import check_choice
-
-ATTENTION_ROWS = ("mean", "class")
-TOKENS = ("input", "output")
 
 
-@register_method("attcat")
-def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row: str = "mean",
-           tokens: str = "input") -> Tensor:
+@register_method("attcat", modalities=("image", "text"))
+def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row: Literal["mean", "class"] = "mean",
+           tokens: Literal["input", "output"] = "input") -> Tensor:
     """AttCAT: per block, gradient × token features (class activation tokens) weighted by attention, summed.
 
     Qiang, Pan, Li, Li, Jang & Zhu, "AttCAT: Explaining Transformers via Attentive Class Activation
@@ -33,8 +31,6 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
             token's row, i.e. the attention the class token pays to token i).
         tokens: ``input`` (block input, the authors' code) | ``output`` (block output).
     """
-    check_choice("attention_row", attention_row, ATTENTION_ROWS)
-    check_choice("tokens", tokens, TOKENS)
     if attention_row == "class":
         cls = adapter.require_class_token("attcat with attention_row='class'")
     record = adapter.record(images, target, grads=("residual",) if tokens == "input" else ("mlp_branch",))

@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..registry import register_method
 
 
-@register_method("attn_gradcam")
+@register_method("attn_gradcam", modalities=("image", "text"))
 def attn_gradcam(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Gradient-weighted last-block attention ("GradCAM" baseline of Chefer et al., CVPR 2021).
 

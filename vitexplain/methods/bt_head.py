@@ -6,16 +6,17 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._gradients import check_count, class_row_of_product, integrated_gradient_weights, resolve_start_layer
+from ..options import PositiveInt
+from ._gradients import IntegrationSteps, class_row_of_product, integrated_gradient_weights, resolve_start_layer
 
 #: First block of the attention perception in the authors' perturbation runs of "ours" (``start_layer=4``,
 #: which their loop turns into block index 3) for 12-block ViT-B.
 AUTHORS_START_LAYER = 3
 
 
-@register_method("bt_head")
+@register_method("bt_head", cost=lambda o: 3 * o["steps"] + 3)
 def bt_head(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
-            steps: int = 20, batch_size: int = 16) -> Tensor:
+            steps: IntegrationSteps = 20, batch_size: PositiveInt = 16) -> Tensor:
     """Beyond Intuition, head-wise (BT-H): gradient-weighted heads rolled out, times integrated gradients.
 
     Chen, Li, Yu, Dou & Xiong, "Beyond Intuition: Rethinking Token Attributions inside
@@ -44,8 +45,6 @@ def bt_head(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
     """
     cls = adapter.require_class_token("bt_head")
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
-    check_count("steps", steps, 2)
-    check_count("batch_size", batch_size, 1)
     record = adapter.record(images, target, grads=("attn",))
     fused = []
     for block in record.blocks[start:]:

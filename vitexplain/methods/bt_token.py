@@ -6,16 +6,17 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter, UnsupportedModelError
 from ..registry import register_method
-from ._gradients import check_count, class_row_of_product, integrated_gradient_weights, resolve_start_layer
+from ..options import PositiveInt
+from ._gradients import IntegrationSteps, class_row_of_product, integrated_gradient_weights, resolve_start_layer
 
 #: First block of the attention perception in the authors' perturbation runs of "ours_c"
 #: (``start_layer=7``, which their loop turns into block index 6) for 12-block ViT-B.
 AUTHORS_START_LAYER = 6
 
 
-@register_method("bt_token")
+@register_method("bt_token", cost=lambda o: 3 * o["steps"] + 3)
 def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
-             steps: int = 20, batch_size: int = 16) -> Tensor:
+             steps: IntegrationSteps = 20, batch_size: PositiveInt = 16) -> Tensor:
     """Beyond Intuition, token-wise (BT-T): norm-weighted attention rolled out, times integrated gradients.
 
     Chen, Li, Yu, Dou & Xiong, "Beyond Intuition: Rethinking Token Attributions inside
@@ -46,8 +47,6 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
     """
     cls = adapter.require_class_token("bt_token")
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
-    check_count("steps", steps, 2)
-    check_count("batch_size", batch_size, 1)
     record = adapter.record(images, target)
     scaled = []
     for block in record.blocks[start:]:

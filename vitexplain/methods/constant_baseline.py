@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..registry import register_method
 
 
-@register_method("constant_baseline", class_specific=False)
+@register_method("constant_baseline", class_specific=False, control=True, cost=0)
 def constant_baseline(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Control, not an explanation: 1 on every patch, whatever the image, model or target.
 

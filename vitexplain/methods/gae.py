@@ -8,7 +8,7 @@ from ..instrumentation import ModelAdapter, identity_like
 from ..registry import register_method
 
 
-@register_method("gae")
+@register_method("gae", modalities=("image", "text"))
 def gae(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Generic Attention-model Explainability for self-attention encoders.
 

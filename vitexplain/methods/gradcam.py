@@ -5,9 +5,10 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
+from ._heads import block_index
 
 
-@register_method("gradcam")
+@register_method("gradcam", modalities=("image", "text"))
 def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, block: int = -1) -> Tensor:
     """Grad-CAM with the patch tokens of a block's first LayerNorm output as the feature map.
 
@@ -24,11 +25,9 @@ def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, block: int = 
     Options:
         block: whose ``norm1`` output is the feature map (0-based, negative counts from the end).
     """
-    num_blocks = adapter.num_blocks
-    if isinstance(block, bool) or not isinstance(block, int) or not -num_blocks <= block < num_blocks:
-        raise ValueError(f"block must index one of the model's {num_blocks} blocks, got {block!r}")
+    chosen_index = block_index("block", block, adapter.num_blocks)
     record = adapter.record(images, target, grads=("attn_input",))
-    chosen = record.blocks[block]
+    chosen = record.blocks[chosen_index]
     prefix = record.num_prefix_tokens
     features = chosen.attn_input[:, prefix:]  # [B, patches, C]
     weights = chosen.grads["attn_input"][:, prefix:].mean(1, keepdim=True)  # [B, 1, C]

@@ -36,7 +36,7 @@ def aggregate_attention(blocks: list[BlockRecord], aggregation: str, top_down: b
     return product
 
 
-@register_method("gradtoken")
+@register_method("gradtoken", modalities=("image", "text"))
 def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *, aggregation: str = "average",
               propagation: str = "matmul", heads: str = "relu_mean", depth: int = 0,
               score: str = "logit", transpose: bool = True) -> Tensor:

@@ -1,14 +1,17 @@
 """Integrated Gradients (Sundararajan, Taly & Yan, ICML 2017), through Captum."""
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._pixel import channel_reducer, chunks, positive_int, target_classes
+from ..options import PositiveInt
+from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, target_classes
 
-QUADRATURES = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid")
+Quadrature = Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]
 
 
 def baseline_images(baseline: float | Tensor, images: Tensor) -> Tensor:
@@ -23,10 +26,10 @@ def baseline_images(baseline: float | Tensor, images: Tensor) -> Tensor:
                          f"shape {tuple(images.shape)}") from None
 
 
-@register_method("integrated_gradients", resolution="pixel")
-def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, steps: int = 50,
-                         quadrature: str = "gausslegendre", baseline: float | Tensor = 0.0,
-                         channel_reduction: str = "sum", batch_size: int = 64) -> Tensor:
+@register_method("integrated_gradients", resolution="pixel", cost=lambda o: 3 * o["steps"])
+def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, steps: PositiveInt = 50,
+                         quadrature: Quadrature = "gausslegendre", baseline: float | Tensor = 0.0,
+                         channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 64) -> Tensor:
     """Integrated Gradients of the target logit, summed over colour channels.
 
     Sundararajan, Taly & Yan, "Axiomatic Attribution for Deep Networks", ICML 2017:
@@ -44,11 +47,7 @@ def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, 
         channel_reduction: ``sum`` (signed, as the TIS authors' wrapper), ``abs_sum`` or ``max_abs``.
         batch_size: path points (images × steps) per forward/backward; bounds memory.
     """
-    steps = positive_int("steps", steps)
-    batch_size = positive_int("batch_size", batch_size)
-    if quadrature not in QUADRATURES:
-        raise ValueError(f"unknown quadrature {quadrature!r}; choose one of {QUADRATURES}")
-    reduce = channel_reducer(channel_reduction)
+    reduce = CHANNEL_REDUCTIONS[channel_reduction]
     try:
         from captum.attr import IntegratedGradients
     except ImportError:

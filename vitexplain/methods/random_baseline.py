@@ -8,7 +8,7 @@ from ..instrumentation import ModelAdapter
 from ..registry import register_method
 
 
-@register_method("random_baseline", class_specific=False)
+@register_method("random_baseline", class_specific=False, control=True, cost=0)
 def random_baseline(adapter: ModelAdapter, images: Tensor, target=None, *, seed: int = 0) -> Tensor:
     """Control, not an explanation: uniform noise U[0, 1) on the patch grid, ignoring the model.
 

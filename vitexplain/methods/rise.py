@@ -9,8 +9,8 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..instrumentation.base import score_of
 from ..registry import register_method
-from ._pixel import (check_score, chunks, interpolation_matrix, mask_major_pairs, positive_int, seeded_generator,
-                     target_classes)
+from ..options import PositiveInt, Probability, Score
+from ._pixel import chunks, interpolation_matrix, mask_major_pairs, seeded_generator, target_classes
 
 
 def random_grids(n_masks: int, grid_size: int, p1: float, image_size: tuple[int, int], seed: int,
@@ -43,9 +43,10 @@ def grid_masks(grids: Tensor, shifts: Tensor, image_size: tuple[int, int]) -> Te
     return rows @ grids @ cols.transpose(1, 2)
 
 
-@register_method("rise", resolution="pixel")
-def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: int = 4000, grid_size: int = 7,
-         p1: float = 0.5, score: str = "probability", batch_size: int = 64, seed: int = 0) -> Tensor:
+@register_method("rise", resolution="pixel", cost=lambda o: o["n_masks"])
+def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: PositiveInt = 4000,
+         grid_size: PositiveInt = 7, p1: Probability = 0.5, score: Score = "probability", batch_size: PositiveInt = 64,
+         seed: int = 0) -> Tensor:
     """RISE: the target score of randomly masked images, averaged over masks, per pixel.
 
     Petsiuk, Das & Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box Models",
@@ -71,12 +72,6 @@ def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: int = 4
         batch_size: masked images per forward; bounds memory (masks are built per batch).
         seed: seeds the grids and shifts (own generator on the images' device).
     """
-    n_masks = positive_int("n_masks", n_masks)
-    grid_size = positive_int("grid_size", grid_size)
-    batch_size = positive_int("batch_size", batch_size)
-    check_score(score)
-    if isinstance(p1, bool) or not isinstance(p1, (int, float)) or not 0 < p1 <= 1:
-        raise ValueError(f"p1 must be a probability in (0, 1], got {p1!r}")
     targets = target_classes(adapter, images, target)
     batch, _, height, width = images.shape
     grids, shifts = random_grids(n_masks, grid_size, p1, (height, width), seed, images.device)

@@ -6,7 +6,8 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._heads import check_start_layer, fuse_heads, with_residual
+from ..options import OpenShare
+from ._heads import HeadFusion, block_index, fuse_heads, with_residual
 
 
 def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
@@ -28,9 +29,9 @@ def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
     return flat.reshape(batch, n, n)
 
 
-@register_method("rollout", class_specific=False)
+@register_method("rollout", class_specific=False, modalities=("image", "text"), cost=1)
 def rollout(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0,
-            head_fusion: str = "mean", discard_ratio: float = 0.0) -> Tensor:
+            head_fusion: HeadFusion = "mean", discard_ratio: OpenShare = 0.0) -> Tensor:
     """Attention rollout: the product of residual-augmented, row-normalised attention over blocks.
 
     Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020, Sec. 3:
@@ -43,9 +44,7 @@ def rollout(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
             before the identity is added (vit-explain's option; 0 = the paper).
     """
     cls = adapter.require_class_token("rollout")
-    start = check_start_layer(start_layer, adapter.num_blocks)
-    if not 0 <= discard_ratio < 1:
-        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    start = block_index("start_layer", start_layer, adapter.num_blocks)
     record = adapter.record(images, target)
     joint = None
     for block in record.blocks[start:]:

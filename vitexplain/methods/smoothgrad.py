@@ -6,7 +6,8 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._pixel import channel_reducer, chunks, mask_major_pairs, positive_int, seeded_generator, target_classes
+from ..options import NonNegative, PositiveInt
+from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, mask_major_pairs, seeded_generator, target_classes
 
 
 def noise_samples(samples: int, image_shape: tuple[int, ...], seed: int, device: torch.device) -> Tensor:
@@ -14,10 +15,10 @@ def noise_samples(samples: int, image_shape: tuple[int, ...], seed: int, device:
     return torch.randn((samples, *image_shape), generator=seeded_generator(seed, device), device=device)
 
 
-@register_method("smoothgrad", resolution="pixel")
-def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: int = 50, stdev: float = 1.0,
-               relative_to_range: bool = False, absolute: bool = True, channel_reduction: str = "sum",
-               batch_size: int = 32, seed: int = 0) -> Tensor:
+@register_method("smoothgrad", resolution="pixel", cost=lambda o: 3 * o["samples"])
+def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: PositiveInt = 50,
+               stdev: NonNegative = 1.0, relative_to_range: bool = False, absolute: bool = True,
+               channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 32, seed: int = 0) -> Tensor:
     """SmoothGrad: the input gradient of the target logit, averaged over noisy copies of the image.
 
     Smilkov et al., "SmoothGrad: removing noise by adding noise", arXiv 1706.03825, 2017, Sec. 3:
@@ -43,11 +44,7 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: i
         batch_size: noisy images per forward/backward; bounds memory.
         seed: seeds the noise.
     """
-    samples = positive_int("samples", samples)
-    batch_size = positive_int("batch_size", batch_size)
-    if isinstance(stdev, bool) or not isinstance(stdev, (int, float)) or stdev < 0:
-        raise ValueError(f"stdev must be a non-negative number, got {stdev!r}")
-    reduce = channel_reducer(channel_reduction)
+    reduce = CHANNEL_REDUCTIONS[channel_reduction]
     targets = target_classes(adapter, images, target)
     noise = noise_samples(samples, tuple(images.shape[1:]), seed, images.device).to(images.dtype)
     sigma = torch.full((images.shape[0],), float(stdev), device=images.device, dtype=images.dtype)

@@ -5,15 +5,16 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._gradients import check_count, integrated_gradient_weights, propagate_rows, resolve_start_layer
+from ..options import PositiveInt
+from ._gradients import IntegrationSteps, integrated_gradient_weights, propagate_rows, resolve_start_layer
 
 #: First block of the transition chain in the authors' code (``start_layer=4``) for 12-block ViT-B.
 AUTHORS_START_LAYER = 4
 
 
-@register_method("tam")
+@register_method("tam", cost=lambda o: 3 * o["steps"] + 3)
 def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
-        steps: int = 20, integrated: bool = True, batch_size: int = 16) -> Tensor:
+        steps: IntegrationSteps = 20, integrated: bool = True, batch_size: PositiveInt = 16) -> Tensor:
     """Transition attention maps: a Markov chain over the blocks' attention, weighted by integrated gradients.
 
     Yuan, Li, Xiong, Cao & Dou, "Explaining Information Flow Inside Vision Transformers Using Markov
@@ -41,10 +42,6 @@ def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int 
     """
     cls = adapter.require_class_token("tam")
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
-    check_count("steps", steps, 2)
-    check_count("batch_size", batch_size, 1)
-    if not isinstance(integrated, bool):
-        raise ValueError(f"integrated must be True or False, got {integrated!r}")
     record = adapter.record(images, target, grads=() if integrated else ("attn",))
     last = record.blocks[-1]
     lower = [block.attn.mean(1) for block in record.blocks[start:-1]]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -10,9 +11,8 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter, Recording
 from ..registry import register_method
 from ._kmeans import kmeans
-from ._pixel import chunks, positive_int
-
-SCORES = ("softmax", "logit")
+from ..options import PositiveInt, Share
+from ._pixel import chunks
 
 
 def activation_columns(record: Recording) -> Tensor:
@@ -74,20 +74,10 @@ def _tokens_kept(ratio: float, num_patches: int) -> int:
     return count
 
 
-def _ratio_list(ratio: float | Sequence[float]) -> list[float]:
-    ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
-    if not ratios:
-        raise ValueError("ratio is an empty list; give at least one ratio in (0, 1]")
-    for value in ratios:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise ValueError(f"ratio must be a number in (0, 1] or a list of them, got {value!r}")
-    return ratios
-
-
-@register_method("tis")
-def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: int = 1024,
-        ratio: float | Sequence[float] = 0.5, batch_size: int = 128, seed: int = 0, score: str = "softmax",
-        input_space: bool = False) -> Tensor:
+@register_method("tis", cost=lambda o: o["n_masks"] * (len(o["ratio"]) if isinstance(o["ratio"], (list, tuple)) else 1) + 1)
+def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: PositiveInt = 1024,
+        ratio: Share | Sequence[Share] = 0.5, batch_size: PositiveInt = 128, seed: int = 0,
+        score: Literal["softmax", "logit"] = "softmax", input_space: bool = False) -> Tensor:
     """Transformer Input Sampling: score token subsets chosen by clustering the activations.
 
     Englebert et al., "Explaining through Transformer Input Sampling", ICCVW 2023, Sec. 3. One
@@ -113,11 +103,7 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: int = 10
         input_space: the ablation where the dropped patches' pixels are set to 0 in normalised space
             (the mean colour) and the full sequence runs, instead of dropping tokens.
     """
-    ratios = _ratio_list(ratio)
-    n_masks = positive_int("n_masks", n_masks)
-    batch_size = positive_int("batch_size", batch_size)
-    if score not in SCORES:
-        raise ValueError(f"unknown score {score!r}; choose one of {SCORES}")
+    ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
     record = adapter.record(images, target)
     num_patches = record.grid[0] * record.grid[1]
     masks, scores = [], []

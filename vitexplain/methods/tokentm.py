@@ -1,15 +1,14 @@
 """TokenTM: token transformation measurement (Wu et al., CVPR 2024)."""
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, UnsupportedModelError
+from ..options import PositiveInt
 from ..registry import register_method
-
-REFERENCES = ("residual", "normalized")
-SCORES = ("probability", "logit")
-
 
 def transformation_weights(reference_norm: Tensor, transformed_norm: Tensor, dot: Tensor,
                            use_length: bool, use_necc: bool) -> Tensor:
@@ -61,10 +60,11 @@ def attention_update(block: BlockRecord, weights: Tensor) -> Tensor:
     return cam + torch.eye(cam.shape[-1], dtype=cam.dtype, device=cam.device)
 
 
-@register_method("tokentm")
+@register_method("tokentm", modalities=("image", "text"))
 def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: bool = True,
-            use_necc: bool = True, aggregate: bool = True, depth: int | None = None,
-            reference: str = "residual", per_head: bool = True, score: str = "probability") -> Tensor:
+            use_necc: bool = True, aggregate: bool = True, depth: PositiveInt | None = None,
+            reference: Literal["residual", "normalized"] = "residual", per_head: bool = True,
+            score: Literal["probability", "logit"] = "probability") -> Tensor:
     """TokenTM: attention and token transformation effects aggregated over every sublayer.
 
     Wu, Duan, Kang, Tang & Yan, "Token Transformation Matters: Towards Faithful Post-hoc Explanation
@@ -95,15 +95,11 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         score: ``"probability"`` | ``"logit"``, what ∇_A differentiates.
     """
     adapter.require_class_token("tokentm")
-    if reference not in REFERENCES:
-        raise ValueError(f"unknown reference {reference!r}; choose one of {REFERENCES}")
-    if score not in SCORES:
-        raise ValueError(f"unknown score {score!r}; choose one of {SCORES}")
     num_blocks = adapter.num_blocks
     if depth is not None:
         if not aggregate:
             raise ValueError("depth counts aggregated blocks, so it needs aggregate=True")
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= num_blocks:
+        if depth > num_blocks:
             raise ValueError(f"depth must be a number of blocks from 1 to {num_blocks}, got {depth!r}")
     record = adapter.record(images, target, grads=("attn",), score=score)
     switches = dict(per_head=per_head, use_length=use_length, use_necc=use_necc)

@@ -7,10 +7,10 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter, identity_like
 from ..instrumentation.lrp import relevance
 from ..registry import register_method
-from ._heads import check_start_layer
+from ._heads import block_index
 
 
-@register_method("transformer_attribution")
+@register_method("transformer_attribution", cost=6)
 def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0) -> Tensor:
     """Relevance of each block's attention map weighted by its gradient, rolled out from ``start_layer``.
 
@@ -27,7 +27,7 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
             perturbation tests use 1).
     """
     adapter.require_class_token("transformer_attribution")
-    start = check_start_layer(start_layer, adapter.num_blocks)
+    start = block_index("start_layer", start_layer, adapter.num_blocks)
     record = adapter.record(images, target, grads=("attn",))
     relevances = relevance(adapter, images, record.targets, rules="chefer")
     joint = None

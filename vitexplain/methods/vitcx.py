@@ -1,26 +1,22 @@
 """ViT-CX: Causal Explanation of Vision Transformers (Xie, Li, Cao & Zhang, IJCAI 2023)."""
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Recording
 from ..instrumentation.base import score_of
 from ..registry import register_method
-from ._pixel import (check_score, chunks, interpolation_matrix, mask_major_pairs, positive_int, seeded_generator,
-                     upsample)
-
-FEATURES = ("attn_input", "output")
+from ..options import NonNegative, PositiveInt, Score
+from ._heads import block_index
+from ._pixel import chunks, interpolation_matrix, mask_major_pairs, seeded_generator, upsample
 
 
 def patch_feature_maps(record: Recording, layer: int, features: str) -> Tensor:
     """The frontal slices of the patch-embedding tensor: one map per embedding dimension [B, D, h, w]."""
-    if features not in FEATURES:
-        raise ValueError(f"unknown features {features!r}; choose one of {FEATURES}")
-    num_blocks = len(record.blocks)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not -num_blocks <= layer < num_blocks:
-        raise ValueError(f"layer must index one of the model's {num_blocks} blocks, got {layer!r}")
-    block = record.blocks[layer]
+    block = record.blocks[block_index("layer", layer, len(record.blocks))]
     tokens = (block.attn_input if features == "attn_input" else block.output)[:, record.num_prefix_tokens:]
     return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], *record.grid).float()
 
@@ -127,10 +123,11 @@ def mask_noise(seed: int, first: int, last: int, shape: tuple[int, ...], max_mas
         for i in range(first, last + 1)])
 
 
-@register_method("vitcx", resolution="pixel")
-def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1, features: str = "attn_input",
-          distance_threshold: float = 0.1, noise_std: float = 0.1, score: str = "probability",
-          batch_size: int = 64, seed: int = 0) -> Tensor:
+@register_method("vitcx", resolution="pixel", cost=400)
+def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1,
+          features: Literal["attn_input", "output"] = "attn_input", distance_threshold: NonNegative = 0.1,
+          noise_std: NonNegative = 0.1, score: Score = "probability", batch_size: PositiveInt = 64,
+          seed: int = 0) -> Tensor:
     """ViT-CX: masks from patch embeddings, clustered, scored by their causal impact on the target.
 
     Xie, Li, Cao & Zhang, "ViT-CX: Causal Explanation of Vision Transformers", IJCAI 2023, Sec. 3,
@@ -162,11 +159,6 @@ def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1
         batch_size: images per forward (two per mask, so at least two); bounds memory.
         seed: seeds the noise.
     """
-    batch_size = positive_int("batch_size", batch_size)
-    check_score(score)
-    for name, value in (("distance_threshold", distance_threshold), ("noise_std", noise_std)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{name} must be a non-negative number, got {value!r}")
     record = adapter.record(images, target)
     maps = patch_feature_maps(record, layer, features)
     batch, channels, height, width = images.shape

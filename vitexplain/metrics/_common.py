@@ -10,12 +10,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def keyword_defaults(compute: Callable[..., Any]) -> dict[str, Any]:
-    """A metric's options: the keyword-only parameters of its ``compute`` and their defaults."""
-    params = inspect.signature(compute).parameters.values()
-    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     """Refuse an option value that is not one of ``choices``, listing the valid ones."""
     if value not in choices:

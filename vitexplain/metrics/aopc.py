@@ -21,13 +21,15 @@ Both are fractions (probabilities / natural-log odds), as in TokenTM's Table 5.
 """
 from __future__ import annotations
 
+from typing import Annotated
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ._common import check_images, check_maps, check_targets, keyword_defaults
+from ._common import check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
+from ..options import PositiveInt, Range
 from .base import EvalBatch, Metric, register_metric
 
 
@@ -59,7 +61,7 @@ def reduce_aopc(values: dict[str, Tensor]) -> dict[str, float]:
             "log_odds": values["log_odds"].to(torch.float64).mean().item()}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, steps: int = 10, batch_size: int = 128,
+def _compute(model: nn.Module, batch: EvalBatch, *, steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128,
              pixel_mean: Sequence[float] | None = None, pixel_std: Sequence[float] | None = None) -> dict[str, Tensor]:
     return aopc_log_odds(model, batch.images, batch.maps, batch.targets, steps=steps, batch_size=batch_size,
                          pixel_mean=pixel_mean, pixel_std=pixel_std)
@@ -70,5 +72,5 @@ register_metric(Metric(
     compute=_compute,
     reduce=reduce_aopc,
     higher_is_better={"aopc": True, "log_odds": False},
-    options=keyword_defaults(_compute),
+    cost=lambda options, method: options["steps"],
 ))

@@ -7,6 +7,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from ..options import check_options, option_defaults
+from ..registry import Registry
+
 
 @dataclass
 class EvalBatch:
@@ -55,7 +58,9 @@ class Metric:
         requires: what the dataset must provide, from ``{"masks", "boxes", "labels", "second"}``.
         higher_is_better: for every reported number, whether higher is better (drives the arrows and
             the bold best value of the tables).
-        options: default options.
+        cost: model passes per image given the effective options and the explanation method's own passes
+            per image (a metric that re-explains, such as max-sensitivity, pays the method again), for
+            planning (``vitexplain reproduce --list``).
     """
 
     name: str
@@ -63,27 +68,35 @@ class Metric:
     reduce: Callable[[dict[str, Tensor]], dict[str, float]]
     requires: tuple[str, ...] = ()
     higher_is_better: dict[str, bool] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
+    cost: Callable[[dict[str, Any], float], float] = lambda options, method_passes: 0.0
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Option names and their defaults: the keyword-only parameters of ``compute``."""
+        return option_defaults(self.compute)
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse unknown options (listing the valid ones) and values outside their annotated type."""
+        check_options(f"metric {self.name!r}", self.compute, options)
+
+    def passes(self, options: dict[str, Any], method_passes: float) -> float:
+        """Model passes per image with ``options`` over the defaults (see :attr:`cost`)."""
+        return self.cost({**self.options, **options}, method_passes)
 
 
-_METRICS: dict[str, Metric] = {}
+METRICS: Registry[Metric] = Registry("metric")
 
 
 def register_metric(metric: Metric) -> Metric:
-    if metric.name in _METRICS:
-        raise ValueError(f"a metric named {metric.name!r} is already registered")
-    _METRICS[metric.name] = metric
-    return metric
+    return METRICS.add(metric.name, metric)
 
 
 def available_metrics() -> list[str]:
-    return sorted(_METRICS)
+    return METRICS.names()
 
 
 def get_metric(name: str) -> Metric:
-    if name not in _METRICS:
-        raise ValueError(f"unknown metric {name!r}; available: {', '.join(sorted(_METRICS))}")
-    return _METRICS[name]
+    return METRICS.get(name)
 
 
 def model_logits(model: nn.Module, images: Tensor) -> Tensor:

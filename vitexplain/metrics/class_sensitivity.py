@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._common import check_maps, keyword_defaults, minmax, upsample
+from ._common import check_maps, minmax, upsample
 from .base import EvalBatch, Metric, register_metric
 
 
@@ -77,5 +77,5 @@ register_metric(Metric(
     reduce=reduce_class_sensitivity,
     requires=("masks", "second"),
     higher_is_better={"class_sensitivity": True, "first_share": True, "second_share": True},
-    options=keyword_defaults(_compute),
+    cost=lambda options, method: method,
 ))

@@ -23,6 +23,7 @@ Reported: mean insertion AUC (higher is better), deletion AUC (lower is better) 
 """
 from __future__ import annotations
 
+from typing import Annotated, Literal
 import math
 
 import torch
@@ -30,9 +31,10 @@ from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
 from ._common import (
-    check_choice, check_images, check_maps, check_targets, keyword_defaults, removal_rank, upsample,
+    check_choice, check_images, check_maps, check_targets, removal_rank, upsample,
 )
 from ._perturb import check_batch_size, mixed_logits
+from ..options import PositiveInt, Range
 from .base import EvalBatch, Metric, register_metric
 
 BASELINES = ("blur", "black", "mean", "random")
@@ -100,8 +102,9 @@ def reduce_insertion_deletion(values: dict[str, Tensor]) -> dict[str, float]:
     return {"insertion": insertion, "deletion": deletion, "insertion_minus_deletion": insertion - deletion}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, n_steps: int = 224, baseline: str = "blur",
-             batch_size: int = 128, seed: int = 0) -> dict[str, Tensor]:
+def _compute(model: nn.Module, batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 224,
+             baseline: Literal["blur", "black", "mean", "random"] = "blur", batch_size: PositiveInt = 128,
+             seed: int = 0) -> dict[str, Tensor]:
     return insertion_deletion(model, batch.images, batch.maps, batch.targets, n_steps=n_steps, baseline=baseline,
                               batch_size=batch_size, seed=seed)
 
@@ -111,5 +114,5 @@ register_metric(Metric(
     compute=_compute,
     reduce=reduce_insertion_deletion,
     higher_is_better={"insertion": True, "deletion": False, "insertion_minus_deletion": True},
-    options=keyword_defaults(_compute),
+    cost=lambda options, method: 2 * options["n_steps"],
 ))

@@ -20,13 +20,15 @@ Ties in the map are removed in raster order (lower row-major index first), in bo
 """
 from __future__ import annotations
 
+from typing import Annotated, Literal
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ._common import check_choice, check_images, check_maps, check_targets, keyword_defaults
+from ._common import check_choice, check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
+from ..options import PositiveInt, Range
 from .base import EvalBatch, Metric, register_metric
 
 DIRECTIONS = ("both", "positive", "negative")
@@ -80,8 +82,9 @@ def reduce_perturbation(values: dict[str, Tensor]) -> dict[str, float]:
     return {f"{name}_auc": perturbation_auc(values[name]) for name in ("positive", "negative") if name in values}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, direction: str = "both", steps: int = 10,
-             batch_size: int = 128, pixel_mean: Sequence[float] | None = None,
+def _compute(model: nn.Module, batch: EvalBatch, *, direction: Literal["both", "positive", "negative"] = "both",
+             steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128,
+             pixel_mean: Sequence[float] | None = None,
              pixel_std: Sequence[float] | None = None) -> dict[str, Tensor]:
     return perturbation_test(model, batch.images, batch.maps, batch.labels, direction=direction, steps=steps,
                              batch_size=batch_size, pixel_mean=pixel_mean, pixel_std=pixel_std)
@@ -93,5 +96,5 @@ register_metric(Metric(
     reduce=reduce_perturbation,
     requires=("labels",),
     higher_is_better={"positive_auc": False, "negative_auc": True},
-    options=keyword_defaults(_compute),
+    cost=lambda options, method: options["steps"] * (2 if options["direction"] == "both" else 1),
 ))

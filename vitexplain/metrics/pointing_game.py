@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._common import check_maps, keyword_defaults, upsample
+from ._common import check_maps, upsample
+from ..options import Share
 from .base import EvalBatch, Metric, register_metric
 
 
@@ -71,7 +72,7 @@ def reduce_pointing_game(values: dict[str, Tensor]) -> dict[str, float]:
     return {"accuracy": accuracy, "included": int(kept.sum()), "excluded": int((~kept).sum())}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, max_coverage: float = 0.5) -> dict[str, Tensor]:
+def _compute(model: nn.Module, batch: EvalBatch, *, max_coverage: Share = 0.5) -> dict[str, Tensor]:
     if batch.boxes is None:
         raise ValueError("the pointing game needs ground-truth boxes (batch.boxes is None)")
     return pointing_game(batch.maps, batch.boxes, tuple(batch.images.shape[-2:]), max_coverage=max_coverage)
@@ -83,5 +84,4 @@ register_metric(Metric(
     reduce=reduce_pointing_game,
     requires=("boxes",),
     higher_is_better={"accuracy": True},
-    options=keyword_defaults(_compute),
 ))

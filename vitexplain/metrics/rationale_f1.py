@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ._common import keyword_defaults
+from ..options import PositiveInt
 from .base import EvalBatch, Metric, register_metric
 
 #: GradToken Fig. 6: k in [10, 80] with steps of 10 tokens.
@@ -102,7 +102,7 @@ def reduce_rationale_f1(values: dict[str, Tensor]) -> dict[str, float]:
     return {**reported, "mean_f1": values["f1"].double().mean().item()}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, ks: Sequence[int] = DEFAULT_KS) -> dict[str, Tensor]:
+def _compute(model: nn.Module, batch: EvalBatch, *, ks: Sequence[PositiveInt] = DEFAULT_KS) -> dict[str, Tensor]:
     if batch.masks is None or batch.boxes is None:
         raise ValueError("rationale_f1 needs the word numbers of the tokens (masks) and the rationale spans (boxes), "
                          "as the 'movies' dataset serves them")
@@ -116,5 +116,4 @@ register_metric(Metric(
     reduce=reduce_rationale_f1,
     requires=("masks", "boxes"),
     higher_is_better={**{f"f1@{k}": True for k in DEFAULT_KS}, "mean_f1": True},
-    options=keyword_defaults(_compute),
 ))

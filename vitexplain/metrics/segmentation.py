@@ -34,11 +34,12 @@ Numbers are reported in percent, as in both papers' tables.
 """
 from __future__ import annotations
 
+from typing import Literal
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._common import check_choice, check_maps, keyword_defaults, minmax, upsample
+from ._common import check_choice, check_maps, minmax, upsample
 from .base import EvalBatch, Metric, register_metric
 
 THRESHOLDS = ("mean", "best")
@@ -142,7 +143,7 @@ def reduce_segmentation(values: dict[str, Tensor]) -> dict[str, float]:
     }
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, threshold: str = "mean") -> dict[str, Tensor]:
+def _compute(model: nn.Module, batch: EvalBatch, *, threshold: Literal["mean", "best"] = "mean") -> dict[str, Tensor]:
     if batch.masks is None:
         raise ValueError("the segmentation test needs ground-truth masks (batch.masks is None)")
     return segmentation(batch.maps, batch.masks, threshold=threshold, ignore=batch.ignore)
@@ -154,5 +155,4 @@ register_metric(Metric(
     reduce=reduce_segmentation,
     requires=("masks",),
     higher_is_better={"pixel_accuracy": True, "miou": True, "map": True},
-    options=keyword_defaults(_compute),
 ))

@@ -18,12 +18,13 @@ computed for the batch (``batch.maps``), which is what Captum recomputes for det
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Annotated, Callable
 
 import torch
 from torch import Tensor, nn
 
-from ._common import check_images, check_maps, keyword_defaults
+from ._common import check_images, check_maps
+from ..options import PositiveInt, Range
 from .base import EvalBatch, Metric, register_metric
 
 
@@ -70,8 +71,8 @@ def reduce_max_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
     return {"max_sensitivity": values["max_sensitivity"].to(torch.float64).mean().item()}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, n_samples: int = 10, radius: float = 0.02,
-             seed: int = 0) -> dict[str, Tensor]:
+def _compute(model: nn.Module, batch: EvalBatch, *, n_samples: PositiveInt = 10,
+             radius: Annotated[float, Range(low=0, low_open=True)] = 0.02, seed: int = 0) -> dict[str, Tensor]:
     return {"max_sensitivity": max_sensitivity(batch.explain, batch.images, batch.maps, batch.targets,
                                                n_samples=n_samples, radius=radius, seed=seed)}
 
@@ -81,5 +82,5 @@ register_metric(Metric(
     compute=_compute,
     reduce=reduce_max_sensitivity,
     higher_is_better={"max_sensitivity": False},
-    options=keyword_defaults(_compute),
+    cost=lambda options, method: options["n_samples"] * method,
 ))

@@ -21,10 +21,11 @@ rather than a ranking.
 """
 from __future__ import annotations
 
+from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ._common import check_choice, check_maps, keyword_defaults, upsample
+from ._common import check_choice, check_maps, upsample
 from .base import EvalBatch, Metric, register_metric
 
 SHIFTS = ("always", "negative")
@@ -49,7 +50,7 @@ def reduce_sparseness(values: dict[str, Tensor]) -> dict[str, float]:
     return {"sparseness": values["sparseness"].to(torch.float64).mean().item()}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, shift: str = "always") -> dict[str, Tensor]:
+def _compute(model: nn.Module, batch: EvalBatch, *, shift: Literal["always", "negative"] = "always") -> dict[str, Tensor]:
     return {"sparseness": gini_sparseness(batch.maps, tuple(batch.images.shape[-2:]), shift=shift)}
 
 
@@ -58,5 +59,4 @@ register_metric(Metric(
     compute=_compute,
     reduce=reduce_sparseness,
     higher_is_better={"sparseness": True},
-    options=keyword_defaults(_compute),
 ))

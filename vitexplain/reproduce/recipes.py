@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..registry import Registry
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -489,15 +491,15 @@ TIS_RECIPES = (
                                           "noise of radius 0.02.",)),
 )
 
-RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in TOKENTM_RECIPES + GRADTOKEN_RECIPES + TIS_RECIPES}
+RECIPES: Registry[Recipe] = Registry("recipe", sort=False)
+for _recipe in TOKENTM_RECIPES + GRADTOKEN_RECIPES + TIS_RECIPES:
+    RECIPES.add(_recipe.name, _recipe)
 
 
 def available_recipes() -> list[str]:
     """Names of every recipe, in paper and table order."""
-    return list(RECIPES)
+    return RECIPES.names()
 
 
 def get_recipe(name: str) -> Recipe:
-    if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; available: {', '.join(RECIPES)}")
-    return RECIPES[name]
+    return RECIPES.get(name)

@@ -19,7 +19,6 @@ from typing import Any
 
 from torch import nn
 
-from ..api import TEXT_METHODS
 from ..bench import BenchConfig, BenchResult, MethodEntry, MetricEntry, run_benchmark
 from ..datasets import available_datasets
 from ..metrics import available_metrics, get_metric
@@ -97,9 +96,8 @@ def plan_recipe(recipe: Recipe, method_options: dict[str, dict[str, Any]] | None
             if row.method not in methods:
                 plan.row_reasons[row.label] = f"explanation method {row.method!r} is not registered in vitexplain"
                 continue
-            if MODELS[setting.model].text and row.method not in TEXT_METHODS:
-                plan.row_reasons[row.label] = (f"explanation method {row.method!r} does not explain text in vitexplain "
-                                               f"(vitexplain.api.TEXT_METHODS)")
+            if MODELS[setting.model].text and "text" not in get_method(row.method).modalities:
+                plan.row_reasons[row.label] = f"explanation method {row.method!r} does not explain text in vitexplain"
                 continue
             try:
                 get_method(row.method).check_options(options)
