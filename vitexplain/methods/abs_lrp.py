@@ -6,7 +6,7 @@ import dataclasses
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.lrp import RULE_SETS, relevance
+from ..instrumentation.lrp import RULE_SETS, other_classes, relevance
 from ..registry import register_method
 
 
@@ -35,9 +35,9 @@ def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: 
     visualisation and GradToken's pixel-level evaluation. Not rescaled (their ``relevancy`` also
     divides by the per-image max |value|, a positive factor left to visualisation and evaluation).
     """
-    explained = relevance(adapter, images, target, rules="abslrp")
+    explained = relevance(adapter, images, target, rules="abslrp", at=("pixels",))
     pixels = explained.pixels
     if contrastive:
-        dual = dataclasses.replace(RULE_SETS["abslrp"], start="others")
-        pixels = pixels - relevance(adapter, images, explained.targets, rules=dual).pixels
+        dual = dataclasses.replace(RULE_SETS["abslrp"], start=other_classes)
+        pixels = pixels - relevance(adapter, images, explained.targets, rules=dual, at=("pixels",)).pixels
     return pixels.sum(1)

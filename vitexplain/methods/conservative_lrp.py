@@ -22,5 +22,5 @@ def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tens
     does for ReLU), so the whole propagation is conservative up to the biases. Returns the patch
     tokens' relevance, summed over channels, on the patch grid.
     """
-    relevances = relevance(adapter, images, target, rules="conservative")
+    relevances = relevance(adapter, images, target, rules="conservative", at=("residuals",))
     return relevances.patch_map(relevances.tokens.sum(-1))

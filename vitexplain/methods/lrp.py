@@ -21,4 +21,4 @@ def lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     patch-embedding convolution. Returns the pixel map [B, H, W] (their evaluation also uses it at
     pixel level, without upsampling).
     """
-    return relevance(adapter, images, target, rules="lrp").pixels.sum(1)
+    return relevance(adapter, images, target, rules="lrp", at=("pixels",)).pixels.sum(1)
