@@ -70,7 +70,7 @@ def _instrumented_block(parts: BlockParts, index: int, state: _State, *args: Any
 def _instrumented_probe(parts: ProbeParts, state: _State, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """An attention-pooling head's ``forward`` while instrumented, its attention handed to the sink."""
     if parts.position is not None:
-        x = x + parts.position().to(x.dtype)
+        x = state.arithmetic.offset(x, parts.position().to(x.dtype))
     out = attend(parts.attention, x, arithmetic=state.arithmetic, sink=state.sink, block=READOUT)
     if parts.mlp is not None:
         out = state.arithmetic.add(out, parts.mlp(parts.norm(out)))

@@ -46,13 +46,13 @@ class Arithmetic:
         """LayerScale: x · γ."""
         return x * gamma
 
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
-        """q kᵀ [..., N, M] (q already scaled)."""
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
+        """q kᵀ [..., N, M] (q already scaled; ``constant_query``: q is learnt, not computed from the input)."""
         return q @ k.transpose(-2, -1)
 
-    def bias(self, scores: Tensor, bias: Tensor) -> Tensor:
-        """Scores plus a position bias (a constant of the input)."""
-        return scores + bias
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        """x plus a constant of the input: a position bias on the scores, a bias kept apart from its Linear."""
+        return x + constant
 
     def softmax(self, scores: Tensor) -> Tensor:
         return scores.softmax(dim=-1)
@@ -194,7 +194,8 @@ def _heads(t: Tensor, heads: int) -> Tensor:
     return t.reshape(batch, tokens, heads, -1).transpose(1, 2)
 
 
-def project(parts: AttentionParts, x: Tensor, extra: AttentionInput) -> tuple[Tensor, Tensor, Tensor]:
+def project(parts: AttentionParts, x: Tensor, extra: AttentionInput,
+            arithmetic: Arithmetic = PLAIN) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v [B, H, N, D] of the tokens ``x`` [B, N, C]: projections, biases, q/k norms, RoPE, repeated kv heads.
 
     q is before the 1/√D scale.
@@ -206,7 +207,7 @@ def project(parts: AttentionParts, x: Tensor, extra: AttentionInput) -> tuple[Te
     elif parts.qkv is not None:
         fused = parts.qkv(x)
         if parts.qkv_bias is not None:
-            fused = fused + parts.qkv_bias()
+            fused = arithmetic.offset(fused, parts.qkv_bias())
         batch, tokens, _ = fused.shape
         q, k, v = fused.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
     else:
@@ -259,7 +260,7 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
     them; when it wants none and the arithmetic is plain, the scores are never materialised (PyTorch's
     fused attention runs instead).
     """
-    q, k, v = project(parts, arithmetic.attention_input(x), extra)
+    q, k, v = project(parts, arithmetic.attention_input(x), extra, arithmetic)
     biases = [cut_bias(b, extra.positions) for b in (parts.position_bias and parts.position_bias(), extra.bias)
               if b is not None]
     bias = sum(biases[1:], biases[0]) if biases else None
@@ -270,9 +271,9 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
     else:
         q_scaled = q * parts.scale
     if explicit:
-        logits = arithmetic.scores(q_scaled, k)
+        logits = arithmetic.scores(q_scaled, k, constant_query=parts.latent is not None)
         if bias is not None:
-            logits = arithmetic.bias(logits, bias)
+            logits = arithmetic.offset(logits, bias)
         if mask is not None:
             logits = logits + mask
         attn = arithmetic.dropout(arithmetic.softmax(logits), parts.attn_drop)

@@ -83,6 +83,14 @@ class Target:
             raise ValueError(f"unknown score {score!r}; choose one of {sorted(SCORES)}") from None
 
 
+def is_score_target(target: object) -> bool:
+    """Whether ``target`` names a score of the output (a direction or a function) rather than classes."""
+    if isinstance(target, Target):
+        return not target.is_class
+    return (isinstance(target, Tensor) and target.dtype.is_floating_point) or (
+        callable(target) and not isinstance(target, Tensor))
+
+
 def resolve_target(target: TargetLike, outputs: Tensor, *, has_classes: bool = True) -> Target:
     """Turn the user's ``target`` into a :class:`Target` for the batch whose outputs are ``outputs`` [B, ...].
 

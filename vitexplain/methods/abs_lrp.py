@@ -10,7 +10,8 @@ from ..instrumentation.lrp import RULE_SETS, other_classes, relevance
 from ..registry import register_method
 
 
-@register_method("abs_lrp", resolution="pixel", cost=lambda o: 4 * (1 + o["contrastive"]))
+@register_method("abs_lrp", resolution="pixel", cost=lambda o: 4 * (1 + o["contrastive"]),
+                 score_targets=False)
 def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: bool = True) -> Tensor:
     """absLRP pixel relevance of the target class, minus that of all other classes, summed over channels.
 

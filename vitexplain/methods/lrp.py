@@ -8,7 +8,7 @@ from ..instrumentation.lrp import relevance
 from ..registry import register_method
 
 
-@register_method("lrp", resolution="pixel", cost=4)
+@register_method("lrp", resolution="pixel", cost=4, score_targets=False)
 def lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Layer-wise relevance propagation from the target logit to the input pixels, summed over channels.
 

@@ -8,7 +8,7 @@ from ..instrumentation.lrp import relevance
 from ..registry import register_method
 
 
-@register_method("partial_lrp", cost=4)
+@register_method("partial_lrp", cost=4, score_targets=False)
 def partial_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """LRP relevance of the last block's attention map: class token's row, positive part averaged over heads.
 

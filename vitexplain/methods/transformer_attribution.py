@@ -10,7 +10,7 @@ from ._heads import block_index
 from ._products import readout_map
 
 
-@register_method("transformer_attribution", cost=6)
+@register_method("transformer_attribution", cost=6, score_targets=False)
 def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0) -> Tensor:
     """Relevance of each block's attention map weighted by its gradient, rolled out from ``start_layer``.
 

@@ -84,11 +84,11 @@ class RuleArithmetic(Arithmetic):
     def scale(self, x: Tensor, gamma: Tensor) -> Tensor:
         return self.rules.scale(x, gamma)
 
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
-        return self.rules.attention.scores(q, k)
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
+        return self.rules.attention.scores(q, k, constant_query)
 
-    def bias(self, scores: Tensor, bias: Tensor) -> Tensor:
-        return self.rules.attention.bias(scores, bias)
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        return self.rules.attention.offset(x, constant)
 
     def softmax(self, scores: Tensor) -> Tensor:
         return self.rules.attention.softmax(scores)

@@ -301,18 +301,23 @@ class AbsoluteAdd(AddRule):
 
 
 class AttentionRule:
-    """The attention's products, softmax and bias under a rule; the base class is Chefer et al.'s.
+    """The attention's products, softmax and constant offsets under a rule; the base class is Chefer et al.'s.
 
     Relevance of the probabilities passes unchanged to the scores; both products (q·kᵀ and A·v) give
-    each operand half of the z-rule (Eq. 5 with the code's ``/ 2``); a position bias, like a Linear's
-    bias under α1β0, takes none (the scores without it get all).
+    each operand half of the z-rule (Eq. 5 with the code's ``/ 2``) — but a learnt query (an
+    attention-pooling head's) is a constant, so q·kᵀ is then a linear map of k, which takes all the
+    relevance (the z-rule of a Linear); a constant added to a tensor (a
+    position bias, a q / v bias kept apart from its Linear), like a Linear's bias under α1β0, takes
+    none (the tensor without it gets all).
     """
 
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
+        if constant_query:
+            return q.detach() @ k.transpose(-2, -1)
         return halved_product(q, k.transpose(-2, -1))
 
-    def bias(self, scores: Tensor, bias: Tensor) -> Tensor:
-        return proportional(scores + bias, scores)
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        return proportional(x + constant, x)
 
     def softmax(self, scores: Tensor) -> Tensor:
         return passes_unchanged(scores.softmax(dim=-1), scores)
@@ -331,11 +336,11 @@ class AttentionRule:
 class ConstantAttention(AttentionRule):
     """Ali et al.'s AH-rule: the attention probabilities are constants, so A·v sends all relevance to v."""
 
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
         return (q @ k.transpose(-2, -1)).detach()
 
-    def bias(self, scores: Tensor, bias: Tensor) -> Tensor:
-        return scores + bias
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        return x + constant
 
     def softmax(self, scores: Tensor) -> Tensor:
         return scores.softmax(dim=-1).detach()
@@ -348,7 +353,7 @@ class ConstantAttention(AttentionRule):
 
 
 class AbsoluteAttention(AttentionRule):
-    """Vukadin et al.'s absolute rule on the products, the softmax (row max and sum constant) and the bias."""
+    """Vukadin et al.'s absolute rule on the products, the softmax (row max and sum constant) and the offsets."""
 
     @staticmethod
     def _product(left: Tensor, right: Tensor) -> Tensor:
@@ -356,13 +361,13 @@ class AbsoluteAttention(AttentionRule):
         product = left @ right
         return absolute_rule(product, product, left.abs() @ right.abs())
 
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
-        return self._product(q, k.transpose(-2, -1))
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
+        return self._product(q.detach() if constant_query else q, k.transpose(-2, -1))
 
-    def bias(self, scores: Tensor, bias: Tensor) -> Tensor:
-        scores = normalise_relevance(scores)
-        total = scores + bias
-        return absolute_rule(total, scores, scores.abs())
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        x = normalise_relevance(x)
+        total = x + constant
+        return absolute_rule(total, x, x.abs())
 
     def softmax(self, scores: Tensor) -> Tensor:
         """Their ``SoftmaxAttention``: exp(s - max) / Σ with max and Σ detached, so the Jacobian is diag(A);
