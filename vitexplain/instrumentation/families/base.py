@@ -112,6 +112,12 @@ class Family(ABC):
     def unsupported_reason(cls, model: nn.Module) -> str | None:
         """None when this family describes ``model``, else a sentence saying why not."""
 
+    @classmethod
+    def examples(cls) -> dict[str, Callable[[], tuple[nn.Module, Any]]]:
+        """Tiny randomly initialised models of the family, by label, each with an input batch: what the
+        support matrix (:mod:`vitexplain.support`) runs every method on."""
+        return {}
+
     @abstractmethod
     def block_modules(self) -> Sequence[nn.Module]:
         """The Transformer blocks in order."""
@@ -185,6 +191,18 @@ class Family(ABC):
         """The module classes whose computation the written-out blocks and the rules cover; LRP refuses
         a model holding any other (beyond plain layers), naming it."""
         raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models")
+
+
+def timm_example(architecture: str, **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
+    """A builder of a tiny timm model (32 px images, 8 px patches, two blocks) and one input image."""
+    def build() -> tuple[nn.Module, Tensor]:
+        import timm
+
+        settings = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
+        model = timm.create_model(architecture, pretrained=False, **{**settings, **arguments}).eval()
+        return model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+    return build
 
 
 def check_images(images: Any, grid_size: Callable[[Tensor], Any]) -> Tensor:

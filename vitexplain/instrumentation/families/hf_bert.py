@@ -45,6 +45,18 @@ class TransformersText(Family):
     modality = "text"
 
     @classmethod
+    def examples(cls):
+        def build():
+            from transformers import BertConfig, BertForSequenceClassification
+
+            config = BertConfig(vocab_size=50, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                intermediate_size=96, num_labels=2)
+            model = BertForSequenceClassification(config).eval()
+            return model, torch.tensor([[2, 7, 11, 5, 3]])
+
+        return {"transformers BERT (text)": build}
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
         reason = transformers_reason(model)
         if reason is not None:

@@ -30,6 +30,18 @@ class TransformersViT(Family):
     name = "transformers ViT/DeiT"
 
     @classmethod
+    def examples(cls):
+        def build():
+            from transformers import ViTConfig, ViTForImageClassification
+
+            config = ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                               intermediate_size=96, num_labels=10)
+            model = ViTForImageClassification(config).eval()
+            return model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+        return {"transformers ViT": build}
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
         reason = transformers_reason(model)
         if reason is not None:

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, Family, TokenContext, layer_scale, optional
+from .base import EmbeddingParts, Family, TokenContext, layer_scale, optional, timm_example
 from .timm_vit import READOUTS, _block_inputs, attention_pool
 
 BLOCK_LAYOUTS = {"EvaBlock": "pre_norm", "EvaBlockPostNorm": "res_post_norm"}
@@ -85,6 +85,11 @@ class TimmEva(Family):
             if type(block.attn).__name__ not in ATTENTIONS:
                 return f"block {i}'s attention is a {type(block.attn).__name__}"
         return None
+
+    @classmethod
+    def examples(cls):
+        return {"EVA-02 (RoPE, SwiGLU)": timm_example("eva02_tiny_patch14_224", patch_size=8, ref_feat_shape=(4, 4)),
+                "RoPE ViT (mixed)": timm_example("vit_base_patch16_rope_mixed_224")}
 
     def block_modules(self):
         return self.model.blocks

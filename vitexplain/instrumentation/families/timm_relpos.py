@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, Family, TokenContext, layer_scale, optional
+from .base import EmbeddingParts, Family, TokenContext, layer_scale, optional, timm_example
 
 READOUTS = {"token": "token", "avg": "avg"}
 
@@ -46,6 +46,10 @@ class TimmBeit(_RelativePositionFamily):
     per block and / or shared, LayerScale gains ``gamma_1`` / ``gamma_2``."""
 
     name = "timm Beit"
+
+    @classmethod
+    def examples(cls):
+        return {"BEiT (relative position bias)": timm_example("beit_base_patch16_224")}
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
@@ -100,6 +104,10 @@ class TimmRelPos(_RelativePositionFamily):
     per block or shared, LayerScale modules."""
 
     name = "timm VisionTransformerRelPos"
+
+    @classmethod
+    def examples(cls):
+        return {"relative-position ViT (MLP bias)": timm_example("vit_srelpos_small_patch16_224")}
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, Family, ProbeParts, TokenContext, layer_scale, missing, optional
+from .base import EmbeddingParts, Family, ProbeParts, TokenContext, layer_scale, missing, optional, timm_example
 
 ATTENTION_ATTRIBUTES = ("qkv", "proj", "num_heads", "head_dim", "scale")
 #: timm block classes and the layout their forward computes
@@ -76,6 +76,14 @@ class TimmViT(Family):
             if absent:
                 return f"block {i}: {absent}"
         return None
+
+    @classmethod
+    def examples(cls):
+        return {"ViT (class token)": timm_example("vit_base_patch16_224"),
+                "DeiT distilled (class + distillation token)": timm_example("deit_base_distilled_patch16_224"),
+                "ViT, average pooling, registers": timm_example("vit_base_patch16_224", reg_tokens=2, global_pool="avg"),
+                "SigLIP-style ViT (attention pooling)": timm_example("vit_base_patch16_siglip_224",
+                                                                     class_token=False, global_pool="map")}
 
     def block_modules(self):
         return self.model.blocks
