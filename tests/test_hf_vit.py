@@ -92,7 +92,7 @@ def test_recording_equals_the_timm_twins(twins, variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("method", vitexplain.available_methods())
 def test_every_method_gives_the_maps_of_the_timm_twin(twins, variant, method):
-    """Every method runs unchanged, the LRP family (rules placed by lrp_hf) included."""
+    """Every method runs unchanged, the LRP family (rules placed from the family description) included."""
     timm_model, hf_model = twins[variant]
     images = _images()
     target = torch.tensor([3, 7])
