@@ -219,6 +219,10 @@ class ModelAdapter(ABC):
             raise TypeError(f"images must be a preprocessed float tensor, got dtype {images.dtype}")
         if images.shape[0] == 0:
             raise ValueError("images is an empty batch")
+        finite = torch.isfinite(images).flatten(1).all(1)
+        if not finite.all():
+            bad = ", ".join(str(i) for i in (~finite).nonzero()[:, 0].tolist())
+            raise ValueError(f"NaN or infinite values in the batch's image(s) {bad} (counted from 0)")
         self.grid_size(images)  # raises on sizes the model cannot take
         return images.to(device=self.device, dtype=self.dtype)
 
