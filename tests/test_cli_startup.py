@@ -69,7 +69,8 @@ def test_methods_are_listed_with_what_they_explain_and_whether_they_are_controls
     result = runs["methods"]
     assert result.returncode == 0, result.stderr
     tags = dict(re.findall(r"^(\w+)\s+\[([^\]]+)\]", result.stdout, flags=re.M))
-    assert set(tags) == set(METHODS.names())
+    assert set(tags) == {name for name in METHODS.names()  # not the methods other tests register in this process
+                         if METHODS.get(name).fn.__module__.startswith("vitexplain.methods.")}
     for name, tag in tags.items():
         spec = METHODS.get(name)
         expected = [spec.resolution, "+".join(spec.modalities)] + (["control"] if spec.control else [])

@@ -20,7 +20,8 @@ _EXPORTS = {
     "register_method": "registry",
 }
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
+__all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "get_method", "register_method",
+           "__version__"]
 
 if TYPE_CHECKING:
     from .api import explain

@@ -77,7 +77,7 @@ def _checkpoint_format(path: Path) -> str:
     """``"torch"`` (zip or pickle) or ``"safetensors"``, from the file's first bytes, whatever its suffix."""
     with open(path, "rb") as handle:
         head = handle.read(9)
-    if head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"):
+    if head.startswith((b"PK\x03\x04", b"\x80")):
         return "torch"
     if len(head) == 9 and head[8:9] == b"{":  # 8-byte header length, then the JSON header
         return "safetensors"

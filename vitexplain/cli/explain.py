@@ -1,7 +1,7 @@
 """``vitexplain explain IMAGE...``: heatmap overlays and raw maps for image files.
 
-Everything the user gives is checked before any image is read (methods, options, output folder,
-device, model, target). Images are then read batch by batch, so memory follows ``--batch-size``,
+Everything the user gives is checked before any image is read (output folder, device, methods,
+options, model, target). Images are then read batch by batch, so memory follows ``--batch-size``,
 not the number of files. A file that cannot be read, or a method that fails, is reported on stderr
 naming it; the rest still runs, and the exit code is 1. Output names follow :data:`NAMING`.
 """
@@ -45,7 +45,7 @@ def add_parser(subparsers) -> None:
                         help="images read and explained together (default: %(default)s)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar (it goes to stderr: one step per method and batch)")
+                        help="no progress bar (on stderr, it counts images x methods)")
     parser.set_defaults(func=run)
 
 
