@@ -1,4 +1,11 @@
+"""``vitexplain explain``, run as a user runs it: each command in a new process (tests/cli.py).
+
+The commands of this module start together once (a module fixture); each test checks what one or a
+few of them left.
+"""
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -6,94 +13,198 @@ import safetensors.torch
 import torch
 from PIL import Image
 
-from vitexplain.cli.main import main
-from vitexplain.image_files import ImageLoadError, load_image
-from vitexplain.models import ModelLoadError, load_model
+import vitexplain
+from vitexplain.cli.explain import output_names
+from vitexplain.image_files import load_image, make_transform
+from vitexplain.models import load_model
+from vitexplain.registry import available_methods, get_method
 
+from cli import run_cli_many
 from conftest import TINY, make_vit
+from test_image_inputs import png_header_only, write_every_mode
+
+#: inputs of the main run: every image mode, three files with the stem "x", one file given twice,
+#: then a non-image, a float image holding NaN, a decompression bomb and a missing file
+GOOD = ["rgb.png", "gray.jpg", "rgba.png", "palette.png", "deep.png", "a/x.jpg", "b/x.jpg", "x.png"]
+BAD = {"notes.png": "not a readable image", "nan.tif": "NaN or infinite", "big.png": "too large to open safely",
+       "missing.png": "no such file"}
+OUTPUTS = {"rgb.png": "rgb", "gray.jpg": "gray", "rgba.png": "rgba", "palette.png": "palette", "deep.png": "deep",
+           "a/x.jpg": "a/x.jpg", "b/x.jpg": "b/x.jpg", "x.png": "x.png"}
+LARGE = (4000, 3000)  # one decoded RGB image: 36 MB
+RISE = {"n_masks": 16, "seed": 1}
 
 
-@pytest.fixture
-def checkpoint(tmp_path):
-    model = make_vit()
-    path = tmp_path / "tiny.safetensors"
-    safetensors.torch.save_file(model.state_dict(), str(path))
-    (tmp_path / "tiny.json").write_text(json.dumps({"arch": "vit_tiny_patch16_224", "model_kwargs": TINY}))
-    return path, model
+def builtin_methods(modality=None, controls=True) -> list[str]:
+    """The methods a new process has: those of vitexplain.methods, not those other tests register here."""
+    return [name for name in available_methods(modality, controls=controls)
+            if get_method(name).fn.__module__.startswith("vitexplain.methods.")]
 
 
-def _write_images(folder):
-    rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(folder / "rgb.png")
-    Image.fromarray(rng.integers(0, 256, (30, 30), dtype=np.uint8), mode="L").save(folder / "gray.jpg")
-    Image.fromarray(rng.integers(0, 256, (36, 36, 4), dtype=np.uint8), mode="RGBA").save(folder / "rgba.png")
-    Image.fromarray(rng.integers(0, 256, (32, 32), dtype=np.uint8), mode="L").convert("P").save(folder / "palette.png")
-    Image.fromarray(rng.integers(0, 65536, (33, 31), dtype=np.uint16)).save(folder / "deep.png")
+def _write_inputs(folder):
+    write_every_mode(folder)
+    rng = np.random.default_rng(1)
+    (folder / "a").mkdir()
+    (folder / "b").mkdir()
+    for name in ("a/x.jpg", "b/x.jpg", "x.png"):
+        Image.fromarray(rng.integers(0, 256, (34, 34, 3), dtype=np.uint8)).save(folder / name)
     (folder / "notes.png").write_text("this is not an image")
-    return ["rgb.png", "gray.jpg", "rgba.png", "palette.png", "deep.png"]
+    Image.fromarray(np.array([[1.0, np.nan], [np.inf, 2.0]], dtype=np.float32)).save(folder / "nan.tif")
+    (folder / "big.png").write_bytes(png_header_only(14000, 13000))  # 182 megapixels
+    for i in range(12):
+        Image.new("RGB", LARGE, (40 * (i % 6), 90, 200)).save(folder / f"large{i}.png")
 
 
-def test_all_image_modes_load_and_a_non_image_is_named(tmp_path):
-    names = _write_images(tmp_path)
-    for name in names:
-        image = load_image(tmp_path / name)
-        assert image.mode == "RGB"
-    deep = np.asarray(load_image(tmp_path / "deep.png"))
-    assert deep.max() > 128  # 16-bit values are rescaled, not clipped to white
-    with pytest.raises(ImageLoadError, match="notes.png: not a readable image"):
-        load_image(tmp_path / "notes.png")
-    with pytest.raises(ImageLoadError, match="missing.png: no such file"):
-        load_image(tmp_path / "missing.png")
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("explain")
+    _write_inputs(folder)
+    model = make_vit()
+    safetensors.torch.save_file(model.state_dict(), str(folder / "tiny.safetensors"))
+    (folder / "tiny.json").write_text(json.dumps({"arch": "vit_tiny_patch16_224", "model_kwargs": TINY}))
+    torch.save({"head.weight": torch.zeros(3, 3), "extra.bias": torch.zeros(2)}, folder / "other.pth")
+    (folder / "out.png").write_text("a file where the output folder should go")
+    model_args = ["--model", "tiny.safetensors", "--device", "cpu"]
+    one = ["rgb.png", *model_args]
+    no_gpu = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    commands = {
+        "main": [*GOOD, "./a/../rgb.png", *BAD, *model_args, "--method", "rise",
+                 *(arg for key, value in RISE.items() for arg in ("-O", f"{key}={value}")),
+                 "--target", "3", "--batch-size", "2", "-o", "main"],
+        "all": ["rgb.png", *model_args, "--method", "all", "-O", "n_masks=8", "-O", "seed=1",
+                "-O", "samples=2", "-O", "steps=2", "--no-progress", "-o", "all"],
+        "memory_few": ["large0.png", "large1.png", *model_args, "--method", "gae", "--batch-size", "2", "-o", "few"],
+        "memory_many": [*(f"large{i}.png" for i in range(12)), *model_args, "--method", "gae", "--batch-size", "2",
+                        "-o", "many"],
+        "target_high": [*one, "--method", "gae", "--target", "10", "-o", "t1"],
+        "target_negative": [*one, "--method", "gae", "--target", "-1", "-o", "t2"],
+        "device_unknown": ["rgb.png", "--model", "tiny.safetensors", "--method", "gae", "--device", "tpu"],
+        "device_absent": ["rgb.png", "--model", "tiny.safetensors", "--method", "gae", "--device", no_gpu],
+        "options": [*one, "--method", "all", "-O", "n_mask=8", "-O", "n_masks=many"],
+        "method_unknown": [*one, "--method", "nope"],
+        "checkpoint": ["rgb.png", "--model", "other.pth", "--arch", "vit_tiny_patch16_224", "--method", "gae"],
+        "batch_zero": [*one, "--method", "gae", "--batch-size", "0"],
+        "batch_negative": [*one, "--method", "gae", "--batch-size", "-3"],
+        "output_is_file": [*one, "--method", "gae", "-o", "out.png"],
+        "output_under_file": [*one, "--method", "gae", "-o", "out.png/maps"],
+    }
+    finished = run_cli_many(*(["explain", *args] for args in commands.values()), cwd=folder)
+    return folder, dict(zip(commands, finished))
 
 
-def test_explain_writes_overlays_and_raw_maps_and_survives_a_bad_file(tmp_path, checkpoint, capsys):
-    path, model = checkpoint
-    names = _write_images(tmp_path)
-    out = tmp_path / "out"
-    code = main(["explain", *(str(tmp_path / n) for n in names), str(tmp_path / "notes.png"),
-                 "--model", str(path), "--method", "gae", "--target", "3", "-o", str(out), "--device", "cpu"])
-    assert code == 1  # one input failed
-    assert "notes.png: not a readable image" in capsys.readouterr().err
-    for name in names:
-        stem = name.rsplit(".", 1)[0]
-        saved = np.load(out / f"{stem}.gae.npy")
-        assert saved.shape == (4, 4) and np.isfinite(saved).all()
-        with Image.open(out / f"{stem}.gae.png") as png:
+def test_every_readable_image_is_explained_and_each_bad_file_named_once(runs):
+    folder, done = runs
+    main = done["main"]
+    assert main.returncode == 1  # some inputs failed
+    for name, problem in BAD.items():
+        lines = [line for line in main.stderr.splitlines() if line.startswith(f"error: {name}:")]
+        assert len(lines) == 1 and problem in lines[0], main.stderr
+    assert "Traceback" not in main.stderr
+    out = folder / "main"
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.npy")) == sorted(f"{o}.rise.npy" for o in OUTPUTS.values())
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.png")) == sorted(f"{o}.rise.png" for o in OUTPUTS.values())
+    for stem in OUTPUTS.values():
+        saved = np.load(out / f"{stem}.rise.npy")
+        assert saved.shape == (32, 32) and np.isfinite(saved).all()
+        with Image.open(out / f"{stem}.rise.png") as png:
             assert png.size[0] > 100
-    # the raw map is exactly what the Python API gives for the preprocessed image
-    import vitexplain
-    from vitexplain.image_files import make_transform
-
-    loaded, config = load_model(str(path), device="cpu")
-    image = make_transform(config)(load_image(tmp_path / "rgb.png"))[None]
-    expected = vitexplain.explain(loaded, image, "gae", target=3)[0].numpy()
-    np.testing.assert_allclose(np.load(out / "rgb.gae.npy"), expected, rtol=1e-5)
+    # one line per distinct file: rgb.png was given twice
+    explained = re.findall(r"^(\S+) -> 3 \(p=", main.stdout, flags=re.M)
+    assert sorted(explained) == sorted(GOOD)
 
 
-def test_method_all_writes_one_grid_per_image(tmp_path, checkpoint, capsys):
-    path, _ = checkpoint
-    Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(tmp_path / "black.png")
-    out = tmp_path / "grid"
-    code = main(["explain", str(tmp_path / "black.png"), "--model", str(path), "--method", "all", "-o", str(out), "--device", "cpu"])
-    assert (out / "black.all.png").is_file()
-    assert code == 0, capsys.readouterr().err
-    assert (out / "black.rollout.npy").is_file()
+def test_raw_maps_are_what_the_api_gives_with_the_options_passed(runs):
+    folder, _ = runs
+    model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
+    transform = make_transform(config)
+    images = torch.stack([transform(load_image(folder / name)) for name in ("rgb.png", "a/x.jpg", "b/x.jpg", "x.png")])
+    expected = vitexplain.explain(model, images, "rise", target=3, **RISE).numpy()  # RISE's default: 4000 masks
+    for i, name in enumerate(("rgb", "a/x.jpg", "b/x.jpg", "x.png")):
+        np.testing.assert_allclose(np.load(folder / "main" / f"{name}.rise.npy"), expected[i], rtol=1e-4, atol=1e-6)
 
 
-def test_model_loading_errors_say_what_to_do(tmp_path):
-    with pytest.raises(ModelLoadError, match="not in the local cache.*--arch vit_base_patch16_224"):
-        load_model("vit_base_patch16_224", device="cpu")
-    with pytest.raises(ModelLoadError, match="unknown timm architecture"):
-        load_model("vit_no_such_model_999", device="cpu")
-    bogus = tmp_path / "weights.pth"
-    torch.save({"head.weight": torch.zeros(3, 3)}, bogus)
-    with pytest.raises(ModelLoadError, match="does not fit architecture vit_tiny_patch16_224"):
-        load_model(str(bogus), arch="vit_tiny_patch16_224", device="cpu")
-    with pytest.raises(ModelLoadError, match="needs its architecture"):
-        load_model(str(bogus), device="cpu")
+def test_prediction_lines_and_progress(runs):
+    folder, done = runs
+    main = done["main"]
+    probabilities = re.findall(r"^rgb\.png -> 3 \(p=([0-9.e-]+)\); predicted (\d) \(p=([0-9.e-]+)\)$", main.stdout, flags=re.M)
+    model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
+    with torch.no_grad():
+        p = model(make_transform(config)(load_image(folder / "rgb.png"))[None]).softmax(-1)[0]
+    assert len(probabilities) == 1
+    shown, predicted, shown_predicted = probabilities[0]
+    assert float(shown) == pytest.approx(float(p[3]), abs=6e-4) and int(predicted) == int(p.argmax())
+    assert float(shown_predicted) == pytest.approx(float(p.max()), abs=6e-4)
+    # the progress bar: one step per image and method, the method named, on stderr only
+    steps = len(GOOD) + len(BAD)  # distinct files x one method
+    assert re.search(rf"\b{steps}/{steps}\b.*rise", main.stderr) and "map" not in main.stdout
+    assert done["all"].stderr == ""  # --no-progress, nothing failed
 
 
-def test_unknown_method_on_the_cli(tmp_path, checkpoint, capsys):
-    path, _ = checkpoint
-    assert main(["explain", "x.png", "--model", str(path), "--method", "nope"]) == 2
-    assert "unknown explanation method 'nope'" in capsys.readouterr().err
+def test_method_all_skips_controls_applies_options_to_every_method_that_has_them(runs):
+    folder, done = runs
+    result = done["all"]
+    assert result.returncode == 0, result.stderr
+    out = folder / "all"
+    expected = builtin_methods("image", controls=False)
+    assert "random_baseline" not in expected and "constant_baseline" not in expected
+    assert (out / "rgb.all.png").is_file()
+    assert sorted(p.name for p in out.glob("*.npy")) == sorted(f"rgb.{m}.npy" for m in expected)
+    model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
+    image = make_transform(config)(load_image(folder / "rgb.png"))[None]
+    for method, options in (("rise", dict(n_masks=8, seed=1)), ("tis", dict(n_masks=8, seed=1)),
+                            ("integrated_gradients", dict(steps=2)), ("smoothgrad", dict(samples=2, seed=1))):
+        np.testing.assert_allclose(np.load(out / f"rgb.{method}.npy"),
+                                   vitexplain.explain(model, image, method, **options)[0].numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_memory_follows_the_batch_size_not_the_number_of_files(runs):
+    _, done = runs
+    few, many = done["memory_few"], done["memory_many"]
+    assert few.returncode == 0 and many.returncode == 0, many.stderr
+    assert many.stdout.count(" -> ") == 12
+    assert few.peak_rss_mb > 100  # measured
+    # all 12 images held at once would add 10 x 36 MB over the 2-image run
+    assert many.peak_rss_mb - few.peak_rss_mb < 100, (few.peak_rss_mb, many.peak_rss_mb)
+
+
+@pytest.mark.parametrize("run, message", [
+    ("target_high", "--target 10 is not a class of this model (it has 10 classes, 0 to 9)"),
+    ("target_negative", "--target -1 is not a class of this model"),
+    ("device_unknown", "unknown device 'tpu'"),
+    ("device_absent", "CUDA GPU"),
+    ("options", f"-O n_mask=8: none of the {len(builtin_methods('image', controls=False))} selected methods has an "
+                "option 'n_mask' (their options: "),
+    ("options", "; -O n_masks=many: option n_masks of method 'rise' must be an integer >= 1, got 'many'; "),
+    ("options", "; -O n_masks=many: option n_masks of method 'tis' must be an integer >= 1, got 'many'"),
+    ("method_unknown", "unknown explanation method 'nope'"),
+    ("checkpoint", "1 shape mismatch (head.weight: checkpoint [3, 3], model [3, 192])"),
+    ("batch_zero", "argument --batch-size: expected an integer >= 1, got 0"),
+    ("batch_negative", "argument --batch-size: expected an integer >= 1, got -3"),
+    ("output_is_file", "output out.png is a file, not a folder"),
+    ("output_under_file", "cannot create output folder out.png/maps"),
+])
+def test_bad_arguments_get_one_line_before_any_work(runs, run, message):
+    folder, done = runs
+    result = done[run]
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and " -> " not in result.stdout
+    assert not [p for name in ("t1", "t2", "vitexplain-out") for p in (folder / name).glob("*")]  # nothing written
+
+
+def test_checkpoint_errors_list_keys_with_counts(runs):
+    _, done = runs
+    error = done["checkpoint"].stderr
+    assert re.search(r"\d+ missing keys \(cls_token, pos_embed, patch_embed\.proj\.weight, \.\.\.\)", error)
+    assert "1 unexpected key (extra.bias)" in error
+
+
+def test_output_names_are_unique_stable_and_short():
+    paths = [f"/data/{p}" for p in ("a/x.jpg", "b/x.jpg", "x.png", "y.jpg", "c/x.jpg.png", "d/y.png")]
+    names = output_names([Path(p) for p in paths])
+    assert names == ["a/x.jpg", "b/x.jpg", "x.png", "y.jpg", "x.jpg.png", "y.png"]
+    assert len(set(names)) == len(names)
+    # a stem that equals another file's name with extension: both grow until no name clashes
+    assert output_names([Path("/d/x.jpg.png"), Path("/d/x.jpg"), Path("/e/x.png")]) == ["x.jpg.png", "d/x.jpg", "x.png"]
+    # stable: the order of the inputs does not change a name
+    assert output_names([Path(p) for p in reversed(paths)]) == list(reversed(names))

@@ -1,8 +1,41 @@
-"""vitexplain: explain Vision Transformer predictions with heatmaps, and measure the explanations."""
-from .api import explain
-from .instrumentation import UnsupportedModelError, adapter_for
-from .registry import available_methods, get_method, register_method
+"""vitexplain: explain Vision Transformer predictions with heatmaps, and measure the explanations.
+
+The public names are imported on first use, so ``import vitexplain`` (and the command line's
+``--help``) does not load torch until something needs it.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "get_method", "register_method", "__version__"]
+#: public name -> the submodule that defines it
+_EXPORTS = {
+    "explain": "api",
+    "UnsupportedModelError": "instrumentation",
+    "adapter_for": "instrumentation",
+    "available_methods": "registry",
+    "get_method": "registry",
+    "register_method": "registry",
+}
+
+__all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "get_method", "register_method",
+           "__version__"]
+
+if TYPE_CHECKING:
+    from .api import explain
+    from .instrumentation import UnsupportedModelError, adapter_for
+    from .registry import available_methods, get_method, register_method
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

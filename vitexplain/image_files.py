@@ -1,6 +1,7 @@
 """Reading image files of any common mode into RGB, and preprocessing them for a model."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +29,27 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def load_image(path: str | Path) -> Image.Image:
-    """Open an image file as RGB; anything that is not an image raises :class:`ImageLoadError` naming the file."""
+    """Open an image file as RGB; anything that is not an image raises :class:`ImageLoadError` naming the file.
+
+    Images over PIL's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS`` x 2, 179 megapixels by
+    default) are refused, not loaded; those between the limit and twice it are loaded without
+    PIL's warning. Float images holding NaN or infinite values are refused.
+    """
     path = Path(path)
     try:
-        with Image.open(path) as image:
-            image.load()
-            return _to_rgb(image)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.load()
+                if image.mode == "F" and not np.isfinite(np.asarray(image)).all():
+                    raise ImageLoadError(f"{path}: has NaN or infinite pixel values")
+                return _to_rgb(image)
+    except ImageLoadError:
+        raise
     except FileNotFoundError:
         raise ImageLoadError(f"{path}: no such file") from None
+    except Image.DecompressionBombError as error:
+        raise ImageLoadError(f"{path}: too large to open safely ({error}); downscale it first") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise ImageLoadError(f"{path}: not a readable image ({error})") from None
 

@@ -1,4 +1,5 @@
-"""Loading the models users explain: timm names (local weight cache), checkpoints, shipped models.
+"""Loading the models users explain: timm names (local weight cache), checkpoints, shipped models,
+local Hugging Face text classifiers; and the one place a model's preprocessing is resolved.
 
 Nothing here downloads at import time. ``load_model`` never reaches the network either: timm's
 pretrained weights are read from the local Hugging Face / torch cache only, and a missing file gets
@@ -72,25 +73,60 @@ def _offline() -> Iterator[None]:
                 os.environ[key] = value
 
 
+def _checkpoint_format(path: Path) -> str:
+    """``"torch"`` (zip or pickle) or ``"safetensors"``, from the file's first bytes, whatever its suffix."""
+    with open(path, "rb") as handle:
+        head = handle.read(9)
+    if head.startswith((b"PK\x03\x04", b"\x80")):
+        return "torch"
+    if len(head) == 9 and head[8:9] == b"{":  # 8-byte header length, then the JSON header
+        return "safetensors"
+    raise ModelLoadError(f"checkpoint {path} is neither a PyTorch checkpoint nor a safetensors file "
+                         f"(it starts with {head[:8]!r})")
+
+
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """A state dict from a ``.safetensors`` file or a torch checkpoint (plain or wrapped in ``model``/``state_dict``)."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"checkpoint {path} does not exist")
     try:
-        if path.suffix == ".safetensors":
+        if _checkpoint_format(path) == "safetensors":
             from safetensors.torch import load_file
 
             return load_file(str(path))
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except ModelLoadError:
+        raise
     except Exception as error:  # noqa: BLE001 - any reader error means an unreadable checkpoint
-        raise ModelLoadError(f"cannot read checkpoint {path}: {error}") from error
+        detail = " ".join(str(error).split())[:300]
+        raise ModelLoadError(f"cannot read checkpoint {path}: {type(error).__name__}: {detail}") from error
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if not isinstance(state, dict):
         raise ModelLoadError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict")
     return {key.removeprefix("module."): value for key, value in state.items()}
+
+
+def _some(items: list[str], one: str, many: str, shown: int = 3) -> str:
+    """``"2 missing keys (a, b)"``: a count and the first ``shown`` items."""
+    listed = ", ".join(items[:shown]) + (", ..." if len(items) > shown else "")
+    return f"{len(items)} {one if len(items) == 1 else many} ({listed})"
+
+
+def state_dict_mismatch(model: nn.Module, state: dict[str, torch.Tensor]) -> str:
+    """What keeps ``state`` from loading into ``model``: missing / unexpected keys and shape mismatches,
+    each a count and a few names (empty when it fits)."""
+    expected = model.state_dict()
+    missing = [key for key in expected if key not in state]
+    unexpected = [key for key in state if key not in expected]
+    shapes = [f"{key}: checkpoint {list(state[key].shape)}, model {list(value.shape)}"
+              for key, value in expected.items() if key in state and state[key].shape != value.shape]
+    parts = [_some(missing, "missing key", "missing keys") if missing else "",
+             _some(unexpected, "unexpected key", "unexpected keys") if unexpected else "",
+             _some(shapes, "shape mismatch", "shape mismatches") if shapes else ""]
+    return "; ".join(part for part in parts if part)
 
 
 def _read_card(checkpoint: Path) -> dict:
@@ -122,10 +158,13 @@ def _from_checkpoint(path: Path, arch: str | None, **kwargs) -> nn.Module:
     if head is not None:
         kwargs.setdefault("num_classes", head.shape[0])
     model = _create(arch, pretrained=False, **kwargs)
+    mismatch = state_dict_mismatch(model, state)
+    if mismatch:
+        raise ModelLoadError(f"checkpoint {path} does not fit architecture {arch}: {mismatch}")
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
-        raise ModelLoadError(f"checkpoint {path} does not fit architecture {arch}: {str(error).splitlines()[0]}") from error
+        raise ModelLoadError(f"checkpoint {path} does not fit architecture {arch}: {' '.join(str(error).split())}") from error
     return model
 
 
@@ -152,14 +191,13 @@ def load_model(name_or_path: str, arch: str | None = None, device: str | torch.d
             whose pretrained weights are in the local cache.
         arch: the timm architecture of a checkpoint file. May be omitted when a model card
             (``<checkpoint>.json`` with ``arch`` and optional ``model_kwargs``, ``class_names``) lies beside it.
-        device: where to put the model (default: CUDA when available, else CPU).
+        device: where to put the model (default: CUDA when available, else CPU); one this machine
+            lacks raises a ValueError.
 
     Returns:
-        (model, data_config) where data_config has ``input_size``, ``mean``, ``std``,
-        ``interpolation``, ``crop_pct`` and, when known, ``class_names``.
+        (model, config): the config is :func:`data_config`, with ``class_names`` when known.
     """
-    import timm.data
-
+    device = resolve_device(device)
     shipped = shipped_models()
     class_names = None
     if name_or_path in shipped:
@@ -173,15 +211,64 @@ def load_model(name_or_path: str, arch: str | None = None, device: str | torch.d
         class_names = card.get("class_names")
     else:
         model = _pretrained(name_or_path)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = model.to(device).eval()
-    config = dict(timm.data.resolve_data_config(model=model))
-    embed = getattr(model, "patch_embed", None)
-    if embed is not None and getattr(embed, "img_size", None):  # a checkpoint may be built at another size
-        config["input_size"] = (config["input_size"][0], *embed.img_size)
+    config = data_config(model)
     if class_names:
         config["class_names"] = class_names
     return model, config
+
+
+def data_config(model: nn.Module) -> dict:
+    """The preprocessing of a model: timm's data config (``input_size``, ``mean``, ``std``,
+    ``interpolation``, ``crop_pct``, ``crop_mode``), its size the one the model was built at.
+
+    timm resolves the config from the pretrained weights' card; a checkpoint built at another size
+    (``img_size=112``) keeps the card's 224, so the size is read from the patch embedding instead.
+    A model without a card (not from timm) gets timm's ImageNet defaults.
+    """
+    from timm.data import resolve_data_config
+
+    config = dict(resolve_data_config(model=model))
+    embed = getattr(model, "patch_embed", None)
+    if embed is not None and getattr(embed, "img_size", None):
+        config["input_size"] = (config["input_size"][0], *embed.img_size)
+    return config
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a :class:`torch.device` (default: CUDA when available, else the CPU); a device this
+    machine does not have raises a ValueError saying so."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {str(device)!r}: expected cpu, cuda, cuda:N, mps ...") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}: no CUDA GPU is available on this machine")
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    try:
+        torch.empty(0, device=resolved)
+    except Exception as error:  # noqa: BLE001 - each backend fails in its own way (RuntimeError, AssertionError ...)
+        raise ValueError(f"device {str(device)!r} is not available here ({str(error).splitlines()[0]})") from None
+    return resolved
+
+
+def load_text_model(directory: str | Path):
+    """(tokenizer, model in eval mode) from a local Hugging Face model directory; never downloads."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"no Hugging Face model in {directory} (expected config.json and the weights, "
+                                "as save_pretrained writes them)")
+    try:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    except ImportError:
+        raise ImportError("explaining text needs transformers: pip install 'vitexplain[hf]'") from None
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(str(directory), local_files_only=True)
+    return tokenizer, model.eval()
 
 
 def class_names_for(model: nn.Module, config: dict) -> list[str]:

@@ -1,4 +1,12 @@
-"""Heatmap overlays with colour bars, and side-by-side grids of several methods."""
+"""Heatmap overlays with colour bars, and side-by-side grids of several methods.
+
+Figures are drawn on :class:`matplotlib.figure.Figure` objects and saved directly, without pyplot:
+no backend is selected and no global matplotlib state changes, so notebooks keep their inline plots.
+
+A map with any negative value is signed (LRP, logit-weighted RISE ...): it is drawn with a diverging
+colour map centred at 0, scaled by its largest absolute value, so the sign stays visible. Other maps
+are min-max scaled to [0, 1]. The colour bar's label names the scaling and the colour map.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,52 +28,60 @@ def upsample(saliency: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(saliency[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
 
 
-def _draw(ax, image: np.ndarray, saliency: torch.Tensor, cmap: str, alpha: float):
-    import matplotlib.pyplot as plt
-
-    heat = normalise(upsample(torch.as_tensor(saliency).cpu(), image.shape[:2]))
+def _draw(fig, ax, image: np.ndarray, saliency: torch.Tensor, cmap: str, diverging_cmap: str, alpha: float):
+    """One overlay on ``ax`` with its colour bar; returns the colour bar."""
+    saliency = torch.as_tensor(saliency).detach().float().cpu()
+    heat = upsample(saliency, image.shape[:2]).numpy()
     ax.imshow(image)
-    shown = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0)
+    if (saliency < 0).any():
+        shown = ax.imshow(heat / np.abs(heat).max(), cmap=diverging_cmap, alpha=alpha, vmin=-1.0, vmax=1.0)
+        label = f"relevance / max |relevance| ({diverging_cmap}, centred at 0)"
+    else:
+        shown = ax.imshow(normalise(heat), cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0)
+        label = f"relevance, min-max scaled ({cmap})"
     ax.set_axis_off()
-    return plt.colorbar(shown, ax=ax, fraction=0.046, pad=0.04)
+    bar = fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04)
+    bar.set_label(label, fontsize=7)
+    bar.ax.tick_params(labelsize=7)
+    return bar
 
 
 def save_overlay(path: str | Path, image: np.ndarray, saliency: torch.Tensor, *, title: str = "",
-                 cmap: str = "jet", alpha: float = 0.5) -> None:
-    """Write one heatmap over its image, with a colour bar (relevance scaled to [0, 1]), as PNG."""
-    import matplotlib
+                 cmap: str = "jet", diverging_cmap: str = "bwr", alpha: float = 0.5):
+    """Write one heatmap over its image, with a colour bar, as PNG; returns the figure (shown inline in notebooks).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    ``cmap`` draws non-negative maps (min-max scaled), ``diverging_cmap`` signed ones (see the module docstring).
+    """
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(4.4, 4))
-    _draw(ax, image, saliency, cmap, alpha).set_label("relevance (min-max scaled)")
+    fig = Figure(figsize=(4.4, 4), layout="constrained")
+    ax = fig.add_subplot()
+    _draw(fig, ax, image, saliency, cmap, diverging_cmap, alpha)
     if title:
         ax.set_title(title, fontsize=9)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(path, dpi=100)
+    return fig
 
 
 def save_grid(path: str | Path, image: np.ndarray, maps: dict[str, torch.Tensor], *, title: str = "",
-              cmap: str = "jet", alpha: float = 0.5, columns: int = 6) -> None:
-    """Write the image and one overlay per method side by side, as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+              cmap: str = "jet", diverging_cmap: str = "bwr", alpha: float = 0.5, columns: int = 6):
+    """Write the image and one overlay per method side by side, as PNG; returns the figure
+    (colour maps as in :func:`save_overlay`)."""
+    from matplotlib.figure import Figure
 
     panels = 1 + len(maps)
     cols = min(columns, panels)
     rows = -(-panels // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows + 0.5), squeeze=False)
+    fig = Figure(figsize=(3.2 * cols, 3.0 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.set_axis_off()
     axes.flat[0].imshow(image)
     axes.flat[0].set_title("input", fontsize=9)
     for ax, (name, saliency) in zip(axes.flat[1:], maps.items()):
-        _draw(ax, image, saliency, cmap, alpha)
+        _draw(fig, ax, image, saliency, cmap, diverging_cmap, alpha)
         ax.set_title(name, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(path, dpi=100)
+    return fig

@@ -188,9 +188,9 @@ def _load_model(entry: ModelEntry, device: torch.device, dataset: Any) -> tuple[
         model = entry.source.to(device)
         if not isinstance(dataset, DatasetSpec):
             return model, {}
-        import timm.data
+        from ..models import data_config
 
-        return model, dict(timm.data.resolve_data_config(model=model))
+        return model, data_config(model)
     from ..models import load_model
 
     return load_model(entry.source or entry.name, arch=entry.arch, device=device)

@@ -1,81 +1,215 @@
-"""``vitexplain explain IMAGE...``: heatmap overlays and raw maps for image files."""
+"""``vitexplain explain IMAGE...``: heatmap overlays and raw maps for image files.
+
+Everything the user gives is checked before any image is read (output folder, device, methods,
+options, model, target). Images are then read batch by batch, so memory follows ``--batch-size``,
+not the number of files. A file that cannot be read, or a method that fails, is reported on stderr
+naming it; the rest still runs, and the exit code is 1. Output names follow :data:`NAMING`.
+"""
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-import torch
+from .shared import add_method_options, method_options, positive_int, probability_text
 
-from ..api import explain
-from ..image_files import ImageLoadError, display_image, load_image, make_transform
-from ..models import ModelLoadError, class_names_for, load_model
-from ..registry import available_methods, get_method
-from ..viz import save_grid, save_overlay
+NAMING = """\
+output names:
+  OUTPUT/STEM.METHOD.npy (raw map) and OUTPUT/STEM.METHOD.png (overlay), or with --method all
+  OUTPUT/STEM.all.png (grid) and one .npy per method. STEM is the file name without its extension
+  (photo.jpg -> photo). When inputs of one call share a stem, those keep their extension
+  (photo.jpg, photo.png), and when that is still ambiguous their parent folders too, as subfolders
+  of OUTPUT (a/photo.jpg, b/photo.jpg): names that clash grow, one step at a time, until none does.
+  The same file given twice is explained once."""
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("explain", help="explain image files: overlay PNG + raw map .npy per image")
+    parser = subparsers.add_parser(
+        "explain", description="Explain the predictions of a Vision Transformer for image files: a heatmap "
+                               "overlay (PNG) and the raw map (.npy) per image and method.",
+        epilog=NAMING, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any mode PIL reads)")
     parser.add_argument("--model", required=True, help="shipped model name, timm model name, or checkpoint file")
     parser.add_argument("--arch", help="timm architecture of a checkpoint file")
-    parser.add_argument("--method", required=True, help="a method name (see `vitexplain methods`) or 'all'")
+    parser.add_argument("--method", required=True,
+                        help="a method name (see `vitexplain methods`) or 'all' (every method that explains images, "
+                             "without the controls)")
+    add_method_options(parser)
     parser.add_argument("--target", type=int, help="class to explain (default: each image's prediction)")
     parser.add_argument("-o", "--output", default="vitexplain-out", help="output folder (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=positive_int, default=16,
+                        help="images read and explained together (default: %(default)s)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bar (on stderr, it counts images x methods)")
     parser.set_defaults(func=run)
 
 
-def _read_batch(paths: list[str], transform) -> tuple[list[Path], list, list[str]]:
-    good, pictures, errors = [], [], []
-    for name in paths:
-        try:
-            pictures.append(load_image(name))
-            good.append(Path(name))
-        except ImageLoadError as error:
-            errors.append(str(error))
-    return good, pictures, errors
+def output_folder(path: str) -> Path:
+    """The output folder, created; a file in the way or a folder that cannot be written is a ValueError."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"output {path} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"cannot create output folder {path}: {error.strerror or error}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"output folder {path} is not writable")
+    return folder
+
+
+def output_names(paths: list[Path]) -> list[str]:
+    """Unique output names of distinct absolute paths, as :data:`NAMING` describes: the stem, else the
+    file name, else with parent folders; only names that clash grow, so a name does not depend on the
+    order of the inputs."""
+    def name(path: Path, level: int) -> str:
+        return path.stem if level == 0 else "/".join(path.parts[-level:])
+
+    levels = [0] * len(paths)
+    while True:
+        names = [name(path, level) for path, level in zip(paths, levels)]
+        counts = Counter(names)
+        clashing = [i for i, text in enumerate(names) if counts[text] > 1 and levels[i] < len(paths[i].parts) - 1]
+        if not clashing:
+            return names
+        for i in clashing:
+            levels[i] += 1
+
+
+@dataclass
+class Setup:
+    """What the checks before the first image leave: where outputs go, the methods with their options, the model."""
+
+    out: Path
+    methods: list[str]
+    options: dict[str, dict[str, Any]]
+    model: Any
+    config: dict[str, Any]
+    class_names: list[str]
+
+
+def prepare(args, out: Path) -> Setup:
+    """Check the rest of what the user gave, cheapest first, before any image is read; raises
+    ValueError, TypeError or ModelLoadError with a one-line message."""
+    from ..models import class_names_for, load_model, resolve_device
+    from ..registry import available_methods, get_method
+
+    device = resolve_device(args.device)
+    methods = available_methods("image", controls=False) if args.method == "all" else [get_method(args.method).name]
+    options = method_options(methods, args.options)
+    model, config = load_model(args.model, arch=args.arch, device=device)
+    names = class_names_for(model, config)
+    if args.target is not None and not 0 <= args.target < len(names):
+        raise ValueError(f"--target {args.target} is not a class of this model "
+                         f"(it has {len(names)} classes, 0 to {len(names) - 1})")
+    return Setup(out, methods, options, model, config, names)
+
+
+def unique_files(images: list[str]) -> dict[Path, str]:
+    """Each file once (by its resolved path), with the spelling the user first gave it."""
+    given: dict[Path, str] = {}
+    for text in images:
+        given.setdefault(Path(text).resolve(), text)
+    return given
+
+
+def save_outputs(stem: Path, shown, maps: dict[str, Any], title: str, grid: bool) -> None:
+    """One image's raw maps (``STEM.METHOD.npy``) and its overlay (``STEM.METHOD.png``) or grid (``STEM.all.png``)."""
+    import numpy as np
+
+    from ..viz import save_grid, save_overlay
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for method, saliency in maps.items():
+        np.save(f"{stem}.{method}.npy", saliency.numpy())
+        if not grid:
+            save_overlay(f"{stem}.{method}.png", shown, saliency, title=f"{method}: {title}")
+    if grid and maps:
+        save_grid(f"{stem}.all.png", shown, maps, title=title)
+
+
+def refuse(error: Exception) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
 
 
 def run(args) -> int:
     try:
-        methods = available_methods() if args.method == "all" else [get_method(args.method).name]
-        model, config = load_model(args.model, arch=args.arch, device=args.device)
-    except (ModelLoadError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    names = class_names_for(model, config)
-    transform = make_transform(config)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    paths, pictures, errors = _read_batch(args.images, transform)
-    for error in errors:
-        print(f"error: {error}", file=sys.stderr)
-    device = next(model.parameters()).device
-    for start in range(0, len(paths), args.batch_size):
-        chunk = slice(start, start + args.batch_size)
-        batch = torch.stack([transform(p) for p in pictures[chunk]]).to(device)
-        with torch.no_grad():
-            probabilities = model(batch).softmax(-1)
-        target = args.target if args.target is not None else probabilities.argmax(-1)
-        maps = {}
-        for method in methods:
+        out = output_folder(args.output)  # checked before torch is imported: in a fraction of a second
+    except ValueError as error:
+        return refuse(error)
+    from ..models import ModelLoadError
+
+    try:
+        setup = prepare(args, out)
+    except (ValueError, TypeError, ModelLoadError) as error:
+        return refuse(error)
+
+    import torch
+    from tqdm import tqdm
+
+    from ..api import explain
+    from ..image_files import ImageLoadError, display_image, load_image, make_transform
+
+    given = unique_files(args.images)
+    files = list(given)
+    stems = dict(zip(files, output_names(files)))
+    transform = make_transform(setup.config)
+    device = next(setup.model.parameters()).device
+    errors: list[str] = []
+    bar = tqdm(total=len(files) * len(setup.methods), unit="map", file=sys.stderr, disable=not args.progress)
+
+    def report(message: str) -> None:
+        errors.append(message)
+        bar.write(f"error: {message}", file=sys.stderr)
+
+    for start in range(0, len(files), args.batch_size):
+        chunk = files[start:start + args.batch_size]
+        kept, tensors, shown = [], [], []
+        for path in chunk:  # read here, one batch at a time: memory follows --batch-size
             try:
-                maps[method] = explain(model, batch, method, target=target)
+                picture = load_image(given[path])
+            except ImageLoadError as error:
+                report(str(error))
+                continue
+            kept.append(path)
+            tensors.append(transform(picture))
+            shown.append(display_image(picture, setup.config))
+        if not kept:
+            bar.update(len(chunk) * len(setup.methods))
+            continue
+        batch = torch.stack(tensors).to(device)
+        with torch.no_grad():
+            probabilities = setup.model(batch).softmax(-1).cpu()
+        predicted = probabilities.argmax(-1)
+        targets = predicted if args.target is None else torch.full_like(predicted, args.target)
+        maps = {}
+        for method in setup.methods:
+            bar.set_postfix_str(method)
+            try:
+                maps[method] = explain(setup.model, batch, method, target=targets.to(device), **setup.options[method]).cpu()
             except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
-                errors.append(f"method {method}: {error}")
-                print(f"error: method {method}: {error}", file=sys.stderr)
-        for i, (path, picture) in enumerate(zip(paths[chunk], pictures[chunk])):
-            shown = display_image(picture, config)
-            cls = int(target if isinstance(target, int) else target[i])
-            title = f"{names[cls]} (p={probabilities[i, cls]:.2f})"
-            for method, saliency in maps.items():
-                np.save(out / f"{path.stem}.{method}.npy", saliency[i].cpu().numpy())
-                if len(methods) == 1:
-                    save_overlay(out / f"{path.stem}.{method}.png", shown, saliency[i], title=f"{method}: {title}")
-            if len(methods) > 1 and maps:
-                save_grid(out / f"{path.stem}.all.png", shown, {m: s[i] for m, s in maps.items()}, title=title)
-            print(f"{path} -> {names[cls]} (p={probabilities[i, cls]:.3f})")
-    print(f"wrote {out}/")
+                report(f"method {method} on {', '.join(given[path] for path in kept)}: {error}")
+            bar.update(len(chunk))
+        for i, path in enumerate(kept):
+            cls, guess = int(targets[i]), int(predicted[i])
+            title = f"{setup.class_names[cls]} (p={probability_text(float(probabilities[i, cls]))})"
+            try:
+                save_outputs(setup.out / stems[path], shown[i], {m: s[i] for m, s in maps.items()}, title,
+                             grid=len(setup.methods) > 1)
+            except OSError as error:
+                report(f"{given[path]}: cannot write its outputs ({error})")
+                continue
+            if cls != guess:
+                title += f"; predicted {setup.class_names[guess]} (p={probability_text(float(probabilities[i, guess]))})"
+            bar.write(f"{given[path]} -> {title}", file=sys.stdout)
+    bar.close()
+    print(f"wrote {setup.out}/")
+    if errors:
+        print(f"{len(errors)} error(s); see above", file=sys.stderr)
     return 1 if errors else 0

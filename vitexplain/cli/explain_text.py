@@ -5,39 +5,24 @@ import html
 import sys
 from pathlib import Path
 
-import torch
-
-from ..api import explain
+from .shared import add_method_options, method_options, probability_text
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "explain-text", help="explain a text classifier's prediction: tokens coloured by relevance + an HTML snippet")
+        "explain-text", description="Explain a text classifier's prediction: its tokens coloured by relevance "
+                                    "on the terminal, and an HTML snippet.")
     parser.add_argument("text", help="the text to classify and explain")
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="local Hugging Face model directory (save_pretrained layout, with its tokenizer)")
     parser.add_argument("--method", default="gradtoken",
                         help="a method that explains text (`vitexplain methods` marks them; default: %(default)s)")
+    add_method_options(parser)
     parser.add_argument("--target", type=int, help="class to explain (default: the prediction)")
     parser.add_argument("--max-length", type=int, default=512, help="word pieces kept, special tokens included (default: %(default)s)")
     parser.add_argument("--html", default="vitexplain-text.html", help="where the HTML snippet goes (default: %(default)s)")
     parser.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
     parser.set_defaults(func=run)
-
-
-def load_text_model(directory: str | Path):
-    """(tokenizer, model in eval mode) from a local model directory; never downloads."""
-    directory = Path(directory)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"no Hugging Face model in {directory} (expected config.json and the weights, "
-                                "as save_pretrained writes them)")
-    try:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    except ImportError:
-        raise ImportError("explaining text needs transformers: pip install 'vitexplain[hf]'") from None
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(str(directory), local_files_only=True)
-    return tokenizer, model.eval()
 
 
 def background(value: float) -> tuple[int, int, int]:
@@ -59,9 +44,15 @@ def html_snippet(tokens: list[str], values: list[float], relevance: list[float])
 
 
 def run(args) -> int:
+    import torch
+
+    from ..api import explain
+    from ..models import load_text_model
+
     try:
+        options = method_options([args.method], args.options)[args.method]
         tokenizer, model = load_text_model(args.model)
-    except (OSError, ValueError, ImportError) as error:
+    except (OSError, ValueError, TypeError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     encoding = tokenizer(args.text, return_tensors="pt", truncation=True, max_length=args.max_length)
@@ -69,7 +60,7 @@ def run(args) -> int:
         probabilities = model(**encoding).logits.softmax(-1)[0]
     target = int(probabilities.argmax()) if args.target is None else args.target
     try:
-        relevance = explain(model, encoding, args.method, target=target)[0]
+        relevance = explain(model, encoding, args.method, target=target, **options)[0]
     except (ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -81,7 +72,7 @@ def run(args) -> int:
     peak = float(raw.abs().max()) if len(shown) else 0.0
     scaled = (raw / peak if peak > 0 else torch.zeros_like(raw)).tolist()
     names = getattr(model.config, "id2label", {}) or {}
-    print(f"{names.get(target, target)} (p={float(probabilities[target]):.3f}), {args.method}:")
+    print(f"{names.get(target, target)} (p={probability_text(float(probabilities[target]))}), {args.method}:")
     if args.no_color or not sys.stdout.isatty():
         print(" ".join(f"{token}[{value:+.2f}]" for token, value in zip(tokens, scaled)))
     else:

@@ -1,17 +1,24 @@
-"""``vitexplain methods``: list the registered explanation methods and their options."""
+"""``vitexplain methods``: list the registered explanation methods, what they explain, and their options."""
 from __future__ import annotations
 
-from ..registry import available_methods, get_method
+LEGEND = ("[resolution, inputs explained]: token = maps on the patch grid, pixel = at image size; "
+          "image+text = also explains text (vitexplain explain-text); "
+          "control = a reference map, not an explanation (left out of --method all)")
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("methods", help="list explanation methods and their options")
+    parser = subparsers.add_parser("methods", description="List the explanation methods and their options "
+                                                          "(pass them to `vitexplain explain` as -O KEY=VALUE).")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from ..registry import available_methods, get_method
+
     for name in available_methods():
         spec = get_method(name)
+        tags = ", ".join([spec.resolution, "+".join(spec.modalities)] + (["control"] if spec.control else []))
         options = ", ".join(f"{key}={value!r}" for key, value in spec.options.items()) or "no options"
-        print(f"{name:24s} [{spec.resolution}] {spec.summary}\n{'':24s} {options}")
+        print(f"{name:24s} [{tags}] {spec.summary}\n{'':24s} {options}")
+    print(f"\n{LEGEND}")
     return 0

@@ -14,8 +14,9 @@ def add_parser(subparsers) -> None:
     from ..reproduce import DATA_INPUTS
 
     parser = subparsers.add_parser(
-        "reproduce", help="reproduce a table of the TokenTM, GradToken or TIS paper beside the published numbers",
-        description="Writes OUTPUT/<recipe>/table.{md,csv,html,json}; the bench cache lives in OUTPUT/bench.")
+        "reproduce", description="Reproduce a table of the TokenTM, GradToken or TIS paper beside the published "
+                                 "numbers. Writes OUTPUT/<recipe>/table.{md,csv,html,json}; the bench cache lives "
+                                 "in OUTPUT/bench.")
     parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe name(s), see --list")
     parser.add_argument("--list", action="store_true", help="list the recipes and what each needs")
     for key, item in DATA_INPUTS.items():

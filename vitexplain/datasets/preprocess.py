@@ -81,7 +81,7 @@ class Preprocess:
 
     @classmethod
     def from_data_config(cls, config: dict[str, Any], **overrides) -> Preprocess:
-        """From a timm data config (``timm.data.resolve_data_config`` or :func:`vitexplain.models.load_model`)."""
+        """From a timm data config (:func:`vitexplain.models.data_config`, as :func:`~vitexplain.models.load_model` returns it)."""
         fields = dict(size=tuple(config["input_size"][-2:]), mean=config.get("mean", IMAGENET_MEAN),
                       std=config.get("std", IMAGENET_STD), interpolation=config.get("interpolation", "bicubic"),
                       crop_pct=config.get("crop_pct") or 0.875, crop_mode=config.get("crop_mode") or "center")
@@ -89,10 +89,10 @@ class Preprocess:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, **overrides) -> Preprocess:
-        """From a timm model's pretrained data config (a model built without one gets timm's 224 defaults)."""
-        from timm.data import resolve_data_config
+        """From a model's data config (:func:`vitexplain.models.data_config`: timm's, at the size the model was built at)."""
+        from ..models import data_config
 
-        return cls.from_data_config(resolve_data_config(model=model), **overrides)
+        return cls.from_data_config(data_config(model), **overrides)
 
     def geometry(self, width: int, height: int) -> Geometry:
         """Resized size and crop offset for a ``width`` x ``height`` source image."""

@@ -22,13 +22,13 @@ def black_pixel(model: nn.Module, images: Tensor, pixel_mean: Sequence[float] | 
     """A black pixel (0 before normalisation) in the preprocessed space, [1, C, 1, 1].
 
     ``pixel_mean`` / ``pixel_std`` are the preprocessing's normalisation; when not given they are
-    the model's timm data config (``timm.data.resolve_model_data_config``), which is what images
+    the model's data config (:func:`vitexplain.models.data_config`), which is what images
     preprocessed for the model were normalised with.
     """
     if pixel_mean is None or pixel_std is None:
-        from timm.data import resolve_model_data_config
+        from ..models import data_config
 
-        config = resolve_model_data_config(model)
+        config = data_config(model)
         pixel_mean = config["mean"] if pixel_mean is None else pixel_mean
         pixel_std = config["std"] if pixel_std is None else pixel_std
     mean = torch.as_tensor(pixel_mean, dtype=images.dtype, device=images.device).flatten()

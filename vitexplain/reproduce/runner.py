@@ -22,7 +22,7 @@ from torch import nn
 from ..bench import BenchConfig, BenchResult, MethodEntry, MetricEntry, run_benchmark
 from ..datasets import available_datasets
 from ..metrics import available_metrics, get_metric
-from ..models import ModelLoadError, load_model
+from ..models import ModelLoadError, data_config, load_model, load_text_model
 from ..registry import available_methods, get_method
 from .data import bench_dataset, check_dataset
 from .published import load_published
@@ -121,17 +121,6 @@ def plan_recipe(recipe: Recipe, method_options: dict[str, dict[str, Any]] | None
 
 # ------------------------------------------------------------------------------------- models, data
 
-def _data_config(model: nn.Module) -> dict[str, Any]:
-    """A model object's preprocessing config, as :func:`vitexplain.models.load_model` returns it."""
-    import timm.data
-
-    config = dict(timm.data.resolve_data_config(model=model))
-    embed = getattr(model, "patch_embed", None)
-    if embed is not None and getattr(embed, "img_size", None):
-        config["input_size"] = (config["input_size"][0], *embed.img_size)
-    return config
-
-
 @dataclass
 class Loaded:
     """A model ready to run: the module, its timm data config (empty for text) and where it came from."""
@@ -148,13 +137,11 @@ def _load(key: str, override: nn.Module | str | None) -> Loaded:
     if isinstance(override, nn.Module):
         if spec.text:
             raise ModelLoadError("a text model is given as its local model directory (with its tokenizer), not an object")
-        return Loaded(override.eval(), _data_config(override), f"substitute {type(override).__name__} object")
+        return Loaded(override.eval(), data_config(override), f"substitute {type(override).__name__} object")
     source = override if override is not None else spec.source
     if source is None:
         raise ModelLoadError("no public weights: give a checkpoint")
     if spec.text:
-        from ..cli.explain_text import load_text_model
-
         try:
             _, model = load_text_model(source)
         except (OSError, ImportError, ValueError) as error:

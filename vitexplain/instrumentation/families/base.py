@@ -215,9 +215,10 @@ def check_images(images: Any, grid_size: Callable[[Tensor], Any]) -> Tensor:
         raise TypeError(f"images must be a preprocessed float tensor, got dtype {images.dtype}")
     if images.shape[0] == 0:
         raise ValueError("images is an empty batch")
-    bad = ~torch.isfinite(images.flatten(1)).all(1)
-    if bad.any():
-        raise ValueError(f"image {int(bad.nonzero()[0])} of the batch holds NaN or infinite values")
+    finite = torch.isfinite(images).flatten(1).all(1)
+    if not finite.all():
+        bad = ", ".join(str(i) for i in (~finite).nonzero()[:, 0].tolist())
+        raise ValueError(f"NaN or infinite values in the batch's image(s) {bad} (counted from 0)")
     grid_size(images)
     return images
 

@@ -1,0 +1,65 @@
+"""What several subcommands share: argument types, ``-O KEY=VALUE`` method options, number formatting."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def add_method_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-O", "--option", dest="options", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the method(s), e.g. -O n_masks=256 -O seed=1 (repeatable; the value is "
+                             "typed from the method's signature; an option applies to every selected method that "
+                             "has it; `vitexplain methods` lists them)")
+
+
+def method_options(methods: list[str], assignments: list[str]) -> dict[str, dict[str, Any]]:
+    """Per method, the ``-O KEY=VALUE`` assignments it has an option for, each value typed by
+    :func:`vitexplain.options.parse_option`. Every assignment that names an option none of ``methods``
+    has, or gives a value outside its type, is reported in one ValueError."""
+    from ..options import parse_option
+    from ..registry import get_method
+
+    chosen: dict[str, dict[str, Any]] = {name: {} for name in methods}
+    problems = []
+    for text in assignments:
+        key = text.partition("=")[0].strip().replace("-", "_")
+        owners = [name for name in methods if key in get_method(name).options]
+        if "=" not in text or not key:
+            problems.append(f"-O expects KEY=VALUE, got {text!r}")
+        elif not owners:
+            problems.append(f"-O {text}: {_no_such_option(methods, key)}")
+        for name in owners if "=" in text else []:
+            try:
+                parsed, value = parse_option(f"method {name!r}", get_method(name).fn, text)
+            except (ValueError, TypeError) as error:
+                problems.append(f"-O {text}: {error}")
+                continue
+            chosen[name][parsed] = value
+    if problems:
+        raise ValueError("; ".join(problems))
+    return chosen
+
+
+def _no_such_option(methods: list[str], key: str) -> str:
+    from ..registry import get_method
+
+    offered = ", ".join(sorted({option for name in methods for option in get_method(name).options})) or "none"
+    if len(methods) == 1:
+        return f"method {methods[0]!r} has no option {key!r} (its options: {offered})"
+    return f"none of the {len(methods)} selected methods has an option {key!r} (their options: {offered})"
+
+
+def probability_text(p: float) -> str:
+    """Three decimals, or two significant digits below 0.01 (so 0.002 does not print as 0.00)."""
+    return f"{p:.3f}" if p >= 0.01 else f"{p:.2g}"
