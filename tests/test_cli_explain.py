@@ -72,6 +72,8 @@ def runs(tmp_path_factory):
                  "--target", "3", "--batch-size", "2", "-o", "main"],
         "all": ["rgb.png", *model_args, "--method", "all", "-O", "n_masks=8", "-O", "seed=1",
                 "-O", "samples=2", "-O", "steps=2", "--no-progress", "-o", "all"],
+        "html": ["rgb.png", "gray.jpg", *model_args, "--method", "all", "-O", "n_masks=4", "-O", "samples=2",
+                 "-O", "steps=2", "--html", "-o", "html"],
         "memory_few": ["large0.png", "large1.png", *model_args, "--method", "gae", "--batch-size", "2", "-o", "few"],
         "memory_many": [*(f"large{i}.png" for i in range(12)), *model_args, "--method", "gae", "--batch-size", "2",
                         "-o", "many"],
@@ -154,6 +156,17 @@ def test_method_all_skips_controls_applies_options_to_every_method_that_has_them
                             ("integrated_gradients", dict(steps=2)), ("smoothgrad", dict(samples=2, seed=1))):
         np.testing.assert_allclose(np.load(out / f"rgb.{method}.npy"),
                                    vitexplain.explain(model, image, method, **options)[0].numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_html_writes_one_offline_explorer_page_of_every_image_and_method(runs):
+    folder, done = runs
+    result = done["html"]
+    assert result.returncode == 0, result.stderr
+    page = (folder / "html" / "explorer.html").read_text()
+    assert "explorer.html" in result.stdout
+    for name in ("rgb.png", "gray.jpg", *builtin_methods("image", controls=False)):
+        assert f'"{name}"' in page, name
+    assert "http://" not in page and "https://" not in page
 
 
 def test_memory_follows_the_batch_size_not_the_number_of_files(runs):

@@ -46,6 +46,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar (on stderr, it counts images x methods)")
+    parser.add_argument("--html", action="store_true",
+                        help="also write OUTPUT/explorer.html: one offline page to browse the images and methods, "
+                             "compare them side by side and read each token's value (kept in memory until the end)")
     parser.set_defaults(func=run)
 
 
@@ -133,6 +136,20 @@ def save_outputs(stem: Path, shown, maps: dict[str, Any], title: str, grid: bool
         save_grid(f"{stem}.all.png", shown, maps, title=title)
 
 
+def explorer_item(setup: Setup, name: str, shown, maps: dict[str, Any], probabilities, target: int, batch):
+    """One image of the explorer page: its maps, the options each was made with, the top-5 classes."""
+    from ..explorer import ExplorerItem
+    from ..instrumentation import adapter_for
+    from ..registry import get_method
+
+    top = probabilities.topk(min(5, probabilities.numel()))
+    return ExplorerItem(
+        name=name, image=shown, maps={method: saliency.numpy() for method, saliency in maps.items()},
+        options={method: {**get_method(method).options, **setup.options[method]} for method in maps},
+        top5=[(setup.class_names[int(c)], float(p)) for p, c in zip(top.values, top.indices)],
+        target=setup.class_names[target], grid=tuple(adapter_for(setup.model).grid_size(batch)))
+
+
 def refuse(error: Exception) -> int:
     print(f"error: {error}", file=sys.stderr)
     return 2
@@ -168,6 +185,7 @@ def run(args) -> int:
         errors.append(message)
         bar.write(f"error: {message}", file=sys.stderr)
 
+    pages = []  # explorer items, with --html
     for start in range(0, len(files), args.batch_size):
         chunk = files[start:start + args.batch_size]
         kept, tensors, shown = [], [], []
@@ -208,7 +226,14 @@ def run(args) -> int:
             if cls != guess:
                 title += f"; predicted {setup.class_names[guess]} (p={probability_text(float(probabilities[i, guess]))})"
             bar.write(f"{given[path]} -> {title}", file=sys.stdout)
+            if args.html:
+                pages.append(explorer_item(setup, given[path], shown[i], {m: s[i] for m, s in maps.items()},
+                                           probabilities[i], cls, batch))
     bar.close()
+    if pages:
+        from ..explorer import write_explorer
+
+        print(f"wrote {write_explorer(setup.out / 'explorer.html', pages, title=f'vitexplain: {args.model}')}")
     print(f"wrote {setup.out}/")
     if errors:
         print(f"{len(errors)} error(s); see above", file=sys.stderr)
