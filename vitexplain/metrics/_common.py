@@ -1,9 +1,7 @@
 """Helpers shared by the evaluation protocols: option and map checks, upsampling, normalising, ranking."""
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
-from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
