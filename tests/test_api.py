@@ -61,8 +61,10 @@ def test_bad_targets_get_clear_errors(images):
     model = make_vit()
     with pytest.raises(ValueError, match="3 entries for a batch of 4"):
         vitexplain.explain(model, images, "gae", target=[1, 2, 3])
-    with pytest.raises(TypeError, match="integer class indices"):
-        vitexplain.explain(model, images, "gae", target=torch.ones(4))
+    with pytest.raises(ValueError, match=r"embedding direction must be \[D\] or \[B, D\] with D = 10"):
+        vitexplain.explain(model, images, "gae", target=torch.ones(4))  # floats are a direction, not classes
+    with pytest.raises(TypeError, match="integer class indices, not booleans"):
+        vitexplain.explain(model, images, "gae", target=torch.ones(4, dtype=torch.bool))
 
 
 def test_a_method_returning_the_wrong_shape_is_caught(images):

@@ -9,7 +9,8 @@ import vitexplain
 from vitexplain.registry import available_methods
 
 TEXT_METHODS = available_methods("text")
-from vitexplain.instrumentation import BLOCK_FIELDS, TokenBatch, TransformersTextAdapter, UnsupportedModelError, adapter_for
+from vitexplain.instrumentation import BLOCK_FIELDS, TokenBatch, UnsupportedModelError, adapter_for
+from vitexplain.instrumentation.families import TransformersText
 
 from test_instrumentation import _assert_same, _snapshot
 
@@ -80,7 +81,7 @@ def test_recording_matches_a_written_out_post_norm_forward(attention):
     model = make_bert(attention=attention)
     batch = padded_batch()
     adapter = adapter_for(model)
-    assert isinstance(adapter, TransformersTextAdapter)
+    assert isinstance(adapter.family, TransformersText)
     record = adapter.record(batch, grads=BLOCK_FIELDS)
     logits, layers = manual_bert(model, **batch)
     logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
@@ -204,7 +205,7 @@ def test_model_left_as_found_and_outputs_unchanged():
     def explode(module, args, output):
         raise RuntimeError("injected")
 
-    handle = model.bert.encoder.layer[1].output.register_forward_hook(explode)
+    handle = model.bert.encoder.layer[1].output.dense.register_forward_hook(explode)
     before["hooks"] = _snapshot(model)["hooks"]
     with pytest.raises(RuntimeError, match="injected"):
         vitexplain.explain(model, batch, "agcam")
@@ -229,7 +230,7 @@ def test_token_subsets_run_through_embed_and_encode():
             expected, _ = manual_bert(model, ids, torch.ones_like(ids), keep=positions)
         torch.testing.assert_close(got[:, m], expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="unpadded"):
-        adapter.embed(padded_batch())
+        adapter.family.embed(adapter.check_inputs(padded_batch()))
 
 
 def test_roberta_shares_the_layout():

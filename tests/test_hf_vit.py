@@ -5,8 +5,9 @@ from transformers import (DeiTConfig, DeiTForImageClassification, DeiTForImageCl
                           ViTForImageClassification, ViTForMaskedImageModeling)
 
 import vitexplain
-from vitexplain.instrumentation import BLOCK_FIELDS, TransformersViTAdapter, UnsupportedModelError, adapter_for
-from vitexplain.instrumentation.lrp import RULE_SETS, relevance
+from vitexplain.instrumentation import BLOCK_FIELDS, UnsupportedModelError, adapter_for, lrp
+from vitexplain.instrumentation.families import TransformersViT
+from vitexplain.instrumentation.lrp import RULE_SETS
 
 from conftest import make_vit
 from test_instrumentation import _assert_same, _snapshot
@@ -75,7 +76,7 @@ def test_recording_equals_the_timm_twins(twins, variant):
     grads = BLOCK_FIELDS + ("input",)
     expected = adapter_for(timm_model).record(images, grads=grads)
     adapter = adapter_for(hf_model)
-    assert isinstance(adapter, TransformersViTAdapter)
+    assert isinstance(adapter.family, TransformersViT)
     got = adapter.record(images, grads=grads)
     assert got.grid == expected.grid == (4, 4) and got.num_prefix_tokens == expected.num_prefix_tokens == 1 + variant[0]
     _close(got.logits, expected.logits, 1e-5)
@@ -91,7 +92,7 @@ def test_recording_equals_the_timm_twins(twins, variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("method", vitexplain.available_methods())
 def test_every_method_gives_the_maps_of_the_timm_twin(twins, variant, method):
-    """Every method runs unchanged, the LRP family (rules placed by lrp_hf) included."""
+    """Every method runs unchanged, the LRP family (rules placed from the family description) included."""
     timm_model, hf_model = twins[variant]
     images = _images()
     target = torch.tensor([3, 7])
@@ -108,7 +109,7 @@ def test_lrp_relevance_at_every_stage_equals_the_timm_twins(twins, variant, rule
     """Not just the pixels: the relevance of every attention map, block boundary and patch embedding."""
     timm_model, hf_model = twins[variant]
     images = _images()
-    expected, got = (relevance(model, images, torch.tensor([3, 7]), rules=rules) for model in (timm_model, hf_model))
+    expected, got = (lrp.relevance(adapter_for(model), images, torch.tensor([3, 7]), rules=rules) for model in (timm_model, hf_model))
     _close(got.logits, expected.logits, 1e-5)
     for mine, theirs in zip([*got.attn, *got.residuals, got.patches, got.pixels],
                             [*expected.attn, *expected.residuals, expected.patches, expected.pixels], strict=True):

@@ -5,11 +5,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import make_vit
+from timm.layers import Attention
+
+
+class GatedAttention(Attention):
+    """timm's attention with its sigmoid output gate on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, gated=True, **kwargs)
 
 from vitexplain import explain
-from vitexplain.instrumentation import UnsupportedModelError
-from vitexplain.instrumentation import lrp
-from vitexplain.instrumentation.lrp import RULE_SETS, Rules, relevance
+from vitexplain.instrumentation import UnsupportedModelError, adapter_for, lrp
+from vitexplain.instrumentation.lrp import RULE_SETS
+
+
+def relevance(model, *args, **kwargs):
+    """The LRP relevance of ``model`` (relevance takes an adapter)."""
+    return lrp.relevance(adapter_for(model), *args, **kwargs)
 
 LRP_METHODS = ("transformer_attribution", "lrp", "partial_lrp", "conservative_lrp")
 
@@ -146,7 +158,7 @@ def double_model():
 @pytest.fixture
 def unstabilised(monkeypatch):
     """The written-out rules divide exactly; take the 1e-9 stabiliser out of the comparison."""
-    monkeypatch.setattr(lrp, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
 
 
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
@@ -284,23 +296,22 @@ def test_works_on_distilled_deit(method):
     assert maps.shape == (2, *size) and maps.isfinite().all() and maps.abs().sum() > 0
 
 
-def test_models_without_class_token():
-    model = make_vit(class_token=False, global_pool="avg")
+@pytest.mark.parametrize("pool", ["avg", "map"])
+def test_models_without_class_token_read_the_pooled_tokens(pool):
+    model = make_vit(class_token=False, global_pool=pool)
     images = images_like(2)
     assert explain(model, images, "conservative_lrp").shape == (2, 4, 4)
     assert explain(model, images, "lrp").shape == (2, 32, 32)
     for method in ("transformer_attribution", "partial_lrp"):
-        with pytest.raises(UnsupportedModelError, match="class token"):
-            explain(model, images, method)
+        maps = explain(model, images, method)
+        assert maps.shape == (2, 4, 4) and maps.isfinite().all() and maps.abs().sum() > 0
 
 
 def test_clear_errors(tiny):
     images = images_like(2)
     with pytest.raises(ValueError, match="unknown LRP rule set"):
         relevance(tiny, images, None, "zplus")
-    with pytest.raises(ValueError, match="unknown softmax rule"):
-        Rules(linear="gradient", norm="identity", softmax="keep", residual="z", pixels="zbox", start="one")
     with pytest.raises(ValueError, match="start_layer"):
         explain(tiny, images, "transformer_attribution", start_layer=3)
-    with pytest.raises(UnsupportedModelError, match="attention-pooling"):
-        relevance(make_vit(class_token=False, global_pool="map"), images)
+    with pytest.raises(UnsupportedModelError, match="its attention has a gate"):
+        relevance(make_vit(attn_layer=GatedAttention), images)

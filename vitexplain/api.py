@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .instrumentation import ModelAdapter, TokenBatch, adapter_for
+from .instrumentation.targets import is_score_target
 from .registry import MethodSpec, available_methods, get_method
 
 
@@ -29,7 +30,11 @@ def explain(
         method: a name from :func:`vitexplain.available_methods` (for text, one of
             ``available_methods("text")``: the methods that only read the recording; see docs/decisions/hf.md).
         target: None (explain each input's predicted class), an int (the same class for every
-            input), or one class per input (LongTensor [B] or a sequence of ints).
+            input), or one class per input (LongTensor [B] or a sequence of ints); or, for methods
+            registered with ``score_targets`` (all but the LRP family), any score of the output: an
+            embedding direction (float tensor [D] or [B, D]; the score is the cosine similarity of the
+            output — for a model without a classifier head, its pooled embedding — to it) or a function
+            ``outputs [R, ...] -> [R]`` applied to every row alike (see :mod:`vitexplain.instrumentation.targets`).
         **options: the method's options; an unknown one raises an error listing the valid ones.
 
     Returns:
@@ -40,6 +45,9 @@ def explain(
     """
     spec = get_method(method)
     spec.check_options(options)
+    if is_score_target(target) and not spec.score_targets:
+        raise ValueError(f"method {spec.name!r} explains classes only (LRP starts from relevance on the class "
+                         "logits); give target= class indices, or use a method that explains any score")
     adapter = adapter_for(model)
     prepared = adapter.check_inputs(inputs)
     if isinstance(prepared, TokenBatch):

@@ -102,6 +102,8 @@ class MethodSpec:
             reports, never counted as best, left out of ``--method all``.
         cost: model passes per input (a backward counts as two forwards) given the effective
             options, for planning (``vitexplain reproduce --list``).
+        score_targets: whether it explains any score of the output (an embedding direction, a score
+            function), not only a class (LRP starts from relevance on the class logits: it does not).
     """
 
     name: str
@@ -111,6 +113,7 @@ class MethodSpec:
     modalities: tuple[str, ...]
     control: bool
     cost: Callable[[dict[str, Any]], float]
+    score_targets: bool = True
 
     @property
     def randomised(self) -> bool:
@@ -149,7 +152,7 @@ METHODS: Registry[MethodSpec] = Registry("explanation method", _load_builtin_met
 
 def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
                     modalities: tuple[str, ...] = ("image",), control: bool = False,
-                    cost: float | Callable[[dict[str, Any]], float] = 3.0) -> Callable:
+                    cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True) -> Callable:
     """Decorator that registers an explanation method under ``name`` (see :class:`MethodSpec`).
 
     ``cost`` is a number of model passes, or a function of the effective options returning one; the
@@ -163,7 +166,8 @@ def register_method(name: str, *, resolution: str = "token", class_specific: boo
     cost_fn = cost if callable(cost) else fixed_cost(cost)
 
     def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn))
+        METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
+                                     score_targets))
         return fn
 
     return decorate

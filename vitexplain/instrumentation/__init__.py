@@ -1,43 +1,45 @@
-"""The one place that knows model internals: an adapter per model family.
+"""The one place that knows model internals: a description per model family, and the adapter that reads it.
 
-Methods receive an adapter and read :class:`Recording` objects; they never touch a model directly.
-A new family is one more adapter class in :data:`ADAPTERS`: timm Vision Transformers, Hugging Face
-transformers ViT / DeiT image classifiers, and BERT-style transformers text classifiers (whose
-inputs are :class:`TokenBatch` tokenised text).
+Methods receive a :class:`ModelAdapter` and read :class:`Recording` objects; they never touch a model.
+A family (:mod:`.families`) says where a model's parts are; recording (:meth:`ModelAdapter.record`),
+forwards on token subsets and the LRP rules (:mod:`.lrp`) all read that one description, and the
+attention and the blocks are written out once (:mod:`.attention`, :mod:`.blocks`).
 """
 from __future__ import annotations
 
 from torch import nn
 
-from .base import ModelAdapter, TokenBatch, UnsupportedModelError, evaluation_mode, resolve_targets
-from .hf_bert import TransformersTextAdapter
-from .hf_vit import TransformersViTAdapter
-from .recording import BLOCK_FIELDS, BlockRecord, Recording, identity_like
-from .timm_vit import TimmViTAdapter
-
-ADAPTERS: list[type[ModelAdapter]] = [TimmViTAdapter, TransformersViTAdapter, TransformersTextAdapter]
+from .adapter import ModelAdapter, evaluation_mode
+from .families import FAMILIES, Family, UnsupportedModelError
+from .inputs import TokenBatch
+from .recording import BLOCK_FIELDS, BlockRecord, Readout, Recording, identity_like
+from .targets import Target, resolve_target, resolve_targets
 
 
-def adapter_for(model: nn.Module) -> ModelAdapter:
-    """The adapter that can instrument ``model``; :class:`UnsupportedModelError` says why none can."""
-    if isinstance(model, ModelAdapter):
-        return model
+def family_of(model: nn.Module) -> Family:
+    """The description of ``model``'s family; :class:`UnsupportedModelError` says why none fits."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     reasons = []
-    for adapter in ADAPTERS:
-        reason = adapter.unsupported_reason(model)
+    for family in FAMILIES:
+        reason = family.unsupported_reason(model)
         if reason is None:
-            return adapter(model)
-        reasons.append(f"{adapter.family}: {reason}")
+            return family(model)
+        reasons.append(f"{family.name}: {reason}")
     raise UnsupportedModelError(
-        f"vitexplain cannot instrument a {type(model).__name__}; it explains Vision Transformers "
-        "and BERT-style text classifiers. "
-        + "; ".join(reasons))
+        f"vitexplain cannot instrument a {type(model).__name__}; it explains Vision Transformers and "
+        "BERT-style text classifiers. " + "; ".join(reasons))
+
+
+def adapter_for(model: nn.Module | ModelAdapter) -> ModelAdapter:
+    """The adapter that instruments ``model`` (an adapter is returned as it is)."""
+    if isinstance(model, ModelAdapter):
+        return model
+    return ModelAdapter(family_of(model))
 
 
 __all__ = [
-    "ADAPTERS", "BLOCK_FIELDS", "BlockRecord", "ModelAdapter", "Recording", "TimmViTAdapter", "TokenBatch",
-    "TransformersTextAdapter", "TransformersViTAdapter", "UnsupportedModelError", "adapter_for", "evaluation_mode",
-    "identity_like", "resolve_targets",
+    "BLOCK_FIELDS", "BlockRecord", "FAMILIES", "Family", "ModelAdapter", "Readout", "Recording", "Target", "TokenBatch",
+    "UnsupportedModelError", "adapter_for", "evaluation_mode", "family_of", "identity_like", "resolve_target",
+    "resolve_targets",
 ]

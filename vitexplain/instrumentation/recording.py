@@ -1,62 +1,94 @@
-"""What one instrumented forward (and optional backward) of a Vision Transformer leaves behind.
+"""What one instrumented forward (and optional backward) of a Transformer leaves behind.
 
-These containers are model-family neutral: every adapter fills them the same way, so the
-explanation methods only ever read a :class:`Recording` and never look inside a model.
+These containers are model-family neutral: every family fills them the same way, so the
+explanation methods only ever read a :class:`Recording` and never look inside a model. A recording
+holds only what was asked for (:class:`Recorder`): the fields and blocks a method names, and the
+gradients of some fields in some blocks, so memory and backward cost follow the method.
 """
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from .attention import Sink
+
 #: Per-block tensors that can be recorded, and whose gradients can be asked for.
-BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_input", "mlp_branch")
+BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_input",
+                "mlp_branch")
 
 
 @dataclass
 class BlockRecord:
-    """Activations of one Transformer block for a batch.
+    """Activations of one Transformer block for a batch (the fields not asked for are None).
 
     Shapes use B = batch, H = heads, N = tokens (prefix tokens first), C = width, D = head width.
+    Windowed blocks (Swin) hold their attention per window: [B, H, windows, w, w] (see ``windows``).
 
     Attributes:
         residual: block input, the residual stream [B, N, C].
-        attn_input: the normalised input the attention sublayer sees [B, N, C].
-        q, k, v: per-head query (after any q-norm, before the 1/sqrt(D) scale), key and value [B, H, N, D].
-        attn_logits: attention scores before the softmax, q k^T / sqrt(D) (plus any mask) [B, H, N, N].
-        attn: attention probabilities softmax(q k^T / sqrt(D)) [B, H, N, N] (row = query token).
+        attn_input: the (normalised) input the attention sublayer reads [B, N, C].
+        q, k, v: per-head query (after any q-norm and RoPE, before the 1/√D scale), key and value [B, H, N, D].
+        attn_logits: attention scores before the softmax, q kᵀ / √D plus any bias and mask [B, H, N, N].
+        attn: attention probabilities [B, H, N, N] (row = query token).
         attn_branch: what the attention sublayer adds to the residual stream [B, N, C].
-        mlp_input: the normalised input the MLP sublayer sees [B, N, C].
-        mlp_branch: what the MLP sublayer adds to the residual stream [B, N, C].
+        mlp_input: the input the feed-forward sublayer reads [B, N, C].
+        mlp_branch: what the feed-forward sublayer adds [B, N, C].
         head_projection: per-head output projection [H, D, C] (LayerScale folded in), so that
-            ``v[:, h] @ head_projection[h]`` is head h's share of ``attn_branch`` without the output bias.
-            None when the attention sublayer is not a sum over heads (output norm or gating).
+            ``v[:, h] @ head_projection[h]`` is head h's share of ``attn_branch`` without the output bias;
+            None when the branch is not a sum over heads (output norm, gate, post-branch norm) or not asked.
+        layout: ``pre_norm``, ``res_post_norm`` or ``post_norm`` (see :mod:`.blocks`).
+        block_output: the block output, recorded for ``post_norm`` blocks (where it is not a sum).
+        windows: for windowed attention, the :class:`~vitexplain.instrumentation.windows.WindowLayout`
+            that maps per-window attention to tokens; None for global attention.
         grads: gradient of the target score with respect to any of the fields above, by field name.
     """
 
-    residual: Tensor
-    attn_input: Tensor
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    attn_logits: Tensor
-    attn: Tensor
-    attn_branch: Tensor
-    mlp_input: Tensor
-    mlp_branch: Tensor
-    head_projection: Tensor | None
+    residual: Tensor | None = None
+    attn_input: Tensor | None = None
+    q: Tensor | None = None
+    k: Tensor | None = None
+    v: Tensor | None = None
+    attn_logits: Tensor | None = None
+    attn: Tensor | None = None
+    attn_branch: Tensor | None = None
+    mlp_input: Tensor | None = None
+    mlp_branch: Tensor | None = None
+    head_projection: Tensor | None = None
+    layout: str = "pre_norm"
+    block_output: Tensor | None = None
+    windows: Any = None
     grads: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def mlp_residual(self) -> Tensor:
-        """The residual stream between the attention and the MLP sublayer [B, N, C]."""
-        return self.residual + self.attn_branch
+        """The residual stream the feed-forward branch is added to [B, N, C]."""
+        return self.mlp_input if self.layout == "post_norm" else self.residual + self.attn_branch
 
     @property
     def output(self) -> Tensor:
         """The block output, i.e. the next block's residual stream [B, N, C]."""
+        if self.layout == "post_norm":
+            return self.block_output
         return self.residual + self.attn_branch + self.mlp_branch
+
+
+@dataclass
+class Readout:
+    """How the model's output reads the last block's tokens.
+
+    Attributes:
+        kind: ``token`` (a class token's output), ``avg`` (the mean of the patch tokens) or ``map``
+            (an attention-pooling probe, SigLIP-style: a learnt query attending to every token).
+        weights: what the readout takes from each token [B, N]: one-hot at the class token; 1 / patches
+            on each patch token; the probe's attention averaged over its heads.
+    """
+
+    kind: Literal["token", "avg", "map"]
+    weights: Tensor
 
 
 @dataclass
@@ -64,24 +96,32 @@ class Recording:
     """Everything one instrumented pass over a batch recorded.
 
     Attributes:
-        logits: model output [B, classes].
-        targets: the class explained for each image [B] (the prediction when none was given).
+        logits: model output [B, classes], or [B, D] for a model without a classifier head.
+        targets: the class explained for each image [B] (the prediction when none was given); -1 when
+            the target is a score function or an embedding direction rather than a class.
         scores: the target score that was back-propagated, one per image [B].
         blocks: one :class:`BlockRecord` per Transformer block, input to output.
-        grid: patch grid (h, w) of this batch.
+        grid: patch grid (h, w) of this batch ((T,) for text).
         num_prefix_tokens: number of non-patch tokens at the start of the sequence.
         class_token_index: position of the class token, or None for models without one.
+        readout: how the output reads the last block's tokens (:class:`Readout`).
         input_grad: gradient of the scores with respect to the images, when asked for.
+        target: the resolved target (:class:`~vitexplain.instrumentation.targets.Target`), to score other
+            forwards of the same inputs by.
+        token_mask: for text, True at real tokens [B, T]; maps are then zero at padding and at the prefix.
     """
 
     logits: Tensor
     targets: Tensor
     scores: Tensor
     blocks: list[BlockRecord]
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     num_prefix_tokens: int
     class_token_index: int | None
+    readout: Readout | None = None
     input_grad: Tensor | None = None
+    target: Any = None
+    token_mask: Tensor | None = None
 
     @property
     def embeddings(self) -> Tensor:
@@ -93,14 +133,69 @@ class Recording:
         return self.logits.shape[0]
 
     def patch_grid(self, per_patch: Tensor) -> Tensor:
-        """Reshape per-patch values [B, h*w] to the patch grid [B, h, w]."""
+        """Per-patch values [B, h*w] on the patch grid [B, h, w]; for text, per-token values after the
+        prefix [B, T - prefix] as [B, T], with the prefix and padding 0."""
+        if self.token_mask is not None:
+            prefix = per_patch.new_zeros(per_patch.shape[0], self.num_prefix_tokens)
+            return torch.cat([prefix, per_patch], 1).masked_fill(~self.token_mask, 0)
         return per_patch.reshape(per_patch.shape[0], *self.grid)
 
-    def class_row(self, matrix: Tensor) -> Tensor:
-        """Row of the class token over the patch tokens of a token-by-token matrix [B, N, N] -> [B, h, w]."""
-        if self.class_token_index is None:
-            raise ValueError("this method reads the class token's row, but the model has no class token")
-        return self.patch_grid(matrix[:, self.class_token_index, self.num_prefix_tokens:])
+    def readout_row(self, matrix: Tensor) -> Tensor:
+        """The readout's row of a token-by-token matrix [B, N, N] over the patch tokens -> [B, h, w].
+
+        For a class-token model, the class token's row; for average pooling, the mean of the patch
+        tokens' rows; for an attention-pooling probe, the rows weighted by the probe's attention.
+        """
+        if self.readout.kind == "token":
+            row = matrix[:, self.class_token_index]
+        else:
+            row = torch.bmm(self.readout.weights[:, None].to(matrix.dtype), matrix)[:, 0]
+        return self.patch_grid(row[:, self.num_prefix_tokens:])
+
+
+class Recorder(Sink):
+    """Keeps the recording fields asked for while an instrumented forward runs.
+
+    Args:
+        num_blocks: blocks of the model.
+        fields: the fields to keep (None: all of :data:`BLOCK_FIELDS`).
+        blocks: the blocks whose fields are kept (None: all); negative indices count from the end.
+        grads: fields whose gradient is wanted, each with the blocks it is wanted in (None: all).
+    """
+
+    def __init__(self, num_blocks: int, fields: Collection[str] | None = None, blocks: Collection[int] | None = None,
+                 grads: Mapping[str, Collection[int] | None] | None = None):
+        everything = range(num_blocks)
+        resolve = lambda chosen: set(everything) if chosen is None else {i % num_blocks for i in chosen}  # noqa: E731
+        self.fields = set(BLOCK_FIELDS if fields is None else fields)
+        self.blocks = resolve(blocks)
+        self.grads = {name: resolve(chosen) for name, chosen in (grads or {}).items()}
+        self.entries: list[dict[str, Tensor]] = [{} for _ in everything]
+        #: tokens entering each block (filled whatever is kept)
+        self.tokens: list[int] = [0 for _ in everything]
+        #: the attention of an attention-pooling head [B, H, latents, N], when the model has one
+        self.readout_attn: Tensor | None = None
+
+    def wants(self, block: int, name: str) -> bool:
+        return (name in self.fields and block in self.blocks) or block in self.grads.get(name, ())
+
+    def put(self, block: int, **tensors: Tensor) -> None:
+        if "residual" in tensors:
+            self.tokens[block] = tensors["residual"].shape[-2]
+        for name, tensor in tensors.items():
+            if self.wants(block, name) or name == "block_output":
+                self.entries[block][name] = tensor
+
+    @property
+    def first_gradient_block(self) -> int | None:
+        """The lowest block holding a tensor whose gradient is wanted (None: no gradient in any block)."""
+        found = [min(chosen) for chosen in self.grads.values() if chosen]
+        return min(found) if found else None
+
+    def gradient_inputs(self) -> list[tuple[int, str, Tensor]]:
+        """(block, field, tensor) of every recorded tensor whose gradient is wanted, in block order."""
+        return [(block, name, self.entries[block][name]) for block in range(len(self.entries))
+                for name in BLOCK_FIELDS if block in self.grads.get(name, ()) and name in self.entries[block]]
 
 
 def identity_like(matrix: Tensor) -> Tensor:

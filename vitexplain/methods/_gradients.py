@@ -1,15 +1,15 @@
 """Helpers shared by the gradient-weighted attention baselines (TAM, Beyond Intuition, AttCAT, ...)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter
+from ..instrumentation import ModelAdapter, Target
 from ..options import Range
 from ._heads import block_index
+from ._products import readout_rows
 
 #: Depth of ViT-B/16, the model the authors of TAM and Beyond Intuition chose their start layers for.
 REFERENCE_DEPTH = 12
@@ -31,34 +31,16 @@ def resolve_start_layer(start_layer: int | None, authors_value: int, num_blocks:
     return block_index("start_layer", start_layer, num_blocks)
 
 
-def propagate_rows(rows: Tensor, matrices: Iterable[Tensor]) -> Tensor:
-    """Push row vectors [B, N] back through residual layers: rows <- rows + rows @ M for each M [B, N, N].
-
-    With ``matrices`` given from the last block to the first, this is the row of the product
-    (I + M_last) ... (I + M_first) that ``rows`` selects, at O(N^2) per block instead of O(N^3).
-    """
-    for matrix in matrices:
-        rows = rows + torch.bmm(rows[:, None], matrix)[:, 0]
-    return rows
-
-
-def class_row_of_product(matrices: Sequence[Tensor], cls: int) -> Tensor:
-    """Row ``cls`` of (I + M_last) ⋯ (I + M_first) for per-block matrices [B, N, N] in block order -> [B, N]."""
-    one_hot = torch.zeros_like(matrices[0][:, 0])
-    one_hot[:, cls] = 1
-    return propagate_rows(one_hot, reversed(matrices))
-
-
-def integrated_gradient_weights(adapter: ModelAdapter, images: Tensor, targets: Tensor, *,
+def integrated_gradient_weights(adapter: ModelAdapter, images: Tensor, target: Target, *,
                                 steps: int, batch_size: int) -> Tensor:
     """Positive, head-averaged, path-integrated gradient of the last block's class-token attention [B, N].
 
     W = mean_h ( (1/steps) sum_k dy_c/dA^L_h[cls, :] at the image scaled by a_k )^+ with a_k evenly
     spaced over [0, 1] (both ends included), the integrated-gradient weighting of TAM (Yuan et al.
     2021) and Beyond Intuition (Chen et al. 2022), as in their code (``np.linspace(0, 1, steps)``).
-    All steps of all images run batched, ``batch_size`` scaled images per forward/backward pass.
+    The readout's row takes the class token's for pooled readouts (the readout weights of each scaled
+    image). All steps of all images run batched, ``batch_size`` scaled images per forward/backward pass.
     """
-    cls = adapter.require_class_token("the integrated attention gradient")
     batch = images.shape[0]
     alphas = torch.linspace(0, 1, steps, device=images.device, dtype=images.dtype)
     total = steps * batch
@@ -66,7 +48,7 @@ def integrated_gradient_weights(adapter: ModelAdapter, images: Tensor, targets: 
     for start in range(0, total, batch_size):
         index = torch.arange(start, min(start + batch_size, total), device=images.device)
         scaled = images[index % batch] * alphas[index // batch, None, None, None]
-        record = adapter.record(scaled, targets[index % batch], grads=("attn",))
-        rows.append(record.blocks[-1].grads["attn"][:, :, cls])
+        record = adapter.record(scaled, target.select(index % batch), fields=(), grads={"attn": (-1,)})
+        rows.append(readout_rows(record, record.blocks[-1].grads["attn"]))
     integrated = torch.cat(rows).reshape(steps, batch, *rows[0].shape[1:]).mean(0)
     return integrated.clamp(min=0).mean(1)

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter, resolve_targets
 
 #: How per-channel attributions [B, C, H, W] become a map [B, H, W]: ``sum`` Σ_c a_c (signed; what the TIS
 #: authors' Captum wrapper does), ``abs_sum`` Σ_c |a_c|, ``max_abs`` max_c |a_c| (Simonyan et al., 2014).
@@ -23,11 +22,6 @@ CHANNEL_REDUCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
     """A generator of its own on ``device``, so the global RNG is never drawn from."""
     return torch.Generator(device=device).manual_seed(seed)
-
-
-def target_classes(adapter: ModelAdapter, images: Tensor, target) -> Tensor:
-    """The class explained for each image [B]: ``target`` resolved, or the clean image's prediction."""
-    return resolve_targets(target, adapter.logits(images))
 
 
 def interpolation_matrix(size_in: int, size_out: int, *, device: torch.device) -> Tensor:

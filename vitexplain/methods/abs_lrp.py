@@ -6,11 +6,12 @@ import dataclasses
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.lrp import RULE_SETS, relevance
+from ..instrumentation.lrp import RULE_SETS, other_classes, relevance
 from ..registry import register_method
 
 
-@register_method("abs_lrp", resolution="pixel", cost=lambda o: 4 * (1 + o["contrastive"]))
+@register_method("abs_lrp", resolution="pixel", cost=lambda o: 4 * (1 + o["contrastive"]),
+                 score_targets=False)
 def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: bool = True) -> Tensor:
     """absLRP pixel relevance of the target class, minus that of all other classes, summed over channels.
 
@@ -35,9 +36,9 @@ def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: 
     visualisation and GradToken's pixel-level evaluation. Not rescaled (their ``relevancy`` also
     divides by the per-image max |value|, a positive factor left to visualisation and evaluation).
     """
-    explained = relevance(adapter, images, target, rules="abslrp")
+    explained = relevance(adapter, images, target, rules="abslrp", at=("pixels",))
     pixels = explained.pixels
     if contrastive:
-        dual = dataclasses.replace(RULE_SETS["abslrp"], start="others")
-        pixels = pixels - relevance(adapter, images, explained.targets, rules=dual).pixels
+        dual = dataclasses.replace(RULE_SETS["abslrp"], start=other_classes)
+        pixels = pixels - relevance(adapter, images, explained.targets, rules=dual, at=("pixels",)).pixels
     return pixels.sum(1)

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
+from ._products import readout_rows
 Fusion = Literal["sum", "mean", "max", "min"]
 
 
@@ -30,7 +31,8 @@ def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: Fu
     every block's attention scores normalised with a sigmoid instead of the softmax,
     F_h^k = σ(S_h^k[cls, :]) with S = q k^T / √D (Eq. 2); the weights are the positive gradients of
     the target logit with respect to the attention, α_h^{k,c} = ReLU(∂y_c/∂A_h^k[cls, :]) (Eq. 7);
-    the map is L^c = Σ_k Σ_h α_h^{k,c} ⊙ F_h^k over the patch tokens.
+    the map is L^c = Σ_k Σ_h α_h^{k,c} ⊙ F_h^k over the patch tokens. With a pooled readout, the
+    readout's rows take the class token's (docs/decisions/readouts.md).
 
     Following the authors' code (LeemSaebom/Attention-Guided-CAM-...), the gradient is taken at the
     softmax output (their ``backward_hook_after_softmax``) and heads and blocks are summed, and, as
@@ -45,13 +47,12 @@ def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: Fu
         detach_attention_input: stop gradients at every attention sublayer's input (the authors'
             model, default) or let them flow through the attention of later blocks (False).
     """
-    cls = adapter.require_class_token("agcam")
-    record = adapter.record(images, target, grads=(gradient_of,),
+    record = adapter.record(images, target, fields=("attn_logits",), grads=(gradient_of,),
                             stop_gradient=("attn_input",) if detach_attention_input else ())
     prefix = record.num_prefix_tokens
     per_block = torch.stack([
-        fuse(block.grads[gradient_of][:, :, cls, prefix:].clamp(min=0)
-             * block.attn_logits[:, :, cls, prefix:].sigmoid(), 1, head_fusion)
+        fuse(readout_rows(record, block.grads[gradient_of].clamp(min=0) * block.attn_logits.sigmoid())[..., prefix:],
+             1, head_fusion)
         for block in record.blocks
     ], dim=1)  # [B, blocks, patches]
     return record.patch_grid(fuse(per_block, 1, layer_fusion))

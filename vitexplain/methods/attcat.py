@@ -7,6 +7,7 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
+from ._products import readout_rows
 
 
 @register_method("attcat", modalities=("image", "text"))
@@ -28,20 +29,20 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
 
     Options:
         attention_row: ``mean`` (all query rows averaged, the authors' code) | ``class`` (the class
-            token's row, i.e. the attention the class token pays to token i).
+            token's row, i.e. the attention the class token pays to token i; the readout's row for
+            pooled readouts).
         tokens: ``input`` (block input, the authors' code) | ``output`` (block output).
     """
-    if attention_row == "class":
-        cls = adapter.require_class_token("attcat with attention_row='class'")
-    record = adapter.record(images, target, grads=("residual",) if tokens == "input" else ("mlp_branch",))
+    gradient_of = "residual" if tokens == "input" else "mlp_branch"
+    record = adapter.record(images, target, grads=(gradient_of,),
+                            fields=("attn", "residual") if tokens == "input" else ("attn", "residual", "attn_branch",
+                                                                                   "mlp_branch", "mlp_input"))
     relevance = 0
     for block in record.blocks:
-        if tokens == "input":
-            features, grads = block.residual, block.grads["residual"]
-        else:  # the MLP branch is added straight to the block output, so its gradient is the output's
-            features, grads = block.output, block.grads["mlp_branch"]
-        cat = (grads * features).sum(-1)  # [B, N]
+        # the MLP branch is added straight to the block output, so its gradient is the output's
+        features = block.residual if tokens == "input" else block.output
+        cat = (block.grads[gradient_of] * features).sum(-1)  # [B, N]
         heads = block.attn.mean(1)
-        weights = heads.mean(1) if attention_row == "mean" else heads[:, cls]
+        weights = heads.mean(1) if attention_row == "mean" else readout_rows(record, heads)
         relevance = relevance + weights * cat
     return record.patch_grid(relevance[:, record.num_prefix_tokens:])

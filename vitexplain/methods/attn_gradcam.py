@@ -5,6 +5,7 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
+from ._products import readout_rows
 
 
 @register_method("attn_gradcam", modalities=("image", "text"))
@@ -13,12 +14,12 @@ def attn_gradcam(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
 
     Per head h, the weight is the gradient of the target logit with respect to the attention,
     averaged over the class token's row (patch columns); the map is ReLU(mean_h w_h · A_h[cls, patches]).
-    Follows ``generate_attn_gradcam`` of hila-chefer/Transformer-Explainability.
+    Follows ``generate_attn_gradcam`` of hila-chefer/Transformer-Explainability. With a pooled readout,
+    the readout's rows take the class token's (docs/decisions/readouts.md).
     """
-    cls = adapter.require_class_token("attn_gradcam")
-    record = adapter.record(images, target, grads=("attn",))
+    record = adapter.record(images, target, fields=("attn",), blocks=(-1,), grads={"attn": (-1,)})
     block = record.blocks[-1]
     prefix = record.num_prefix_tokens
-    cam = block.attn[:, :, cls, prefix:]
-    weights = block.grads["attn"][:, :, cls, prefix:].mean(-1, keepdim=True)
+    cam = readout_rows(record, block.attn)[..., prefix:]  # [B, H, patches]
+    weights = readout_rows(record, block.grads["attn"])[..., prefix:].mean(-1, keepdim=True)
     return record.patch_grid((cam * weights).mean(1).clamp(min=0))

@@ -7,7 +7,8 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
 from ..options import PositiveInt
-from ._gradients import IntegrationSteps, class_row_of_product, integrated_gradient_weights, resolve_start_layer
+from ._gradients import IntegrationSteps, integrated_gradient_weights, resolve_start_layer
+from ._products import push_rows
 
 #: First block of the attention perception in the authors' perturbation runs of "ours" (``start_layer=4``,
 #: which their loop turns into block index 3) for 12-block ViT-B.
@@ -43,15 +44,15 @@ def bt_head(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
         steps: integration steps (the authors' 20); all steps of all images run batched.
         batch_size: scaled images per forward/backward pass of the integration; bounds memory only.
     """
-    cls = adapter.require_class_token("bt_head")
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
-    record = adapter.record(images, target, grads=("attn",))
+    chosen = range(start, adapter.num_blocks)
+    record = adapter.record(images, target, fields=("attn",), blocks=chosen, grads={"attn": chosen})
     fused = []
     for block in record.blocks[start:]:
         attn, grad = block.attn, block.grads["attn"]
         importance = (attn.transpose(-1, -2) @ grad).abs().mean((-1, -2))  # [B, H]
         importance = importance / importance.sum(1, keepdim=True)
         fused.append(torch.einsum("bh,bhij->bij", importance, attn))
-    perception = class_row_of_product(fused, cls)
-    feedback = integrated_gradient_weights(adapter, images, record.targets, steps=steps, batch_size=batch_size)
+    perception = push_rows(record.readout.weights.to(fused[0].dtype), fused)
+    feedback = integrated_gradient_weights(adapter, images, record.target, steps=steps, batch_size=batch_size)
     return record.patch_grid((perception * feedback)[:, record.num_prefix_tokens:])

@@ -7,7 +7,8 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter, UnsupportedModelError
 from ..registry import register_method
 from ..options import PositiveInt
-from ._gradients import IntegrationSteps, class_row_of_product, integrated_gradient_weights, resolve_start_layer
+from ._gradients import IntegrationSteps, integrated_gradient_weights, resolve_start_layer
+from ._products import push_rows
 
 #: First block of the attention perception in the authors' perturbation runs of "ours_c"
 #: (``start_layer=7``, which their loop turns into block index 6) for 12-block ViT-B.
@@ -45,9 +46,8 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
         steps: integration steps (the authors' 20); all steps of all images run batched.
         batch_size: scaled images per forward/backward pass of the integration; bounds memory only.
     """
-    cls = adapter.require_class_token("bt_token")
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
-    record = adapter.record(images, target)
+    record = adapter.record(images, target, fields=("residual", "attn", "v"), blocks=range(start, adapter.num_blocks))
     scaled = []
     for block in record.blocks[start:]:
         if block.head_projection is None:
@@ -56,6 +56,6 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
         projected = torch.einsum("bhnd,hdc->bnc", block.v, block.head_projection)
         lengths = projected.norm(dim=-1) / block.residual.norm(dim=-1)  # [B, N]
         scaled.append(block.attn.mean(1) * lengths[:, None, :])
-    perception = class_row_of_product(scaled, cls)
-    feedback = integrated_gradient_weights(adapter, images, record.targets, steps=steps, batch_size=batch_size)
+    perception = push_rows(record.readout.weights.to(scaled[0].dtype), scaled)
+    feedback = integrated_gradient_weights(adapter, images, record.target, steps=steps, batch_size=batch_size)
     return record.patch_grid((perception.abs() * feedback)[:, record.num_prefix_tokens:])

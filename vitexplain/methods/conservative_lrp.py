@@ -8,7 +8,7 @@ from ..instrumentation.lrp import relevance
 from ..registry import register_method
 
 
-@register_method("conservative_lrp", cost=4)
+@register_method("conservative_lrp", cost=4, score_targets=False)
 def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Gradient×Input at the token embeddings with attention and LayerNorm scaling held constant.
 
@@ -22,5 +22,5 @@ def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tens
     does for ReLU), so the whole propagation is conservative up to the biases. Returns the patch
     tokens' relevance, summed over channels, on the patch grid.
     """
-    relevances = relevance(adapter, images, target, rules="conservative")
+    relevances = relevance(adapter, images, target, rules="conservative", at=("residuals",))
     return relevances.patch_map(relevances.tokens.sum(-1))

@@ -1,11 +1,11 @@
 """Generic attention explainability (Chefer et al., ICCV 2021)."""
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter, identity_like
+from ..instrumentation import ModelAdapter
 from ..registry import register_method
+from ._products import readout_map
 
 
 @register_method("gae", modalities=("image", "text"))
@@ -14,14 +14,10 @@ def gae(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
 
     Chefer, Gur & Wolf, "Generic Attention-model Explainability for Interpreting Bi-Modal and
     Encoder-Decoder Transformers", ICCV 2021, Eq. (5)-(6): R = I; for every block
-    R <- R + mean_h((∇A ⊙ A)^+) · R; the class token's row over the patches. Gradients are of the
-    target logit, as in hila-chefer/Transformer-MM-Explainability.
+    R <- R + mean_h((∇A ⊙ A)^+) · R; the class token's row over the patches (the readout's row for
+    pooled readouts, docs/decisions/readouts.md). Gradients are of the target logit, as in
+    hila-chefer/Transformer-MM-Explainability.
     """
-    adapter.require_class_token("gae")
-    record = adapter.record(images, target, grads=("attn",))
-    relevance = None
-    for block in record.blocks:
-        cam = (block.grads["attn"] * block.attn).clamp(min=0).mean(1)
-        relevance = identity_like(cam) if relevance is None else relevance
-        relevance = relevance + torch.bmm(cam, relevance)
-    return record.class_row(relevance)
+    record = adapter.record(images, target, fields=("attn",), grads=("attn",))
+    cams = [(block.grads["attn"] * block.attn).clamp(min=0).mean(1) for block in record.blocks]
+    return readout_map(record, cams)

@@ -26,7 +26,8 @@ def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, block: int = 
         block: whose ``norm1`` output is the feature map (0-based, negative counts from the end).
     """
     chosen_index = block_index("block", block, adapter.num_blocks)
-    record = adapter.record(images, target, grads=("attn_input",))
+    record = adapter.record(images, target, fields=("attn_input",), blocks=(chosen_index,),
+                            grads={"attn_input": (chosen_index,)})
     chosen = record.blocks[chosen_index]
     prefix = record.num_prefix_tokens
     features = chosen.attn_input[:, prefix:]  # [B, patches, C]

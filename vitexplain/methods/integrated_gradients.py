@@ -9,7 +9,8 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
 from ..options import PositiveInt
-from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, target_classes
+from ..instrumentation import Target
+from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks
 
 Quadrature = Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]
 
@@ -24,6 +25,18 @@ def baseline_images(baseline: float | Tensor, images: Tensor) -> Tensor:
     except RuntimeError:
         raise ValueError(f"baseline of shape {tuple(baseline.shape)} does not broadcast to the images' "
                          f"shape {tuple(images.shape)}") from None
+
+
+class _PathScore:
+    """The target score of path points, for Captum. Captum's batches hold whole steps of the path, each
+    step all the images in order, so a point's image is its row modulo the number of images."""
+
+    def __init__(self, forward, target: Target, images: int):
+        self.forward, self.target, self.images = forward, target, images
+
+    def __call__(self, points: Tensor) -> Tensor:
+        image = torch.arange(points.shape[0], device=points.device) % self.images
+        return self.target.select(image).score(self.forward(points))
 
 
 @register_method("integrated_gradients", resolution="pixel", cost=lambda o: 3 * o["steps"])
@@ -52,12 +65,18 @@ def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, 
         from captum.attr import IntegratedGradients
     except ImportError:
         raise ImportError("integrated_gradients runs through Captum; install it with `pip install captum`") from None
-    targets = target_classes(adapter, images, target)
+    resolved = adapter.target(images, target)
     baselines = baseline_images(baseline, images)
     with adapter.differentiable_forward() as forward:
-        attribute = IntegratedGradients(forward).attribute
-        attributions = torch.cat([
-            attribute(images[part], baselines=baselines[part], target=targets[part], n_steps=steps, method=quadrature,
-                      internal_batch_size=batch_size)
-            for part in chunks(images.shape[0], batch_size)])
+        attributions = []
+        for part in chunks(images.shape[0], batch_size):
+            rows = torch.arange(images.shape[0], device=images.device)[part]
+            if resolved.is_class:  # Captum picks the target logit, as the TIS benchmark ran it
+                attribute, given = IntegratedGradients(forward).attribute, {"target": resolved.classes[part]}
+            else:  # any other score: Captum integrates the score itself, repeated along the path
+                scores = _PathScore(forward, resolved.select(rows), len(rows))
+                attribute, given = IntegratedGradients(scores).attribute, {}
+            attributions.append(attribute(images[part], baselines=baselines[part], n_steps=steps, method=quadrature,
+                                          internal_batch_size=batch_size, **given))
+        attributions = torch.cat(attributions)
     return reduce(attributions)

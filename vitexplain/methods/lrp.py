@@ -8,7 +8,7 @@ from ..instrumentation.lrp import relevance
 from ..registry import register_method
 
 
-@register_method("lrp", resolution="pixel", cost=4)
+@register_method("lrp", resolution="pixel", cost=4, score_targets=False)
 def lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Layer-wise relevance propagation from the target logit to the input pixels, summed over channels.
 
@@ -21,4 +21,4 @@ def lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     patch-embedding convolution. Returns the pixel map [B, H, W] (their evaluation also uses it at
     pixel level, without upsampling).
     """
-    return relevance(adapter, images, target, rules="lrp").pixels.sum(1)
+    return relevance(adapter, images, target, rules="lrp", at=("pixels",)).pixels.sum(1)

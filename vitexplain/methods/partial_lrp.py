@@ -8,7 +8,7 @@ from ..instrumentation.lrp import relevance
 from ..registry import register_method
 
 
-@register_method("partial_lrp", cost=4)
+@register_method("partial_lrp", cost=4, score_targets=False)
 def partial_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """LRP relevance of the last block's attention map: class token's row, positive part averaged over heads.
 
@@ -20,6 +20,5 @@ def partial_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     averaged over heads, the class token's row over the patches. Depends on the target only through
     the classifier's relevance, so maps for different classes are similar.
     """
-    adapter.require_class_token("partial_lrp")
-    relevances = relevance(adapter, images, target, rules="lrp")
-    return relevances.class_row(relevances.attn[-1].clamp(min=0).mean(1))
+    relevances = relevance(adapter, images, target, rules="lrp", at=("attn",), blocks=(-1,))
+    return relevances.readout_row(relevances.attn[-1].clamp(min=0).mean(1))

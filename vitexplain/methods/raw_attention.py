@@ -12,8 +12,8 @@ def raw_attention(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Last block's class-token attention over the patches, averaged over heads.
 
     The "RawAtten" baseline of Chefer et al. (CVPR 2021) and GradToken Eq. (3):
-    R = 1/H sum_h A_h[cls, patches] of the final block. Not class-specific.
+    R = 1/H sum_h A_h[cls, patches] of the final block. Not class-specific. With a pooled readout,
+    the readout's row of the last attention (docs/decisions/readouts.md).
     """
-    adapter.require_class_token("raw_attention")
-    record = adapter.record(images, target)
-    return record.class_row(record.blocks[-1].attn.mean(1))
+    record = adapter.record(images, target, fields=("attn",), blocks=(-1,))
+    return record.readout_row(record.blocks[-1].attn.mean(1))

@@ -7,10 +7,9 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.base import score_of
 from ..registry import register_method
 from ..options import PositiveInt, Probability, Score
-from ._pixel import chunks, interpolation_matrix, mask_major_pairs, seeded_generator, target_classes
+from ._pixel import chunks, interpolation_matrix, mask_major_pairs, seeded_generator
 
 
 def random_grids(n_masks: int, grid_size: int, p1: float, image_size: tuple[int, int], seed: int,
@@ -72,7 +71,7 @@ def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positiv
         batch_size: masked images per forward; bounds memory (masks are built per batch).
         seed: seeds the grids and shifts (own generator on the images' device).
     """
-    targets = target_classes(adapter, images, target)
+    resolved = adapter.target(images, target)
     batch, _, height, width = images.shape
     grids, shifts = random_grids(n_masks, grid_size, p1, (height, width), seed, images.device)
     saliency = torch.zeros(batch, height, width, device=images.device)
@@ -82,6 +81,6 @@ def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positiv
         first, last = int(msk[0]), int(msk[-1])
         masks = grid_masks(grids[first:last + 1], shifts[first:last + 1], (height, width))[msk - first]
         logits = adapter.logits(images[img] * masks[:, None].to(images.dtype))
-        scores = score_of(logits, targets[img], score).float()
+        scores = resolved.select(img).score(logits, score).float()
         saliency.index_add_(0, img, scores[:, None, None] * masks)
     return saliency / (n_masks * p1)

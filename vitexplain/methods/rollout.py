@@ -1,17 +1,18 @@
 """Attention rollout (Abnar & Zuidema, ACL 2020)."""
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
 from ..options import OpenShare
-from ._heads import HeadFusion, block_index, fuse_heads, with_residual
+from ._heads import HeadFusion, block_index, fuse_heads
+from ._products import readout_map
 
 
 def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
-    """Zero the ``ratio`` fraction of smallest entries of each [N, N] map, except entry (keep, keep).
+    """Zero the ``ratio`` fraction of smallest entries of each [N, N] map, except entry (keep, keep)
+    (keep < 0: none protected).
 
     This is the ``discard_ratio`` of the widely used vit-explain implementation of rollout
     (J. Gildenblat), which the paper does not have; it sharpens maps of deep models.
@@ -21,9 +22,9 @@ def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
     batch, n, _ = attn.shape
     flat = attn.reshape(batch, -1).clone()
     count = int(flat.shape[1] * ratio)
-    protected = keep_index * n + keep_index
     ranked = flat.clone()
-    ranked[:, protected] = float("inf")
+    if keep_index >= 0:
+        ranked[:, keep_index * n + keep_index] = float("inf")
     drop = ranked.topk(count, dim=1, largest=False).indices
     flat.scatter_(1, drop, 0.0)
     return flat.reshape(batch, n, n)
@@ -35,7 +36,8 @@ def rollout(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
     """Attention rollout: the product of residual-augmented, row-normalised attention over blocks.
 
     Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020, Sec. 3:
-    Ã_l = (fuse_h A_l + I) / rowsum, R = Ã_L ... Ã_start; the class token's row over the patches.
+    Ã_l = (fuse_h A_l + I) / rowsum, R = Ã_L ... Ã_start; the class token's row over the patches (the
+    readout's row for pooled readouts, docs/decisions/readouts.md).
 
     Options:
         start_layer: first block included (Chefer et al.'s segmentation test uses 1).
@@ -43,11 +45,8 @@ def rollout(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
         discard_ratio: share of the smallest fused attention weights set to zero in every block
             before the identity is added (vit-explain's option; 0 = the paper).
     """
-    cls = adapter.require_class_token("rollout")
     start = block_index("start_layer", start_layer, adapter.num_blocks)
-    record = adapter.record(images, target)
-    joint = None
-    for block in record.blocks[start:]:
-        layer = with_residual(discard_lowest(fuse_heads(block.attn, head_fusion), discard_ratio, cls))
-        joint = layer if joint is None else torch.bmm(layer, joint)
-    return record.class_row(joint)
+    record = adapter.record(images, target, fields=("attn",), blocks=range(start, adapter.num_blocks))
+    keep = adapter.class_token_index if adapter.class_token_index is not None else -1
+    layers = [discard_lowest(fuse_heads(block.attn, head_fusion), discard_ratio, keep) for block in record.blocks[start:]]
+    return readout_map(record, layers, normalise=True)

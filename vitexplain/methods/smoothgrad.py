@@ -7,7 +7,7 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
 from ..options import NonNegative, PositiveInt
-from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, mask_major_pairs, seeded_generator, target_classes
+from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, mask_major_pairs, seeded_generator
 
 
 def noise_samples(samples: int, image_shape: tuple[int, ...], seed: int, device: torch.device) -> Tensor:
@@ -45,7 +45,7 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: P
         seed: seeds the noise.
     """
     reduce = CHANNEL_REDUCTIONS[channel_reduction]
-    targets = target_classes(adapter, images, target)
+    resolved = adapter.target(images, target)
     noise = noise_samples(samples, tuple(images.shape[1:]), seed, images.device).to(images.dtype)
     sigma = torch.full((images.shape[0],), float(stdev), device=images.device, dtype=images.dtype)
     if relative_to_range:
@@ -55,6 +55,6 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: P
     for part in chunks(len(image_idx), batch_size):
         img, smp = image_idx[part], sample_idx[part]
         noisy = images[img] + sigma[img, None, None, None] * noise[smp]
-        gradient = adapter.record(noisy, targets[img], grads=("input",)).input_grad.float()
+        gradient = adapter.record(noisy, resolved.select(img), fields=(), grads=("input",)).input_grad.float()
         total.index_add_(0, img, gradient.abs() if absolute else gradient)
     return reduce(total / samples)

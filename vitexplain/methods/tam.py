@@ -6,7 +6,8 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
 from ..options import PositiveInt
-from ._gradients import IntegrationSteps, integrated_gradient_weights, propagate_rows, resolve_start_layer
+from ._gradients import IntegrationSteps, integrated_gradient_weights, resolve_start_layer
+from ._products import push_rows, readout_rows
 
 #: First block of the transition chain in the authors' code (``start_layer=4``) for 12-block ViT-B.
 AUTHORS_START_LAYER = 4
@@ -40,14 +41,14 @@ def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int 
         integrated: False weights by the plain gradient at the image (the authors' ``with_integral``).
         batch_size: scaled images per forward/backward pass of the integration; bounds memory only.
     """
-    cls = adapter.require_class_token("tam")
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
-    record = adapter.record(images, target, grads=() if integrated else ("attn",))
+    record = adapter.record(images, target, fields=("attn",), blocks=range(start, adapter.num_blocks),
+                            grads={} if integrated else {"attn": (-1,)})
     last = record.blocks[-1]
     lower = [block.attn.mean(1) for block in record.blocks[start:-1]]
-    states = propagate_rows(last.attn.mean(1)[:, cls], reversed(lower))
+    states = push_rows(readout_rows(record, last.attn.mean(1)), lower)
     if integrated:
-        weights = integrated_gradient_weights(adapter, images, record.targets, steps=steps, batch_size=batch_size)
+        weights = integrated_gradient_weights(adapter, images, record.target, steps=steps, batch_size=batch_size)
     else:
-        weights = last.grads["attn"][:, :, cls].clamp(min=0).mean(1)
+        weights = readout_rows(record, last.grads["attn"]).clamp(min=0).mean(1)
     return record.patch_grid((states * weights)[:, record.num_prefix_tokens:])

@@ -104,7 +104,7 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
             (the mean colour) and the full sequence runs, instead of dropping tokens.
     """
     ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
-    record = adapter.record(images, target)
+    record = adapter.record(images, target, fields=("residual", "attn_branch", "mlp_branch", "mlp_input"))
     num_patches = record.grid[0] * record.grid[1]
     masks, scores = [], []
     for keep in kept_tokens(record, n_masks, ratios, seed):
@@ -113,10 +113,9 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
             logits = pixel_masked_logits(adapter, images, ratio_masks, record.grid, batch_size)
         else:
             logits = adapter.logits_on_tokens(images, keep, batch_size=batch_size)
-        logits = logits.float()
-        if score == "softmax":
-            logits = logits.softmax(-1)
-        targets = record.targets[:, None, None].expand(-1, logits.shape[1], 1)
+        flat = logits.float().flatten(0, 1)
+        rows = torch.arange(logits.shape[0], device=flat.device).repeat_interleave(logits.shape[1])
         masks.append(ratio_masks)
-        scores.append(logits.gather(2, targets)[..., 0])
+        scores.append(record.target.select(rows).score(flat, "probability" if score == "softmax" else "logit")
+                      .reshape(logits.shape[:2]))
     return record.patch_grid(coverage_normalised_sum(torch.cat(masks, 1), torch.cat(scores, 1)))

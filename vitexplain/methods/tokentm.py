@@ -9,6 +9,7 @@ from torch import Tensor
 from ..instrumentation import BlockRecord, ModelAdapter, UnsupportedModelError
 from ..options import PositiveInt
 from ..registry import register_method
+from ._products import readout_map
 
 def transformation_weights(reference_norm: Tensor, transformed_norm: Tensor, dot: Tensor,
                            use_length: bool, use_necc: bool) -> Tensor:
@@ -55,9 +56,8 @@ def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use
 
 
 def attention_update(block: BlockRecord, weights: Tensor) -> Tensor:
-    """U = I + E_h[(∇_A p(c))⁺ ⊙ (A · W)] (Eq. 14-15); W scales the columns (input tokens) [B, N, N]."""
-    cam = (block.grads["attn"].clamp(min=0) * block.attn * weights[:, :, None, :]).mean(1)
-    return cam + torch.eye(cam.shape[-1], dtype=cam.dtype, device=cam.device)
+    """E_h[(∇_A p(c))⁺ ⊙ (A · W)] of U = I + E_h[...] (Eq. 14-15); W scales the columns (input tokens) [B, N, N]."""
+    return (block.grads["attn"].clamp(min=0) * block.attn * weights[:, :, None, :]).mean(1)
 
 
 @register_method("tokentm", modalities=("image", "text"))
@@ -71,7 +71,8 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
     for Vision Transformer", CVPR 2024. W = diag(L(Ẽ_j)/L(E_j) · NECC(j)) (Eq. 11-13, L = L2 norm,
     NECC Eq. 12 = softmax over the tokens of cos(E_j, Ẽ_j)); MHSA update U = I + E_h[(∇_A p(c))⁺ ⊙ (A·W)]
     (Eq. 14-15); FFN update U = I + W (Eq. 16-17); C⁰ = diag(L(E⁰)) (Eq. 18); Cˡ = Uˡ Cˡ⁻¹ over the
-    MHSA and the FFN of every block in order (Eq. 19-20); the class token's row over the patches.
+    MHSA and the FFN of every block in order (Eq. 19-20); the class token's row over the patches (the
+    readout's row for pooled readouts, docs/decisions/readouts.md).
 
     Decisions where the paper is silent (docs/decisions/tokentm.md):
       * E, the "original tokens", is the residual stream a sublayer adds to (``reference="residual"``):
@@ -94,30 +95,31 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         per_head: per-head Ẽ_h (see above).
         score: ``"probability"`` | ``"logit"``, what ∇_A differentiates.
     """
-    adapter.require_class_token("tokentm")
     num_blocks = adapter.num_blocks
     if depth is not None:
         if not aggregate:
             raise ValueError("depth counts aggregated blocks, so it needs aggregate=True")
         if depth > num_blocks:
             raise ValueError(f"depth must be a number of blocks from 1 to {num_blocks}, got {depth!r}")
-    record = adapter.record(images, target, grads=("attn",), score=score)
+    chosen = range(depth or num_blocks) if aggregate else (0,)
+    record = adapter.record(images, target, blocks=chosen, grads={"attn": chosen}, score=score,
+                            fields=("residual", "attn_input", "v", "attn", "attn_branch", "mlp_input", "mlp_branch"))
     switches = dict(per_head=per_head, use_length=use_length, use_necc=use_necc)
     normalized = reference == "normalized"
 
     if not aggregate:
         first = record.blocks[0]
         weights = attention_weights(first, first.attn_input if normalized else first.residual, index=0, **switches)
-        return record.class_row(attention_update(first, weights))
+        return readout_map(record, [attention_update(first, weights)])
 
-    embeddings = record.embeddings
-    contribution = torch.diag_embed(embeddings.norm(dim=-1) if use_length else torch.ones_like(embeddings[..., 0]))
-    for index, block in enumerate(record.blocks[:depth]):
+    updates = []  # per sublayer, first to last: MHSA U = I + cam (Eq. 15), FFN U = I + diag(W) (Eq. 17)
+    for index, block in enumerate(record.blocks[:len(chosen)]):
         weights = attention_weights(block, block.attn_input if normalized else block.residual, index=index, **switches)
-        contribution = torch.bmm(attention_update(block, weights), contribution)
         mlp_reference = block.mlp_input if normalized else block.mlp_residual
         mlp_weights = transformation_weights(
             mlp_reference.norm(dim=-1), block.mlp_branch.norm(dim=-1), (block.mlp_branch * mlp_reference).sum(-1),
             use_length, use_necc)
-        contribution = (1 + mlp_weights)[:, :, None] * contribution  # (I + W) C, Eq. (16)-(17)
-    return record.class_row(contribution)
+        updates += [attention_update(block, weights), mlp_weights]
+    embeddings = record.embeddings  # C⁰ = diag(L(E⁰)) (Eq. 18), on the right of the product
+    initial = embeddings.norm(dim=-1) if use_length else torch.ones_like(embeddings[..., 0])
+    return readout_map(record, [initial - 1, *updates])

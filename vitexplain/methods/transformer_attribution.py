@@ -1,16 +1,16 @@
 """Transformer Attribution (Chefer, Gur & Wolf, CVPR 2021): LRP relevance of attention × its gradient, rolled out."""
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter, identity_like
+from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp import relevance
 from ..registry import register_method
 from ._heads import block_index
+from ._products import readout_map
 
 
-@register_method("transformer_attribution", cost=6)
+@register_method("transformer_attribution", cost=6, score_targets=False)
 def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0) -> Tensor:
     """Relevance of each block's attention map weighted by its gradient, rolled out from ``start_layer``.
 
@@ -20,19 +20,16 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     their rules (Sec. 3.1-3.2; rule set ``"chefer"`` of :mod:`vitexplain.instrumentation.lrp`,
     propagated from relevance 1 on the target logit); ∇A_b is the plain gradient of the target
     logit. As in hila-chefer/Transformer-Explainability (``compute_rollout_attention`` of
-    ``ViT_LRP.py``), the rows of Ā_b are not renormalised.
+    ``ViT_LRP.py``), the rows of Ā_b are not renormalised. Pooled readouts: docs/decisions/readouts.md.
 
     Options:
         start_layer: first block included (0, the default of their code; their segmentation and
             perturbation tests use 1).
     """
-    adapter.require_class_token("transformer_attribution")
     start = block_index("start_layer", start_layer, adapter.num_blocks)
-    record = adapter.record(images, target, grads=("attn",))
-    relevances = relevance(adapter, images, record.targets, rules="chefer")
-    joint = None
-    for block, attn_relevance in zip(record.blocks[start:], relevances.attn[start:]):
-        cam = (block.grads["attn"] * attn_relevance).clamp(min=0).mean(1)
-        layer = identity_like(cam) + cam
-        joint = layer if joint is None else torch.bmm(layer, joint)
-    return record.class_row(joint)
+    chosen = range(start, adapter.num_blocks)
+    record = adapter.record(images, target, fields=(), grads={"attn": chosen})
+    relevances = relevance(adapter, images, record.targets, rules="chefer", at=("attn",), blocks=chosen)
+    cams = [(block.grads["attn"] * attn_relevance).clamp(min=0).mean(1)
+            for block, attn_relevance in zip(record.blocks[start:], relevances.attn[start:])]
+    return readout_map(record, cams)

@@ -7,7 +7,6 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Recording
-from ..instrumentation.base import score_of
 from ..registry import register_method
 from ..options import NonNegative, PositiveInt, Score
 from ._heads import block_index
@@ -159,7 +158,8 @@ def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1
         batch_size: images per forward (two per mask, so at least two); bounds memory.
         seed: seeds the noise.
     """
-    record = adapter.record(images, target)
+    record = adapter.record(images, target, fields=("attn_input", "residual", "attn_branch", "mlp_branch", "mlp_input"),
+                            blocks=(layer,))
     maps = patch_feature_maps(record, layer, features)
     batch, channels, height, width = images.shape
     rows = interpolation_matrix(maps.shape[2], height, device=images.device)
@@ -169,7 +169,7 @@ def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1
     labels = complete_linkage(1 - mask_cosine_similarity(maps, low, rows, cols), distance_threshold)
     clusters, counts = cluster_maps(maps, scale, labels)
 
-    clean = score_of(record.logits, record.targets, score).float()
+    clean = record.target.score(record.logits, score).float()
     saliency = torch.zeros(batch, height, width, device=images.device)
     coverage = torch.zeros_like(saliency)
     image_idx, mask_idx = mask_major_pairs(counts)
@@ -181,7 +181,7 @@ def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1
         filler = (noise_std * noise * (1 - masks[:, None])).to(images.dtype)
         inputs = images[img]
         logits = adapter.logits(torch.cat([inputs * masks[:, None].to(images.dtype) + filler, inputs + filler]))
-        masked, reference = score_of(logits, record.targets[img].repeat(2), score).float().chunk(2)
+        masked, reference = record.target.select(img.repeat(2)).score(logits, score).float().chunk(2)
         saliency.index_add_(0, img, (masked - reference + clean[img])[:, None, None] * masks)
         coverage.index_add_(0, img, masks)
     covered = torch.where(coverage > 0, saliency / torch.where(coverage > 0, coverage, 1), torch.zeros_like(saliency))

@@ -1,0 +1,48 @@
+"""Tiny randomly initialised models of every timm family vitexplain describes, built in the tests.
+
+Parameters that their constructors set to zero or one (relative position tables, q / v biases,
+LayerScale gains, heads, pooling latents) are drawn at random too, so that a part left out of a
+computation shows in its result.
+"""
+from __future__ import annotations
+
+import timm
+import torch
+
+SIZE = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
+
+#: family name -> (timm architecture, constructor arguments over SIZE, expected readout)
+ZOO = {
+    "vit": ("vit_base_patch16_224", dict(), "token"),
+    "vit_avg": ("vit_base_patch16_224", dict(class_token=False, global_pool="avg"), "avg"),
+    "vit_reg_avg": ("vit_base_patch16_224", dict(reg_tokens=2, global_pool="avg"), "avg"),
+    "vit_map": ("vit_base_patch16_siglip_224", dict(class_token=False, global_pool="map"), "map"),
+    "eva02": ("eva02_tiny_patch14_224", dict(patch_size=8, ref_feat_shape=(4, 4)), "avg"),
+    "vit_rope": ("vit_base_patch16_rope_224", dict(), "token"),
+    "vit_rope_mixed": ("vit_base_patch16_rope_mixed_224", dict(), "token"),
+    "vit_rope_reg_gap": ("vit_medium_patch16_rope_reg1_gap_256", dict(), "avg"),
+    "beit": ("beit_base_patch16_224", dict(use_abs_pos_emb=True), "avg"),
+    "beit_shared": ("beit_base_patch16_224", dict(use_rel_pos_bias=False, use_shared_rel_pos_bias=True), "avg"),
+    "relpos": ("vit_relpos_base_patch16_224", dict(), "avg"),
+    "srelpos": ("vit_srelpos_small_patch16_224", dict(), "avg"),
+}
+
+#: what a zero-initialised parameter is called, in any family
+RANDOMISED = ("relative_position_bias_table", "q_bias", "v_bias", "gamma", "head.", "latent", "rel_pos", "pos_embed",
+              "cls_token", "reg_token")
+
+
+def build(name: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """The tiny ``name`` model of :data:`ZOO` in eval mode, all its parameters random."""
+    architecture, arguments, _ = ZOO[name]
+    torch.manual_seed(seed)
+    model = timm.create_model(architecture, pretrained=False, **{**SIZE, **arguments, **overrides})
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            if any(part in parameter_name for part in RANDOMISED):
+                parameter.normal_(0, 0.5 if parameter_name.startswith("head") else 0.2)
+    return model.eval()
+
+
+def images(batch: int = 2, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, 3, SIZE["img_size"], SIZE["img_size"], generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,233 @@
+"""An interactive explorer: one self-contained HTML page to browse images, methods and their maps.
+
+``write_explorer(path, items)`` writes a page that works from a file, with no server and no network
+(its Content-Security-Policy forbids every fetch): pick an image and a method, or compare methods
+side by side; opacity slider; colour scale and colour bar; hover (or arrow keys on a focused map) to
+read the token or pixel under the cursor and its raw value; the predicted top-5 classes and the
+explained target; the options each map was made with. The page's script and style are the package
+files ``explorer.js`` and ``explorer.css``, inlined into ``template.html``.
+
+Encoding (see docs/decisions/explorer.md): images are PNG ``data:`` URIs (lossless, as the model
+sees them). Maps are quantised to 16 bits and stored with their scale: a map with a negative value on
+a grid symmetric about 0 (``v = (q - 32767) * step``, ``step = max|v| / 32767``, so 0 and ±max|v|
+are exact), any other map on ``[min, max]`` (``v = min + q * step``, ``step = (max - min) / 65535``).
+The shown value is then within ``max|v| / 65534`` (about 1.5e-5 of the map's largest magnitude) of
+the raw value. Each 16-bit level is stored as its difference from the prediction left + up − up-left
+(the gradient predictor of lossless image coding; left on the first row, up on the first column),
+modulo 2**16, high bytes then low bytes, zlib-compressed and base64-encoded; the page inflates them
+with the browser's ``DecompressionStream``. Smooth pixel-level maps shrink to a fifth to a third of
+their 16-bit size; noisy ones (gradients) hardly shrink, as no lossless code can shrink noise.
+
+Colour scales: a map with no negative value is min-max scaled onto a sequential palette (viridis by
+default); a map with a negative value is shown on a diverging palette (RdBu by default) centred at 0
+and symmetric, ``[-max|v|, +max|v|]``, so 0 is always the neutral middle colour. Each map has its own
+scale (methods' units are not comparable). Maps are upsampled to the image by nearest neighbour by
+default, so each token is drawn as the block of pixels it covers, in the colour of the value hover
+reports; bilinear (as :func:`vitexplain.viz.upsample`, ``align_corners=False``) is a switch in the page.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import re
+import zlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ExplorerItem", "explorer_html", "write_explorer"]
+
+#: The palettes offered in the page, first is the default: (matplotlib name, label shown).
+SEQUENTIAL_PALETTES = (("viridis", "viridis"), ("inferno", "inferno"), ("jet", "jet"))
+DIVERGING_PALETTES = (("RdBu_r", "RdBu (blue − / red +)"), ("coolwarm", "coolwarm"), ("bwr", "bwr"))
+#: Colours per palette: odd, so that the middle entry (index 128) is exactly the palette's centre.
+PALETTE_SIZE = 257
+LEVELS = 65535
+SIGNED_ZERO = 32767
+
+
+@dataclass
+class ExplorerItem:
+    """One image of the explorer, with its maps (method label -> [h, w]) and the model's prediction.
+
+    ``image`` is uint8 [H, W, 3] as the model sees it (resized, cropped, not normalised). A map of
+    shape ``grid`` is token-level (hover reports the token), one of shape [H, W] pixel-level; any
+    other 2-D shape is drawn over the whole image and hover reports its cell. Torch tensors are
+    accepted wherever arrays are.
+    """
+
+    name: str
+    image: np.ndarray
+    maps: dict[str, np.ndarray]
+    options: dict[str, dict] = field(default_factory=dict)
+    top5: list[tuple[str, float]] = field(default_factory=list)
+    target: str | None = None
+    grid: tuple[int, int] | None = None
+
+
+def write_explorer(path: str | Path, items: Sequence[ExplorerItem], *, title: str = "vitexplain explorer") -> Path:
+    """Write the explorer page for ``items`` to ``path`` (parent folders are created); returns the path."""
+    page = explorer_html(items, title=title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def explorer_html(items: Sequence[ExplorerItem], *, title: str = "vitexplain explorer") -> str:
+    """The explorer page for ``items`` as one self-contained HTML string."""
+    items = list(items)
+    if not items:
+        raise ValueError("the explorer needs at least one item")
+    repeated = sorted(name for name, count in Counter(item.name for item in items).items() if count > 1)
+    if repeated:
+        raise ValueError(f"item names must be unique (they label the picker); repeated: "
+                         f"{', '.join(map(repr, repeated))}")
+    data = {
+        "palettes": {"sequential": _palettes(SEQUENTIAL_PALETTES), "diverging": _palettes(DIVERGING_PALETTES)},
+        "items": [_item_data(item) for item in items],
+    }
+    package = resources.files(__name__)
+    parts = {"title": html.escape(title), "data": _script_json(data),
+             "style": package.joinpath("explorer.css").read_text(encoding="utf-8"),
+             "script": package.joinpath("explorer.js").read_text(encoding="utf-8")}
+    template = package.joinpath("template.html").read_text(encoding="utf-8")
+    return re.sub(r"\{\{(\w+)\}\}", lambda match: parts[match.group(1)], template)
+
+
+def _item_data(item: ExplorerItem) -> dict:
+    """One item as the page reads it, after checking every field."""
+    where = f"item {item.name!r}"
+    image = _as_array(item.image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
+        raise ValueError(f"{where}: image must be uint8 [H, W, 3] (as the model sees it, not normalised); "
+                         f"got {image.dtype} {list(image.shape)}")
+    grid = _grid(item.grid, where)
+    if not item.maps:
+        raise ValueError(f"{where}: no maps")
+    unknown = sorted(set(item.options) - set(item.maps))
+    if unknown:
+        raise ValueError(f"{where}: options given for methods without a map: {', '.join(map(repr, unknown))}")
+    not_dicts = [label for label, options in item.options.items() if not isinstance(options, Mapping)]
+    if not_dicts:
+        raise ValueError(f"{where}: options must be a dict per method; not for {', '.join(map(repr, not_dicts))}")
+    maps = []
+    for label, values in item.maps.items():
+        values = _as_array(values)
+        if values.ndim != 2 or 0 in values.shape:
+            raise ValueError(f"{where}, method {label!r}: a map must be 2-D [h, w]; got shape {list(values.shape)}")
+        if values.dtype.kind not in "iuf":
+            raise ValueError(f"{where}, method {label!r}: a map must hold real numbers; got dtype {values.dtype}")
+        if not np.isfinite(values).all():
+            raise ValueError(f"{where}, method {label!r}: the map holds non-finite values (NaN or inf)")
+        shape = tuple(values.shape)
+        kind = "token" if shape == grid else "pixel" if shape == image.shape[:2] else "cell"
+        maps.append({"label": str(label), "kind": kind, "options": _jsonable(item.options.get(label, {})),
+                     **_encode_map(values)})
+    return {"name": str(item.name), "image": _png_uri(image), "height": image.shape[0], "width": image.shape[1],
+            "grid": list(grid) if grid else None, "top5": _top5(item.top5, where),
+            "target": None if item.target is None else str(item.target), "maps": maps}
+
+
+def _as_array(value) -> np.ndarray:
+    """A numpy array from an array or a torch tensor (without importing torch; float16 / bfloat16 as float64)."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+        value = (value.double() if value.is_floating_point() else value).numpy()
+    return np.asarray(value)
+
+
+def _grid(grid, where: str) -> tuple[int, int] | None:
+    if grid is None:
+        return None
+    grid = tuple(grid)
+    if len(grid) != 2 or not all(isinstance(n, (int, np.integer)) and n > 0 for n in grid):
+        raise ValueError(f"{where}: grid must be two positive ints (h, w); got {grid}")
+    return int(grid[0]), int(grid[1])
+
+
+def _top5(top5, where: str) -> list[list]:
+    rows = []
+    for row in top5:
+        if len(row) != 2:
+            raise ValueError(f"{where}: top5 rows must be (class name, probability); got {row!r}")
+        name, probability = row[0], float(row[1])
+        if not 0.0 <= probability <= 1.0:
+            raise ValueError(f"{where}: top5 probability of {name!r} must be in [0, 1]; got {probability}")
+        rows.append([str(name), probability])
+    return rows
+
+
+def _encode_map(values: np.ndarray) -> dict:
+    """16-bit levels of one map and the scale that turns them back into values (module docstring)."""
+    values = values.astype(np.float64)
+    low, high = float(values.min()), float(values.max())
+    if low < 0:
+        step = max(-low, high) / SIGNED_ZERO
+        levels = np.rint(values / step) + SIGNED_ZERO
+        base, zero = 0.0, SIGNED_ZERO
+    else:
+        step = (high - low) / LEVELS
+        levels = np.rint((values - low) / step) if step > 0 else np.zeros_like(values)
+        base, zero = low, 0
+    levels = levels.astype(np.int64)
+    prediction = np.zeros_like(levels)         # left + up - up-left; left on the first row, up on the first column
+    prediction[0, 1:] = levels[0, :-1]
+    prediction[1:, 0] = levels[:-1, 0]
+    prediction[1:, 1:] = levels[1:, :-1] + levels[:-1, 1:] - levels[:-1, :-1]
+    residuals = ((levels - prediction) % (LEVELS + 1)).ravel()
+    planes = np.concatenate([residuals >> 8, residuals & 0xFF]).astype(np.uint8)
+    return {"rows": values.shape[0], "cols": values.shape[1], "low": low, "high": high, "signed": low < 0,
+            "base": base, "zero": zero, "step": step,
+            "levels": base64.b64encode(zlib.compress(planes.tobytes(), 9)).decode("ascii")}
+
+
+def _png_uri(image: np.ndarray) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _palettes(palettes: Sequence[tuple[str, str]]) -> list[dict]:
+    """Each palette as PALETTE_SIZE RGB triples, base64, sampled from matplotlib's colour maps."""
+    import matplotlib
+
+    return [{"name": name, "label": label,
+             "rgb": base64.b64encode(matplotlib.colormaps[name].resampled(PALETTE_SIZE)(
+                 np.arange(PALETTE_SIZE), bytes=True)[:, :3].tobytes()).decode("ascii")}
+            for name, label in palettes]
+
+
+def _jsonable(value):
+    """Options as JSON: numbers, strings, lists and dicts as they are, small arrays and tensors as lists, else repr."""
+    if isinstance(value, Mapping):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    if hasattr(value, "shape") and hasattr(value, "tolist"):          # numpy arrays and torch tensors
+        array = _as_array(value)
+        return _jsonable(array.tolist()) if array.size <= 64 else f"{array.dtype} array of shape {list(array.shape)}"
+    if isinstance(value, Path):
+        return str(value)
+    return repr(value)
+
+
+def _script_json(data: dict) -> str:
+    """JSON that is safe inside a <script> element: no '<', '>' or '&' can end it or open a comment."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

@@ -1,0 +1,367 @@
+"""The adapter: everything vitexplain does to a model, done through the model's family description.
+
+:class:`ModelAdapter` reads a :class:`~vitexplain.instrumentation.families.base.Family` and offers the
+methods what they need: model facts, plain forwards, an instrumented forward that records what a
+method asks for (:meth:`ModelAdapter.record`), forwards on token subsets (TIS), and the context in
+which LRP rules run (:meth:`ModelAdapter.instrumented`). Every change to the model happens inside a
+context manager that undoes it (hooks removed, ``forward`` methods and train / eval flags restored),
+also when an exception is raised.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from .attention import PLAIN, Arithmetic, NOTHING, Sink, attend
+from .blocks import BlockParts, block_forward
+from .families.base import Family, ProbeParts, UnsupportedModelError
+from .inputs import TokenBatch
+from .patching import ModelPatch
+from .recording import BLOCK_FIELDS, BlockRecord, Readout, Recorder, Recording
+from .targets import Target, TargetLike, resolve_target
+
+#: block index under which an attention-pooling head hands its attention to a sink
+READOUT = -1
+
+
+@contextlib.contextmanager
+def evaluation_mode(model: nn.Module) -> Iterator[None]:
+    """Put every module in eval mode, and give each its own train/eval flag back afterwards."""
+    flags = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in flags:
+            module.training = training
+
+
+@dataclasses.dataclass
+class _State:
+    """How the instrumented blocks compute during one ``with adapter.instrumented(...)``."""
+
+    arithmetic: Arithmetic
+    sink: Sink
+    positions: Tensor | None
+    gradient_from: int | None
+    detach_attention_input: bool
+
+
+def _instrumented_block(parts: BlockParts, index: int, state: _State, *args: Any, **kwargs: Any) -> Any:
+    """A block's ``forward`` while instrumented: the written-out block on the family's call arguments."""
+    x, extra = parts.inputs(*args, **kwargs)
+    if state.positions is not None:
+        extra.positions = state.positions
+    below = state.gradient_from is not None and index < state.gradient_from
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not below):
+        if index == state.gradient_from and torch.is_grad_enabled() and not x.requires_grad:
+            x = x.detach().requires_grad_(True)  # frozen weights or a cut below: the graph starts here
+        out = block_forward(parts, x, extra, index=index, arithmetic=state.arithmetic, sink=state.sink,
+                            detach_attention_input=state.detach_attention_input)
+    return parts.output(out, args[0] if args else next(iter(kwargs.values())))
+
+
+def _instrumented_probe(parts: ProbeParts, state: _State, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """An attention-pooling head's ``forward`` while instrumented, its attention handed to the sink."""
+    if parts.position is not None:
+        x = state.arithmetic.offset(x, parts.position().to(x.dtype))
+    out = attend(parts.attention, x, arithmetic=state.arithmetic, sink=state.sink, block=READOUT)
+    if parts.mlp is not None:
+        out = state.arithmetic.add(out, parts.mlp(parts.norm(out)))
+    if parts.pool == "avg":
+        return out.mean(1)
+    return out[:, 0] if parts.pool == "token" else out
+
+
+class ModelAdapter:
+    """Instruments one model through its family description (see the module docstring).
+
+    Methods receive an adapter and read :class:`~vitexplain.instrumentation.recording.Recording`
+    objects; they never touch a model directly. Inputs are image tensors [B, C, H, W] for vision
+    families and :class:`~vitexplain.instrumentation.inputs.TokenBatch` for text families.
+    """
+
+    def __init__(self, family: Family):
+        self.family = family
+        self.model = family.model
+
+    # -- model facts ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.family.name
+
+    @property
+    def modality(self) -> str:
+        return self.family.modality
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.family.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return self.family.blocks[0].attention.num_heads
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.family.num_prefix_tokens
+
+    @property
+    def class_token_index(self) -> int | None:
+        return self.family.class_token_index
+
+    @property
+    def readout(self) -> str:
+        """How the output reads the last tokens: ``token``, ``avg`` or ``map``."""
+        return self.family.readout
+
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        return self.family.patch_size
+
+    def grid_size(self, inputs: Any) -> tuple[int, ...]:
+        """Patch grid (h, w) of a batch of images, or (T,) for a batch of T-token sequences."""
+        return self.family.grid_size(inputs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def require_class_token(self, method: str) -> int:
+        """The class token's position; refuses models without one, naming ``method``."""
+        if self.class_token_index is None:
+            raise UnsupportedModelError(
+                f"{method} explains through the class token, but this {type(self.model).__name__} has none "
+                f"(its head reads the tokens by {self.readout!r} pooling)")
+        return self.class_token_index
+
+    def require_readout(self, method: str, kinds: Collection[str]) -> str:
+        """The readout kind, when ``method`` has a reading for it (see docs/decisions/readouts.md)."""
+        if self.readout not in kinds:
+            raise UnsupportedModelError(
+                f"{method} has no reading for a head that reads the tokens by {self.readout!r} pooling "
+                f"(it reads {', '.join(map(repr, kinds))}); see docs/decisions/readouts.md")
+        return self.readout
+
+    # -- inputs and plain forwards ----------------------------------------------------------------
+    def check_inputs(self, inputs: Any) -> Any:
+        """What the user passed, checked and moved to the model's device (and, for images, dtype)."""
+        checked = self.family.check_inputs(inputs)
+        if isinstance(checked, TokenBatch):
+            return checked.to(self.device)
+        return checked.to(device=self.device, dtype=self.dtype)
+
+    def check_images(self, images: Any) -> Tensor:
+        if self.modality != "image":
+            raise TypeError(f"{type(self.model).__name__} explains tokenised text, not images")
+        return self.check_inputs(images)
+
+    def forward(self, inputs: Any) -> Tensor:
+        """Outputs [B, classes] (or [B, D]) of a plain forward on checked inputs (current mode and grad setting)."""
+        return self.family.forward(inputs)
+
+    def logits(self, inputs: Any) -> Tensor:
+        """Plain batched forward in eval mode, no gradients."""
+        with torch.no_grad(), evaluation_mode(self.model):
+            return self.forward(self.check_inputs(inputs))
+
+    @contextlib.contextmanager
+    def differentiable_forward(self) -> Iterator[Callable[[Tensor], Tensor]]:
+        """Yield ``inputs -> outputs`` with gradients enabled and the model in eval mode (restored on exit).
+
+        For methods that drive their own backward passes (e.g. through Captum)."""
+        with evaluation_mode(self.model), torch.enable_grad():
+            yield self.forward
+
+    def target(self, inputs: Any, target: TargetLike) -> Target:
+        """``target`` resolved for ``inputs`` (the prediction when None), from a plain forward."""
+        if isinstance(target, Target):
+            return target
+        return resolve_target(target, self.logits(inputs), has_classes=self.family.has_classes)
+
+    # -- instrumented forwards --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def instrumented(self, *, arithmetic: Arithmetic = PLAIN, sink: Sink = NOTHING, positions: Tensor | None = None,
+                     gradient_from: int | None = None, detach_attention_input: bool = False) -> Iterator[ModelPatch]:
+        """Within the block, every Transformer block (and an attention-pooling head) computes through the
+        written-out forward of :mod:`.blocks`, with ``arithmetic`` and handing what it computes to
+        ``sink``; yields the :class:`ModelPatch` holding the changes, for further ones (LRP rules).
+
+        Args:
+            positions: the tokens are a subset: their sequence positions [B, N'] (prefix included).
+            gradient_from: blocks below this index run without gradients and this block's input starts
+                the graph (so a backward stops there); None: as the surrounding mode says.
+            detach_attention_input: every attention reads a detached copy of its input.
+        """
+        state = _State(arithmetic, sink, positions, gradient_from, detach_attention_input)
+        with ModelPatch() as patch:
+            for index, parts in enumerate(self.family.blocks):
+                patch.replace_forward(parts.module, functools.partial(_instrumented_block, parts, index, state))
+            if self.family.probe is not None:
+                patch.replace_forward(self.family.probe.module, functools.partial(_instrumented_probe, self.family.probe, state))
+            yield patch
+
+    def record(
+        self,
+        inputs: Any,
+        target: TargetLike = None,
+        *,
+        fields: Collection[str] | None = None,
+        blocks: Collection[int] | None = None,
+        grads: Collection[str] | Mapping[str, Collection[int] | None] = (),
+        score: str | Callable[[Tensor, Tensor], Tensor] = "logit",
+        stop_gradient: Sequence[str] = (),
+    ) -> Recording:
+        """One instrumented forward over a batch and, if ``grads`` names any field, one backward.
+
+        Only what is asked is kept, and the backward runs only as deep as the lowest gradient asked for.
+
+        Args:
+            inputs: preprocessed images [B, C, H, W], or tokenised text for text families.
+            target: what to explain (see :mod:`.targets`): None (each input's predicted class), classes, an
+                embedding direction or a score function of the output.
+            fields: names from :data:`~vitexplain.instrumentation.recording.BLOCK_FIELDS` to keep (None: all).
+            blocks: the blocks whose fields are kept (None: all; negative indices count from the end).
+            grads: fields whose gradient is wanted — names (every block) or a mapping from names to the
+                blocks they are wanted in — and/or ``"input"``, the gradient with respect to the images.
+            score: what is differentiated for class targets: ``"logit"``, ``"probability"``,
+                ``"log_probability"`` or a callable (logits, classes) -> [B]. Inputs are independent, so
+                the sum over the batch gives each input its own gradient.
+            stop_gradient: ``("attn_input",)`` makes every attention read a detached input, so the backward
+                does not flow through attention into lower blocks (as Leem & Seo's AG-CAM model does).
+        """
+        if set(stop_gradient) - {"attn_input"}:
+            raise ValueError(f"stop_gradient supports only 'attn_input', got {sorted(stop_gradient)}")
+        wanted = dict(grads) if isinstance(grads, Mapping) else {name: None for name in grads}
+        input_grad = wanted.pop("input", False) is not False
+        for name in set(wanted) | set(fields or ()):
+            if name not in BLOCK_FIELDS:
+                raise ValueError(f"cannot record {name!r}; choose from {list(BLOCK_FIELDS) + ['input']}")
+        inputs = self.check_inputs(inputs)
+        if input_grad and not isinstance(inputs, Tensor):
+            raise ValueError("'input' gradients are taken with respect to images; token ids have none "
+                             "(ask for 'residual': block 0's residual holds the embeddings)")
+        recorder = Recorder(self.num_blocks, fields, blocks, wanted)
+        backward = bool(wanted) or input_grad
+        gradient_from = 0 if input_grad else recorder.first_gradient_block
+        with evaluation_mode(self.model), torch.set_grad_enabled(backward), \
+                self.instrumented(sink=_RecordingSink(recorder), gradient_from=gradient_from,
+                                  detach_attention_input="attn_input" in stop_gradient):
+            if input_grad:
+                inputs = inputs.detach().requires_grad_(True)
+            outputs = self.forward(inputs)
+            resolved = resolve_target(target, outputs.detach(), has_classes=self.family.has_classes)
+            scores = resolved.score(outputs, score)
+            found = self._backward(scores, recorder, inputs if input_grad else None) if backward else {}
+        records = []
+        for index, entry in enumerate(recorder.entries):
+            parts = self.family.blocks[index]
+            values = {name: tensor.detach() for name, tensor in entry.items()}
+            projection = parts.head_projection() if "v" in values else None
+            records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout,
+                                       windows=getattr(parts.windows, "layout", None),
+                                       grads=found.get(index, {})))
+        batch = outputs.shape[0]
+        return Recording(
+            logits=outputs.detach(), targets=resolved.labels(batch, outputs.device), scores=scores.detach(),
+            blocks=records, grid=self.grid_size(inputs), num_prefix_tokens=self.num_prefix_tokens,
+            class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
+            input_grad=found.get("input"), token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
+            target=resolved)
+
+    @staticmethod
+    def _backward(scores: Tensor, recorder: Recorder, images: Tensor | None) -> dict:
+        """Gradients of the summed scores: {block index: {field: gradient}} and "input"."""
+        inputs = recorder.gradient_inputs()
+        tensors = [tensor for _, _, tensor in inputs] + ([images] if images is not None else [])
+        found = torch.autograd.grad(scores.sum(), tensors, allow_unused=True)
+        found = [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, found)]
+        result: dict = {}
+        if images is not None:
+            result["input"] = found.pop()
+        for (block, name, _), gradient in zip(inputs, found):
+            result.setdefault(block, {})[name] = gradient
+        return result
+
+    def readout_weights(self, tokens: int, batch: int, probe_attn: Tensor | None = None) -> Readout:
+        """What the output takes from each of the last block's ``tokens`` tokens (see :class:`Readout`);
+        ``probe_attn`` is an attention-pooling head's attention [B, H, latents, N'] from the same forward."""
+        kind = self.readout
+        if kind == "map":
+            attn = probe_attn.detach()
+            weights = attn.mean(1)[:, 0]
+            if weights.shape[-1] < tokens:  # the head read the patch tokens only
+                weights = torch.nn.functional.pad(weights, (tokens - weights.shape[-1], 0))
+            return Readout(kind, weights.float())
+        weights = torch.zeros(batch, tokens, device=self.device)
+        if kind == "token":
+            weights[:, self.class_token_index] = 1
+        else:
+            first = 0 if getattr(self.family, "readout_includes_prefix", False) else self.num_prefix_tokens
+            weights[:, first:] = 1 / (tokens - first)
+        return Readout(kind, weights)
+
+    def logits_on_tokens(self, inputs: Any, keep: Tensor, *, batch_size: int = 256) -> Tensor:
+        """Outputs when only some patch tokens of each image enter the encoder.
+
+        Prefix tokens are always kept. Tokens are dropped after the position embedding, so the kept
+        ones keep their positions (the token-sampling forward of TIS, Englebert et al. 2023, Eq. 4);
+        position-dependent parts of the attention (RoPE, relative position bias) follow the kept tokens.
+
+        Args:
+            inputs: images [B, C, H, W] (or what :meth:`check_inputs` takes).
+            keep: patch indices to keep, [B, M, K] (M token subsets of K patches per image).
+            batch_size: sequences run through the encoder at once; bounds memory independently of M.
+
+        Returns:
+            outputs [B, M, classes].
+        """
+        inputs = self.check_inputs(inputs)
+        batch = inputs.shape[0]
+        if keep.ndim != 3 or keep.shape[0] != batch:
+            raise ValueError(f"keep must be [B, M, K] patch indices with B={batch}, got {tuple(keep.shape)}")
+        prefix = self.num_prefix_tokens
+        with torch.no_grad(), evaluation_mode(self.model):
+            tokens, context = self.family.embed(inputs)
+            num_patches = tokens.shape[1] - prefix
+            if keep.numel() and (keep.min() < 0 or keep.max() >= num_patches):
+                raise ValueError(f"keep holds patch indices outside 0..{num_patches - 1}")
+            b, m, k = keep.shape
+            image_of = torch.arange(b, device=tokens.device).repeat_interleave(m)
+            positions = torch.cat([torch.arange(prefix, device=tokens.device).expand(b * m, prefix),
+                                   keep.to(tokens.device).reshape(b * m, k) + prefix], dim=1)
+            outputs = []
+            for start in range(0, b * m, batch_size):
+                rows, where = image_of[start:start + batch_size], positions[start:start + batch_size]
+                with self.instrumented(positions=where):
+                    outputs.append(self.family.encode(tokens[rows[:, None], where],
+                                                      context.select(rows, where, prefix)))
+        return torch.cat(outputs).reshape(b, m, -1)
+
+
+class _RecordingSink(Sink):
+    """Routes a forward's tensors to a :class:`Recorder`, the pooling head's attention to its readout slot."""
+
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
+
+    def wants(self, block: int, name: str) -> bool:
+        if block == READOUT:
+            return name == "attn"
+        return self.recorder.wants(block, name)
+
+    def put(self, block: int, **tensors: Tensor) -> None:
+        if block == READOUT:
+            self.recorder.readout_attn = tensors.get("attn")
+        else:
+            self.recorder.put(block, **tensors)

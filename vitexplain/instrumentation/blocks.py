@@ -1,0 +1,131 @@
+"""A Transformer block written out once per layout, shared by recording, token subsets and LRP.
+
+A family describes each block (:class:`BlockParts`): its norms, its attention (:class:`AttentionParts`),
+its feed-forward, its LayerScale gains and the order they come in (``layout``). :func:`block_forward`
+computes the block's output from them exactly as the block's own ``forward`` does, hands the
+recording fields to a sink, and does the residual adds and the LayerScale products with an
+:class:`~vitexplain.instrumentation.attention.Arithmetic`, so that LRP rules reach them.
+
+Layouts:
+
+* ``pre_norm`` (ViT, DeiT, EVA, BEiT, transformers' ViT): x + γ₁·attn(LN₁ x), then + γ₂·mlp(LN₂ ·);
+* ``res_post_norm`` (Swin V2, EVA post-norm): x + LN₁(attn(x)), then + LN₂(mlp(·));
+* ``post_norm`` (BERT): h = LN₁(x + attn(x)), output = LN₂(h + mlp(h)).
+
+Windowed attention (Swin) is the same layout with :attr:`BlockParts.windows` set: the attention runs
+on window batches (:mod:`.windows`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+import torch
+from torch import Tensor, nn
+
+from .attention import PLAIN, Arithmetic, AttentionInput, AttentionParts, NOTHING, Sink, attend
+
+Layout = Literal["pre_norm", "res_post_norm", "post_norm"]
+
+
+@dataclass(frozen=True)
+class BlockParts:
+    """Where one Transformer block keeps its parts.
+
+    Attributes:
+        module: the block; its ``forward`` is replaced while the model is instrumented.
+        attention: its attention.
+        norm1, norm2: the norms of the layout (see the module docstring).
+        mlp: the feed-forward branch (a module, or a callable of modules for families that split it).
+        activation: the feed-forward's element-wise activation module (LRP places its rule there).
+        gated_mlp: for a gated feed-forward (GLU, SwiGLU), the branch written out with its gating product
+            done by the arithmetic: ``(h, arithmetic) -> branch``; used instead of ``mlp``.
+        layout: ``pre_norm``, ``res_post_norm`` or ``post_norm``.
+        gamma1, gamma2: callables giving the LayerScale gains of the two branches, or None.
+        drop1, drop2: dropouts on the two branches (eval identities; their places matter to absLRP).
+        inputs: turns the block's call arguments into (tokens [B, N, C], :class:`AttentionInput`).
+        output: turns the block's output tokens into what its ``forward`` returns (default: as they are).
+        windows: windowed attention of a hierarchical model (see :mod:`.windows`), or None.
+    """
+
+    module: nn.Module
+    attention: AttentionParts
+    norm1: nn.Module
+    norm2: nn.Module
+    mlp: Callable[[Tensor], Tensor]
+    activation: nn.Module | None = None
+    gated_mlp: Callable[[Tensor, Arithmetic], Tensor] | None = None
+    layout: Layout = "pre_norm"
+    gamma1: Callable[[], Tensor] | None = None
+    gamma2: Callable[[], Tensor] | None = None
+    drop1: nn.Module | None = None
+    drop2: nn.Module | None = None
+    inputs: Callable[..., tuple[Tensor, AttentionInput]] = lambda x, *args, **kwargs: (x, AttentionInput())
+    output: Callable[[Tensor, Tensor], Any] = lambda tokens, given: tokens
+    windows: Any = None
+
+    def head_projection(self) -> Tensor | None:
+        """Per-head output projection [H, D, C] with the attention branch's LayerScale folded in (see
+        :meth:`AttentionParts.head_projection`); None when the branch is not a plain sum over heads."""
+        if self.layout != "pre_norm" and self.layout != "post_norm":
+            return None
+        return self.attention.head_projection(None if self.gamma1 is None else self.gamma1())
+
+
+def _attention(parts: BlockParts, h: Tensor, extra: AttentionInput, arithmetic: Arithmetic, sink: Sink,
+               index: int) -> Tensor:
+    if parts.windows is not None:
+        return parts.windows.attend(parts.attention, h, extra, arithmetic=arithmetic, sink=sink, block=index)
+    return attend(parts.attention, h, extra, arithmetic=arithmetic, sink=sink, block=index)
+
+
+def _branch(t: Tensor, drop: nn.Module | None, gamma: Callable[[], Tensor] | None, arithmetic: Arithmetic) -> Tensor:
+    t = arithmetic.dropout(t, drop) if drop is not None else t
+    return t if gamma is None else arithmetic.scale(t, gamma())
+
+
+def _feed_forward(parts: BlockParts, h: Tensor, arithmetic: Arithmetic) -> Tensor:
+    return parts.mlp(h) if parts.gated_mlp is None else parts.gated_mlp(h, arithmetic)
+
+
+def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = AttentionInput(), *, index: int = -1,
+                  arithmetic: Arithmetic = PLAIN, sink: Sink = NOTHING, detach_attention_input: bool = False) -> Tensor:
+    """The block's output tokens [B, N, C] for its input tokens ``x``; recording fields go to ``sink``.
+
+    With ``detach_attention_input`` the attention reads a detached copy of its input, so gradients
+    reach it only through the residual path above.
+    """
+    sink.put(index, residual=x)
+
+    def attention_of(h: Tensor) -> Tensor:
+        sink.put(index, attn_input=h)
+        if detach_attention_input:
+            h = h.detach().requires_grad_(torch.is_grad_enabled())
+        return _attention(parts, h, extra, arithmetic, sink, index)
+
+    if parts.layout == "pre_norm":
+        attended = _branch(attention_of(parts.norm1(x)), parts.drop1, parts.gamma1, arithmetic)
+        sink.put(index, attn_branch=attended)
+        x = arithmetic.add(x, attended)
+        h = parts.norm2(x)
+        sink.put(index, mlp_input=h)
+        fed = _branch(_feed_forward(parts, h, arithmetic), parts.drop2, parts.gamma2, arithmetic)
+        sink.put(index, mlp_branch=fed)
+        return arithmetic.add(x, fed)
+    if parts.layout == "res_post_norm":
+        attended = _branch(parts.norm1(attention_of(x)), parts.drop1, parts.gamma1, arithmetic)
+        sink.put(index, attn_branch=attended)
+        x = arithmetic.add(x, attended)
+        sink.put(index, mlp_input=x)
+        fed = _branch(parts.norm2(_feed_forward(parts, x, arithmetic)), parts.drop2, parts.gamma2, arithmetic)
+        sink.put(index, mlp_branch=fed)
+        return arithmetic.add(x, fed)
+    attended = _branch(attention_of(x), parts.drop1, parts.gamma1, arithmetic)
+    sink.put(index, attn_branch=attended)
+    h = parts.norm1(arithmetic.add(x, attended))
+    sink.put(index, mlp_input=h)
+    fed = _branch(_feed_forward(parts, h, arithmetic), parts.drop2, parts.gamma2, arithmetic)
+    sink.put(index, mlp_branch=fed)
+    out = parts.norm2(arithmetic.add(h, fed))
+    sink.put(index, block_output=out)
+    return out

@@ -1,0 +1,18 @@
+"""Model family descriptions, one module each, in the order they are tried (the first that describes a model wins).
+
+Adding a family is one module here with a :class:`~.base.Family` subclass, and its name in :data:`FAMILIES`.
+"""
+from __future__ import annotations
+
+from .base import EmbeddingParts, Family, ProbeParts, TokenContext, UnsupportedModelError
+from .hf_bert import TransformersText
+from .hf_vit import TransformersViT
+from .timm_eva import TimmEva
+from .timm_relpos import TimmBeit, TimmRelPos
+from .timm_vit import TimmViT
+
+#: every family, in the order they are tried
+FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TransformersViT, TransformersText]
+
+__all__ = ["EmbeddingParts", "FAMILIES", "Family", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos", "TimmViT",
+           "TokenContext", "TransformersText", "TransformersViT", "UnsupportedModelError"]

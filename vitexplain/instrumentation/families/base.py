@@ -1,0 +1,253 @@
+"""What a model family description says, and the defaults most Vision Transformers share.
+
+A :class:`Family` is the one place that knows how one kind of model is laid out: where its blocks
+are and what each holds (:class:`~vitexplain.instrumentation.blocks.BlockParts`), how many prefix
+tokens lead the sequence, how the output reads the last tokens (:class:`Readout` kind and, for an
+attention-pooling head, :class:`ProbeParts`), where the patch and position embeddings are (for LRP),
+and how to run the model from its token embeddings on (token subsets). Recording, token subsets and
+LRP rules all read it; adding a family is writing one of these.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import AttentionInput, AttentionParts
+from ..blocks import BlockParts
+
+
+class UnsupportedModelError(TypeError):
+    """The model is not one vitexplain can instrument, or lacks what a method needs."""
+
+
+@dataclass(frozen=True)
+class ProbeParts:
+    """An attention-pooling head (MAP): learnt queries attending to the last block's tokens.
+
+    Attributes:
+        module: the pooling module; its ``forward`` is replaced while instrumented.
+        attention: its attention (queries from ``attention.latent``).
+        position: callable giving a position embedding added to the tokens first, or None.
+        norm, mlp: the residual feed-forward after the attention (x + mlp(norm(x))), or None.
+        pool: how the latent outputs become one vector: ``token`` (the first) or ``avg`` (their mean),
+            or None when there is one latent.
+        activation: the feed-forward's element-wise activation (LRP places its rule there).
+    """
+
+    module: nn.Module
+    attention: AttentionParts
+    position: Callable[[], Tensor] | None = None
+    norm: nn.Module | None = None
+    mlp: nn.Module | None = None
+    pool: str | None = None
+    activation: nn.Module | None = None
+
+
+@dataclass(frozen=True)
+class EmbeddingParts:
+    """Where the patch and position embeddings are, for the LRP rules.
+
+    Attributes:
+        patch_embedding: the module whose output is the patch tokens (before prefix tokens and positions).
+        convolution: the patch convolution (its input is the image), or None.
+        position_module: the module right after the position-embedding add (the add's rule is placed on
+            its output), or None when the family adds no absolute position embedding.
+    """
+
+    patch_embedding: nn.Module
+    convolution: nn.Conv2d | None
+    position_module: nn.Module | None
+
+
+@dataclass
+class TokenContext:
+    """What the blocks need besides the tokens when a family runs them itself (token subsets).
+
+    Attributes:
+        rope: the rotary table of the patch tokens (family layout; rows = patches), or None.
+        positions: sequence positions of the tokens present [B, N'] (prefix first), or None for all.
+    """
+
+    rope: Tensor | None = None
+    positions: Tensor | None = None
+
+    def select(self, rows: Tensor, positions: Tensor, num_prefix_tokens: int) -> TokenContext:
+        """The context of sequences holding the tokens at ``positions`` [S, N'] of the inputs ``rows`` [S]."""
+        rope = self.rope
+        if rope is not None:
+            patches = positions[:, num_prefix_tokens:] - num_prefix_tokens  # [S, K]
+            rope = rope[..., patches, :].movedim(-3, 0)  # the patch axis gathered per sequence, batch first
+            rope = rope.unsqueeze(-3) if rope.ndim == 3 else rope
+        return replace(self, rope=rope, positions=positions)
+
+
+class Family(ABC):
+    """The description of one model family (see the module docstring).
+
+    A subclass says where things are; everything here is the behaviour that follows from it. The
+    defaults fit timm's ViT-style models (images in, a patch grid of tokens, ``forward`` returning logits).
+    """
+
+    #: human-readable name, used in messages and in the support matrix
+    name: ClassVar[str] = ""
+    #: what the family's models read
+    modality: ClassVar[Literal["image", "text"]] = "image"
+    #: how the output reads the last block's tokens (per model; see :class:`Readout`)
+    readout: Literal["token", "avg", "map"] = "token"
+    #: the attention-pooling head, for ``readout == "map"``
+    probe: ProbeParts | None = None
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.blocks: list[BlockParts] = [self.block(module) for module in self.block_modules()]
+
+    # -- what a family must say ------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
+        """None when this family describes ``model``, else a sentence saying why not."""
+
+    @classmethod
+    def examples(cls) -> dict[str, Callable[[], tuple[nn.Module, Any]]]:
+        """Tiny randomly initialised models of the family, by label, each with an input batch: what the
+        support matrix (:mod:`vitexplain.support`) runs every method on."""
+        return {}
+
+    @abstractmethod
+    def block_modules(self) -> Sequence[nn.Module]:
+        """The Transformer blocks in order."""
+
+    @abstractmethod
+    def block(self, module: nn.Module) -> BlockParts:
+        """Where one block keeps its parts."""
+
+    @property
+    @abstractmethod
+    def num_prefix_tokens(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def class_token_index(self) -> int | None: ...
+
+    @property
+    def has_classes(self) -> bool:
+        """Whether the output is class logits (else an embedding: a model without a classifier head)."""
+        return getattr(self.model, "num_classes", 1) > 0
+
+    # -- images ----------------------------------------------------------------------------------
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        return tuple(self.model.patch_embed.patch_size)
+
+    def grid_size(self, images: Tensor) -> tuple[int, ...]:
+        """Patch grid (h, w) of a batch of images; raises on sizes the model cannot take."""
+        embed = self.model.patch_embed
+        size = tuple(images.shape[-2:])
+        if getattr(self.model, "dynamic_img_size", False):
+            return tuple(embed.dynamic_feat_size(size))
+        if getattr(embed, "strict_img_size", True) and size != tuple(embed.img_size):
+            raise ValueError(
+                f"this model takes {embed.img_size[0]}x{embed.img_size[1]} images, got {size[0]}x{size[1]}; "
+                "resize them, or build the model with dynamic_img_size=True")
+        return tuple(embed.grid_size)
+
+    def check_inputs(self, inputs: Any) -> Any:
+        """What the user passed, checked (images [B, C, H, W] by default); the adapter moves it to the model."""
+        return check_images(inputs, self.grid_size)
+
+    def forward(self, inputs: Any) -> Tensor:
+        """The model's outputs [B, classes] (or [B, D]) on checked inputs."""
+        return self.model(inputs)
+
+    # -- running from the token embeddings (token subsets) ---------------------------------------
+    def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
+        """Tokens fed to the first block [B, N, C] (prefix first, positions added) and their context."""
+        raise UnsupportedModelError(f"{self.name} models cannot run on token subsets")
+
+    def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
+        """Run the blocks, the final norm and the head on tokens [B, N', C] -> outputs."""
+        raise UnsupportedModelError(f"{self.name} models cannot run on token subsets")
+
+    # -- for LRP ---------------------------------------------------------------------------------
+    def embedding(self) -> EmbeddingParts:
+        """Where the patch and position embeddings are."""
+        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models")
+
+    def missing_dropouts(self) -> tuple[nn.Module, ...]:
+        """MLP activations after which timm's ViT has a dropout that this family lacks (absLRP puts its
+        dropout rule there too, so that a network's relevance does not depend on the library holding it)."""
+        return ()
+
+    def head_without_dropout(self) -> tuple[nn.Module, ...]:
+        """Classifier heads that timm's ViT precedes with a dropout that this family lacks (likewise)."""
+        return ()
+
+    def lrp_allowed(self) -> tuple[type, ...]:
+        """The module classes whose computation the written-out blocks and the rules cover; LRP refuses
+        a model holding any other (beyond plain layers), naming it."""
+        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models")
+
+
+def timm_example(architecture: str, **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
+    """A builder of a tiny timm model (32 px images, 8 px patches, two blocks) and one input image."""
+    def build() -> tuple[nn.Module, Tensor]:
+        import timm
+
+        settings = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
+        model = timm.create_model(architecture, pretrained=False, **{**settings, **arguments}).eval()
+        return model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+    return build
+
+
+def check_images(images: Any, grid_size: Callable[[Tensor], Any]) -> Tensor:
+    """A float image batch [B, C, H, W] of a size the model takes; a clear error otherwise."""
+    if not isinstance(images, Tensor):
+        raise TypeError(f"images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
+    if images.ndim != 4:
+        raise ValueError(f"images must have shape [B, C, H, W], got shape {tuple(images.shape)}")
+    if not images.dtype.is_floating_point:
+        raise TypeError(f"images must be a preprocessed float tensor, got dtype {images.dtype}")
+    if images.shape[0] == 0:
+        raise ValueError("images is an empty batch")
+    bad = ~torch.isfinite(images.flatten(1)).all(1)
+    if bad.any():
+        raise ValueError(f"image {int(bad.nonzero()[0])} of the batch holds NaN or infinite values")
+    grid_size(images)
+    return images
+
+
+def layer_scale(module: nn.Module | None) -> Callable[[], Tensor] | None:
+    """The gain of a timm LayerScale module (None for an Identity), or of a bare gain parameter."""
+    if module is None or isinstance(module, nn.Identity):
+        return None
+    gamma = module if isinstance(module, Tensor) else getattr(module, "gamma", None)
+    if gamma is None:
+        raise UnsupportedModelError(f"unknown layer-scale module {type(module).__name__}")
+    return lambda: gamma
+
+
+def missing(module: nn.Module, names: Sequence[str]) -> str | None:
+    """'its X has no a, b' for the dotted ``names`` that ``module`` lacks, or None."""
+    absent = []
+    for name in names:
+        found = module
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        if found is None:
+            absent.append(name)
+    return f"its {type(module).__name__} has no {', '.join(absent)}" if absent else None
+
+
+def optional(module: nn.Module | None) -> nn.Module | None:
+    """``module`` unless it is absent or an Identity."""
+    return None if module is None or isinstance(module, nn.Identity) else module
+
+
+__all__ = ["AttentionInput", "EmbeddingParts", "Family", "ProbeParts", "TokenContext", "UnsupportedModelError",
+           "check_images", "layer_scale", "missing", "optional"]

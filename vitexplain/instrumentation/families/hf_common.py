@@ -1,0 +1,52 @@
+"""What the transformers families share: recognising a transformers model, its attention implementation,
+and running the model's own forward from given token embeddings.
+
+``transformers`` stays optional: nothing here imports it until a model's class shows it is loaded.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+from torch import Tensor, nn
+
+from ..attention import AttentionInput
+
+#: Attention implementations whose masks the written-out attention understands.
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def transformers_reason(model: nn.Module) -> str | None:
+    """None when ``model`` is a Hugging Face transformers model, else why not."""
+    if "transformers" not in sys.modules:  # a transformers model's class has imported it
+        return f"{type(model).__name__} is not a Hugging Face transformers model"
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        return f"{type(model).__name__} is not a Hugging Face transformers model"
+    return None
+
+
+def attention_reason(model: nn.Module) -> str | None:
+    """None when the model's attention implementation is one whose masks the written-out attention understands."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        return (f"its attention implementation is {implementation!r}; load it with attn_implementation="
+                f"{' or '.join(map(repr, ATTENTION_IMPLEMENTATIONS))}")
+    return None
+
+
+def layer_inputs(hidden_states: Tensor, attention_mask: Tensor | None = None, *args, **kwargs) -> tuple[Tensor, AttentionInput]:
+    """A transformers encoder layer's call: hidden states and an (additive or boolean) attention mask."""
+    return hidden_states, AttentionInput(mask=attention_mask)
+
+
+@contextlib.contextmanager
+def replaced_output(module: nn.Module, value: Tensor) -> Iterator[None]:
+    """Within the block, ``module`` returns ``value`` whatever its input (its forward still runs)."""
+    handle = module.register_forward_hook(lambda module, args, output: value)
+    try:
+        yield
+    finally:
+        handle.remove()

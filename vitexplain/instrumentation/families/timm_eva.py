@@ -1,0 +1,133 @@
+"""timm's ``Eva``: EVA-02 and timm's RoPE ViTs (rotary position embedding, SwiGLU, LayerScale gains,
+fused or separate q/k/v with their own biases, grouped-query attention), any global pooling."""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..attention import AttentionInput, AttentionParts
+from ..blocks import BlockParts
+from .base import EmbeddingParts, Family, TokenContext, layer_scale, optional, timm_example
+from .timm_vit import READOUTS, _block_inputs, attention_pool
+
+BLOCK_LAYOUTS = {"EvaBlock": "pre_norm", "EvaBlockPostNorm": "res_post_norm"}
+ATTENTIONS = ("EvaAttention", "AttentionRope")
+
+
+def eva_attention(attn: nn.Module) -> AttentionParts:
+    """``EvaAttention`` / ``AttentionRope``: q/k/v fused (bias added apart in EVA) or separate, RoPE after the prefix."""
+    fused = getattr(attn, "qkv", None) is not None
+    bias = None
+    if fused and getattr(attn, "q_bias", None) is not None:
+        import torch
+
+        bias = lambda: torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))  # noqa: E731
+    return AttentionParts(
+        module=attn, num_heads=attn.num_heads, head_dim=attn.head_dim, scale=attn.scale, proj=attn.proj,
+        qkv=attn.qkv if fused else None, qkv_bias=bias, query=None if fused else attn.q_proj,
+        key=None if fused else attn.k_proj, value=None if fused else attn.v_proj,
+        kv_heads=getattr(attn, "num_kv_heads", None), q_norm=optional(attn.q_norm), k_norm=optional(attn.k_norm),
+        rope_prefix=attn.num_prefix_tokens, rotate_half=bool(getattr(attn, "rotate_half", False)),
+        output_norm=optional(attn.norm), gate=getattr(attn, "gate", None), attn_drop=attn.attn_drop,
+        proj_drop=attn.proj_drop)
+
+
+def gated_mlp(mlp: nn.Module):
+    """timm's ``GluMlp`` / ``SwiGLU`` written out with the gating product done by the arithmetic (None for
+    a plain ``Mlp``)."""
+    kind = type(mlp).__name__
+    if kind not in ("GluMlp", "SwiGLU"):
+        return None
+
+    def branch(h: Tensor, arithmetic) -> Tensor:
+        if kind == "SwiGLU":
+            gated = arithmetic.gate(mlp.fc1_x(h), mlp.act(mlp.fc1_g(h)))
+        else:
+            first, second = mlp.fc1(h).chunk(2, dim=mlp.chunk_dim)
+            gated = (arithmetic.gate(first, mlp.act(second)) if mlp.gate_last
+                     else arithmetic.gate(second, mlp.act(first)))
+        return mlp.drop2(mlp.fc2(mlp.norm(mlp.drop1(gated))))
+
+    return branch
+
+
+def _eva_inputs(x: Tensor, rope: Tensor | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False) -> tuple[Tensor, AttentionInput]:
+    x, extra = _block_inputs(x, attn_mask, is_causal)
+    extra.rope = rope
+    return x, extra
+
+
+class TimmEva(Family):
+    """Where timm's ``Eva`` keeps its parts."""
+
+    name = "timm Eva (EVA-02, RoPE ViT)"
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.readout = READOUTS[model.global_pool]
+        if self.readout == "map":
+            self.probe = attention_pool(model.attn_pool)
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
+        from timm.models.eva import Eva
+
+        if not isinstance(model, Eva):
+            return f"{type(model).__name__} is not a timm Eva"
+        if model.global_pool not in READOUTS:
+            return (f"its head pools with global_pool={model.global_pool!r}, which is not a weighting of the tokens "
+                    "(supported: 'token', 'avg', 'map')")
+        if getattr(model, "patch_drop", None) is not None:
+            return "it drops patches at random (patch_drop_rate > 0)"
+        for i, block in enumerate(model.blocks):
+            if type(block).__name__ not in BLOCK_LAYOUTS:
+                return f"block {i} is a {type(block).__name__}, not an EvaBlock"
+            if type(block.attn).__name__ not in ATTENTIONS:
+                return f"block {i}'s attention is a {type(block.attn).__name__}"
+        return None
+
+    @classmethod
+    def examples(cls):
+        return {"EVA-02 (RoPE, SwiGLU)": timm_example("eva02_tiny_patch14_224", patch_size=8, ref_feat_shape=(4, 4)),
+                "RoPE ViT (mixed)": timm_example("vit_base_patch16_rope_mixed_224")}
+
+    def block_modules(self):
+        return self.model.blocks
+
+    def block(self, module: nn.Module) -> BlockParts:
+        return BlockParts(
+            module=module, attention=eva_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
+            mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), layout=BLOCK_LAYOUTS[type(module).__name__],
+            gamma1=layer_scale(getattr(module, "gamma_1", None)), gamma2=layer_scale(getattr(module, "gamma_2", None)),
+            inputs=_eva_inputs)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.model.num_prefix_tokens
+
+    @property
+    def class_token_index(self) -> int | None:
+        return 0 if getattr(self.model, "cls_token", None) is not None else None
+
+    def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
+        model = self.model
+        tokens, rope = model._pos_embed(model.patch_embed(images))
+        return model.norm_pre(tokens), TokenContext(rope=rope)
+
+    def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
+        model = self.model
+        mixed = getattr(model, "rope_mixed", False) and context.rope is not None
+        for i, block in enumerate(model.blocks):
+            tokens = block(tokens, rope=context.rope[:, i] if mixed else context.rope)
+        return model.forward_head(model.norm(tokens))
+
+    def embedding(self) -> EmbeddingParts:
+        return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None),
+                              getattr(self.model, "pos_drop", None))
+
+    def lrp_allowed(self) -> tuple[type, ...]:
+        from timm.layers import AttentionPoolLatent, DropPath, GluMlp, Mlp, PatchEmbed, SwiGLU
+        from timm.models.eva import Eva, EvaBlock, EvaBlockPostNorm
+
+        return (Eva, EvaBlock, EvaBlockPostNorm, type(self.blocks[0].attention.module), Mlp, GluMlp, SwiGLU,
+                PatchEmbed, DropPath, AttentionPoolLatent, type(getattr(self.model, "rope", None) or nn.Identity()))

@@ -1,0 +1,134 @@
+"""Rule sets: which rule each part of a family description gets (zennit's "composites").
+
+* ``"chefer"`` — Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization",
+  CVPR 2021, Sec. 3.1-3.2, as in ``modules/layers_ours.py`` of hila-chefer/Transformer-Explainability:
+  LRP-αβ with α=1, β=0 for every Linear (Eq. 4; biases ignored), relevance passed unchanged through
+  LayerNorm, GELU and softmax, the z-rule on each operand of the two attention products with the
+  result halved (Eq. 5 with the code's ``/ 2``), the residual adds split by the z-rule and then
+  renormalised (Eq. 7), and the z^B rule with the image's min / max as bounds at the patch
+  embedding convolution.
+* ``"lrp"`` — the same rules with the plain z-rule at the residual adds: Chefer et al.'s "LRP"
+  baseline (``modules/layers_lrp.py``), also behind their partial-LRP baseline.
+* ``"conservative"`` — Ali et al., "XAI for Transformers: Better Explanations through Conservative
+  Propagation", ICML 2022, Sec. 4: attention probabilities held constant (AH-rule) and LayerNorm's
+  standard deviation held constant (LN-rule); everything else is Gradient×Input (LRP-0, biases
+  absorbing relevance).
+* ``"abslrp"`` — Vukadin, Afrić, Šilić & Delač, "Advancing Attribution-Based Neural Network
+  Explainability through Relative Absolute Magnitude Layer-Wise Relevance Propagation and
+  Multi-Component Evaluation", ACM TIST 2024, as in davor10105/relative-absolute-magnitude-propagation
+  (``abslrp_gae/abslrp/rules``): every layer y = f(x₁, x₂, …) — Linear, LayerNorm, GELU, softmax, both
+  attention products, the residual and position-embedding adds, the patch convolution, and the
+  eval-mode dropouts — shares R_y by the positive contributions only, divided by the output's absolute
+  magnitude, then the relevance of each input is rescaled to Σ|R| = 1 per image (see
+  :func:`~.rules.absolute_rule`). The dropouts sit where timm's ViT (the authors' model) has them — on
+  the attention probabilities, after the attention projection, after the MLP activation, after the
+  MLP, before the head — in every family, so a network gets the same map whichever library holds it.
+
+In the first three rule sets the MLP activation passes relevance unchanged (``act(x) = x * [act(x) / x]``
+with the bracket constant, which is what Gradient×Input does for ReLU) and the position-embedding add
+uses the z-rule. Gating products (GLU feed-forwards) hold the gate constant in every set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import rules as r
+
+
+def one_on_target(logits: Tensor, targets: Tensor) -> Tensor:
+    """Relevance 1 on the target logit."""
+    return F.one_hot(targets, logits.shape[1]).to(logits.dtype)
+
+
+def target_logit(logits: Tensor, targets: Tensor) -> Tensor:
+    """The target logit itself as its relevance."""
+    return one_on_target(logits, targets) * logits
+
+
+def other_classes(logits: Tensor, targets: Tensor) -> Tensor:
+    """1/(C-1) on every other class (the dual of Vukadin et al.'s contrastive map)."""
+    classes = logits.shape[1]
+    if classes < 2:
+        raise ValueError("relevance on the other classes needs a model with at least two classes")
+    return (1 - one_on_target(logits, targets)) / (classes - 1)
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Which rule each part of a model follows.
+
+    Attributes:
+        linear, norm, activation: rules (classes of :mod:`.rules`) of every Linear, LayerNorm and MLP activation.
+        dropout: rule of the eval-mode dropouts, or None to pass relevance through them unchanged; when set,
+            the positions where timm's ViT has a dropout and a family has none get it too.
+        residual: the residual adds.
+        position: the position-embedding add (placed on the module right after it), or None for the z-rule.
+        attention: the attention's products, softmax, bias and q/k normalisation.
+        scale: LayerScale products.
+        gate: gating products.
+        pixels: rule of the patch convolution.
+        start: relevance put on the logits: ``(logits, targets) -> [B, C]``.
+    """
+
+    linear: type[r.ModuleRule]
+    norm: type[r.ModuleRule]
+    activation: type[r.ModuleRule]
+    dropout: type[r.ModuleRule] | None
+    residual: r.AddRule
+    position: Callable | None
+    attention: r.AttentionRule
+    scale: r.ScaleRule
+    gate: r.GateRule
+    pixels: type[r.ModuleRule]
+    start: Callable[[Tensor, Tensor], Tensor]
+
+    @property
+    def absolute(self) -> bool:
+        """Whether the absolute rule's relevance renormalisation applies (to fused projections' input too)."""
+        return self.linear is r.AbsoluteLinear
+
+
+def absolute_position(output: Tensor, patches: Tensor, num_prefix_tokens: int) -> Tensor:
+    """The position-embedding add y = x + p under the absolute rule, applied at the module that follows it.
+
+    The patch embeddings x receive (x + |x|) / |y| · R_y. The prefix tokens' relevance is dropped here,
+    as Vukadin et al. drop the class token's right below this add; their renormalisation over all
+    tokens is left to the patch convolution's input (it changes only a per-image factor).
+    """
+    patches = patches.reshape(output.shape[0], -1, output.shape[-1]).detach()
+    kept = F.pad(1 + patches.sign(), (0, 0, num_prefix_tokens, 0))
+    return r.with_gradient_of(output, output * (output / (output.abs() + r.STABILISER) * kept).detach())
+
+
+RULE_SETS: dict[str, RuleSet] = {
+    "chefer": RuleSet(linear=r.AlphaBeta, norm=r.PassUnchanged, activation=r.PassUnchanged, dropout=None,
+                      residual=r.NormalisedAdd(), position=None, attention=r.AttentionRule(), scale=r.ScaleRule(),
+                      gate=r.GateRule(), pixels=r.ZBox, start=one_on_target),
+    "lrp": RuleSet(linear=r.AlphaBeta, norm=r.PassUnchanged, activation=r.PassUnchanged, dropout=None,
+                   residual=r.AddRule(), position=None, attention=r.AttentionRule(), scale=r.ScaleRule(),
+                   gate=r.GateRule(), pixels=r.ZBox, start=one_on_target),
+    "conservative": RuleSet(linear=r.Gradient, norm=r.ConstantStd, activation=r.PassUnchanged, dropout=None,
+                            residual=r.AddRule(), position=None, attention=r.ConstantAttention(), scale=r.ScaleRule(),
+                            gate=r.GateRule(), pixels=r.Gradient, start=target_logit),
+    "abslrp": RuleSet(linear=r.AbsoluteLinear, norm=r.AbsoluteNorm, activation=r.AbsoluteElementwise,
+                      dropout=r.AbsoluteElementwise, residual=r.AbsoluteAdd(), position=absolute_position,
+                      attention=r.AbsoluteAttention(), scale=r.AbsoluteScale(), gate=r.GateRule(),
+                      pixels=r.AbsoluteConv, start=one_on_target),
+}
+
+
+def resolve_rules(rules: str | RuleSet) -> RuleSet:
+    if isinstance(rules, RuleSet):
+        return rules
+    try:
+        return RULE_SETS[rules]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown LRP rule set {rules!r}; choose one of {sorted(RULE_SETS)} or pass a RuleSet") from None
+
+
+__all__ = ["RULE_SETS", "RuleSet", "absolute_position", "one_on_target", "other_classes", "resolve_rules",
+           "target_logit"]

@@ -1,0 +1,409 @@
+"""LRP rules as objects: each changes how one kind of layer passes relevance back, keeping its forward value.
+
+Every rule is written in Gradient×Input form: under the rules, the relevance of any tensor ``t`` of
+the forward is ``t * dscore/dt``. A layer gets its rule by the "gradient trick" — its output keeps
+its value but takes the gradient of a surrogate ``z`` (``value.detach() + z - z.detach()``) — or, for
+the normalised residual add and the relevance renormalisation, by a small autograd Function. Linear
+maps without a bias (reshapes, token selection, rotary embeddings, average pooling, the distilled
+head's average) need no rule: Gradient×Input through them is already the z-rule.
+
+Module rules (:class:`ModuleRule`) are placed on modules; operation rules (:class:`AddRule`,
+:class:`AttentionRule`, ...) are the operations of the written-out blocks and attention. The rule
+sets of :mod:`.composites` say which rule each part gets. The z-rule divisions use Chefer et al.'s
+stabiliser: the denominator moved 1e-9 away from zero, and zero where it is exactly zero; the
+absolute rule divides by |y| + 1e-9, as Vukadin et al.'s code, and by Σ|R| moved likewise.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..patching import ModelPatch
+
+STABILISER = 1e-9
+
+
+# -- the gradient trick and its helpers ---------------------------------------------------------
+def safe_divide(numerator: Tensor, denominator: Tensor, stabiliser: float | None = None) -> Tensor:
+    """numerator / denominator, the denominator moved ``stabiliser`` (default :data:`STABILISER`) away
+    from zero; 0 where it is 0."""
+    stabiliser = STABILISER if stabiliser is None else stabiliser
+    shifted = denominator + torch.where(denominator >= 0, stabiliser, -stabiliser)
+    return torch.where(denominator == 0, torch.zeros_like(numerator), numerator / shifted)
+
+
+def with_gradient_of(value: Tensor, surrogate: Tensor) -> Tensor:
+    """``value`` in the forward, the gradient of ``surrogate`` in the backward."""
+    return value.detach() + (surrogate - surrogate.detach())
+
+
+def proportional(value: Tensor, contributions: Tensor, stabiliser: float | None = None) -> Tensor:
+    """z-rule gradient trick: ``value``'s relevance flows back in proportion to ``contributions``.
+
+    ``contributions`` must be a sum of per-input contributions, linear in the inputs that should
+    receive relevance (e.g. W⁺x⁺ + W⁻x⁻ for LRP-αβ); each output's relevance is shared among its
+    inputs as their contributions are shared in ``contributions``.
+    """
+    scale = safe_divide(value, contributions, stabiliser).detach()
+    return with_gradient_of(value, contributions * scale)
+
+
+def passes_unchanged(value: Tensor, given: Tensor) -> Tensor:
+    """Relevance of ``value`` passes unchanged to ``given`` (element by element; unstabilised, as the rule
+    divides nothing: relevance cannot sit on an input that is exactly 0)."""
+    return proportional(value, given, stabiliser=0.0)
+
+
+def halved_product(left: Tensor, right: Tensor) -> Tensor:
+    """left @ right, giving each operand half of the z-rule relevance (Chefer et al., Eq. 5 and code)."""
+    return (left @ right.detach() + left.detach() @ right) / 2
+
+
+class _NormalisedAdd(torch.autograd.Function):
+    """a + b; backward splits relevance by the z-rule, then rescales each side per image.
+
+    Chefer et al. (CVPR 2021), Eq. 7: R̄_a = R_a · |ΣR_a| / (|ΣR_a| + |ΣR_b|) · ΣR / ΣR_a. The sums
+    run over one image (their code sums over the batch, which they run one image at a time).
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
+        ctx.save_for_backward(a, b)
+        return a + b
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        a, b = ctx.saved_tensors
+        dims = tuple(range(1, grad.ndim))
+        share_a = (a * grad).sum(dims, keepdim=True)
+        share_b = (b * grad).sum(dims, keepdim=True)
+        total = share_a + share_b
+        magnitude = share_a.abs() + share_b.abs()
+        factor_a = safe_divide(safe_divide(share_a.abs(), magnitude) * total, share_a)
+        factor_b = safe_divide(safe_divide(share_b.abs(), magnitude) * total, share_b)
+        return grad * factor_a, grad * factor_b
+
+
+class _RelevanceNormalisation(torch.autograd.Function):
+    """Identity in the forward; the backward rescales the relevance t ⊙ grad of its input to Σ|R| = 1 per image.
+
+    Vukadin et al.'s "relative" step (``normalize_relevance(..., SUM_TO_ONE)`` in their code), applied
+    to every input of every layer under the absolute rule.
+    """
+
+    @staticmethod
+    def forward(ctx, t: Tensor) -> Tensor:
+        ctx.save_for_backward(t)
+        return t.view_as(t)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (t,) = ctx.saved_tensors
+        total = (t * grad).abs().sum(tuple(range(1, grad.ndim)), keepdim=True)
+        return grad * safe_divide(torch.ones_like(total), total)
+
+
+def normalise_relevance(t: Tensor) -> Tensor:
+    return _RelevanceNormalisation.apply(t)
+
+
+def absolute_rule(output: Tensor, linear_part: Tensor, absolute_part: Tensor) -> Tensor:
+    """Vukadin et al.'s absolute-magnitude rule, in Gradient×Input form.
+
+    ``output`` y keeps its value; in the backward R_y / |y| flows back through
+    ``linear_part + absolute_part``, so an input x receives R_x = x ⊙ ∂(linear_part + absolute_part)ᵀ
+    (R_y / |y|). ``linear_part`` carries the layer's Jacobian (usually y itself), ``absolute_part``
+    that of the same layer with absolute weights evaluated at |x| (their code's ``output +
+    abs_output``; terms without gradient, such as |b|, are left out). For a Linear:
+    R_i = Σ_j (x_i w_ji + |x_i w_ji|) / |y_j| · R_j — positive contributions only, divided by the
+    absolute output. The layer's inputs go through :func:`normalise_relevance` first.
+    """
+    scale = (output / (output.abs() + STABILISER)).detach()
+    return with_gradient_of(output, (linear_part + absolute_part) * scale)
+
+
+def absolute_passthrough(x: Tensor) -> Tensor:
+    """An eval-mode dropout (the identity) under the absolute rule: R kept, doubled, where x > 0, dropped
+    where x < 0, after x's relevance is rescaled to Σ|R| = 1."""
+    x = normalise_relevance(x)
+    return absolute_rule(x, x, x.abs())
+
+
+# -- module rules -------------------------------------------------------------------------------
+class ModuleRule:
+    """A rule placed on a module: a forward hook whose output has the rule's gradient.
+
+    ``renormalise`` (the absolute rule) rescales the relevance of the module's input to Σ|R| = 1 first.
+    """
+
+    renormalise = False
+
+    def output(self, module: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        """The module's output ``output`` for input ``x``, with the rule's gradient."""
+        raise NotImplementedError
+
+    def place(self, module: nn.Module, patch: ModelPatch, renormalise_input: bool = True) -> None:
+        if self.renormalise and renormalise_input:
+            patch.hook(module.register_forward_pre_hook(lambda module, args: (normalise_relevance(args[0]), *args[1:])))
+        patch.hook(module.register_forward_hook(lambda module, args, output: self.output(module, args[0], output)))
+
+
+class AlphaBeta(ModuleRule):
+    """LRP-αβ with α=1, β=0 for a Linear, biases ignored (Chefer et al., Eq. 4; ``layers_ours.py``).
+
+    Relevance is shared by (x_i w_ji)⁺ over one denominator z_j = Σ_i (x_i w_ji)⁺ = (W⁺x⁺ + W⁻x⁻)_j.
+    Computed as z = (W x + |W| |x|) / 2, which equals W⁺x⁺ + W⁻x⁻ and costs one extra product instead of two.
+    """
+
+    def place(self, module: nn.Module, patch: ModelPatch, renormalise_input: bool = True) -> None:
+        patch.replace_forward(module, functools.partial(self._forward, module))
+
+    @staticmethod
+    def _forward(linear: nn.Linear, x: Tensor) -> Tensor:
+        weight = linear.weight
+        unbiased = F.linear(x, weight)
+        output = unbiased if linear.bias is None else unbiased + linear.bias
+        contributions = (unbiased + F.linear(x.abs(), weight.detach().abs())) / 2
+        return proportional(output, contributions)
+
+
+class Gradient(ModuleRule):
+    """Gradient×Input (LRP-0): the module is left as it is."""
+
+    def place(self, module: nn.Module, patch: ModelPatch, renormalise_input: bool = True) -> None:
+        pass
+
+
+class PassUnchanged(ModuleRule):
+    """Relevance passes unchanged from output to input (Chefer et al.'s LayerNorm and activations)."""
+
+    def output(self, module: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        return passes_unchanged(output, x)
+
+
+class ConstantStd(ModuleRule):
+    """Ali et al.'s LN-rule: LayerNorm with its standard deviation treated as a constant."""
+
+    def output(self, norm: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        dims = tuple(range(-len(norm.normalized_shape), 0))
+        centred = x - x.mean(dims, keepdim=True)
+        std = (x.var(dims, unbiased=False, keepdim=True) + norm.eps).sqrt().detach()
+        surrogate = centred / std
+        if norm.weight is not None:
+            surrogate = surrogate * norm.weight.detach()
+        if norm.bias is not None:
+            surrogate = surrogate + norm.bias.detach()
+        return with_gradient_of(output, surrogate)
+
+
+class AbsoluteLinear(ModuleRule):
+    """Vukadin et al.'s absolute rule for a Linear: R_i = Σ_j (x_i w_ji + |x_i w_ji|) / |y_j| · R_j."""
+
+    renormalise = True
+
+    def output(self, linear: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        return absolute_rule(output, output, F.linear(x.abs(), linear.weight.detach().abs()))
+
+
+class AbsoluteNorm(ModuleRule):
+    """LayerNorm with its mean and standard deviation held constant (Vukadin et al.'s ``LayerNormalization``).
+
+    The absolute version standardises |x| by |x|'s own mean and standard deviation and uses |weight|,
+    as their forward hook runs the module on |x| with absolute parameters. The means, being constants,
+    have no gradient and are left out.
+    """
+
+    renormalise = True
+
+    def output(self, norm: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        dims = tuple(range(-len(norm.normalized_shape), 0))
+
+        def standardised(t: Tensor) -> Tensor:
+            return t / (t.var(dims, unbiased=False, keepdim=True) + norm.eps).sqrt().detach()
+
+        linear_part, absolute_part = standardised(x), standardised(x.abs())
+        if norm.weight is not None:
+            weight = norm.weight.detach()
+            linear_part, absolute_part = linear_part * weight, absolute_part * weight.abs()
+        return absolute_rule(output, linear_part, absolute_part)
+
+
+class AbsoluteElementwise(ModuleRule):
+    """An element-wise layer f under the absolute rule: R_x = x (f'(x) + sign(x) f'(|x|)) / |f(x)| · R.
+
+    For an eval-mode dropout (the identity) this keeps 2R where x > 0 and drops it where x < 0, as
+    Vukadin et al.'s code does to every ``nn.Dropout`` its timm ViT propagation passes.
+    """
+
+    renormalise = True
+
+    def output(self, module: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        return absolute_rule(output, output, module.forward(x.abs()))
+
+
+class AbsoluteConv(ModuleRule):
+    """The absolute rule at the patch convolution (pixels)."""
+
+    renormalise = True
+
+    def output(self, conv: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        return absolute_rule(output, output, conv._conv_forward(x.abs(), conv.weight.detach().abs(), None))
+
+
+class ZBox(ModuleRule):
+    """z^B rule (Montavon et al. 2017) at the patch convolution, each image's min / max as bounds (Chefer et al.'s code).
+
+    The bound tensors are kept in ``bounds`` so that their relevance terms can be added to the pixels'.
+    """
+
+    def __init__(self):
+        self.bounds: tuple[Tensor, Tensor] | None = None
+
+    def output(self, conv: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        low = x.detach().amin(dim=(1, 2, 3), keepdim=True).expand_as(x).clone().requires_grad_(True)
+        high = x.detach().amax(dim=(1, 2, 3), keepdim=True).expand_as(x).clone().requires_grad_(True)
+        self.bounds = (low, high)
+        weight = conv.weight.detach()
+        conv2d = functools.partial(F.conv2d, stride=conv.stride, padding=conv.padding, dilation=conv.dilation,
+                                   groups=conv.groups)
+        contributions = conv2d(x, weight) - conv2d(low, weight.clamp(min=0)) - conv2d(high, weight.clamp(max=0))
+        return proportional(output, contributions)
+
+
+# -- operation rules (the written-out blocks and attention) ---------------------------------------
+class AddRule:
+    """A residual add under a rule: ``z`` (plain z-rule, Gradient×Input), ``normalised`` or ``absolute``."""
+
+    def __call__(self, a: Tensor, b: Tensor) -> Tensor:
+        return operator.add(a, b)
+
+
+class NormalisedAdd(AddRule):
+    """Chefer et al.'s Eq. 7: the z-rule, then each side rescaled to its share |ΣR_a| / (|ΣR_a| + |ΣR_b|) of ΣR."""
+
+    def __call__(self, a: Tensor, b: Tensor) -> Tensor:
+        return _NormalisedAdd.apply(a, b)
+
+
+class AbsoluteAdd(AddRule):
+    """a + b under the absolute rule: R_a = (a + |a|) / |a + b| · R, each side rescaled to Σ|R| = 1."""
+
+    def __call__(self, a: Tensor, b: Tensor) -> Tensor:
+        a, b = normalise_relevance(a), normalise_relevance(b)
+        total = a + b
+        return absolute_rule(total, total, a.abs() + b.abs())
+
+
+class AttentionRule:
+    """The attention's products, softmax and constant offsets under a rule; the base class is Chefer et al.'s.
+
+    Relevance of the probabilities passes unchanged to the scores; both products (q·kᵀ and A·v) give
+    each operand half of the z-rule (Eq. 5 with the code's ``/ 2``) — but a learnt query (an
+    attention-pooling head's) is a constant, so q·kᵀ is then a linear map of k, which takes all the
+    relevance (the z-rule of a Linear); a constant added to a tensor (a
+    position bias, a q / v bias kept apart from its Linear), like a Linear's bias under α1β0, takes
+    none (the tensor without it gets all).
+    """
+
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
+        if constant_query:
+            return q.detach() @ k.transpose(-2, -1)
+        return halved_product(q, k.transpose(-2, -1))
+
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        return proportional(x + constant, x)
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        return passes_unchanged(scores.softmax(dim=-1), scores)
+
+    def mix(self, attn: Tensor, v: Tensor) -> Tensor:
+        return halved_product(attn, v)
+
+    def normalize(self, t: Tensor) -> Tensor:
+        return passes_unchanged(F.normalize(t, dim=-1), t)
+
+    def input(self, x: Tensor) -> Tensor:
+        """The attention's input, read by all its projections."""
+        return x
+
+
+class ConstantAttention(AttentionRule):
+    """Ali et al.'s AH-rule: the attention probabilities are constants, so A·v sends all relevance to v."""
+
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
+        return (q @ k.transpose(-2, -1)).detach()
+
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        return x + constant
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        return scores.softmax(dim=-1).detach()
+
+    def mix(self, attn: Tensor, v: Tensor) -> Tensor:
+        return attn @ v
+
+    def normalize(self, t: Tensor) -> Tensor:
+        return F.normalize(t, dim=-1)
+
+
+class AbsoluteAttention(AttentionRule):
+    """Vukadin et al.'s absolute rule on the products, the softmax (row max and sum constant) and the offsets."""
+
+    @staticmethod
+    def _product(left: Tensor, right: Tensor) -> Tensor:
+        left, right = normalise_relevance(left), normalise_relevance(right)
+        product = left @ right
+        return absolute_rule(product, product, left.abs() @ right.abs())
+
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
+        return self._product(q.detach() if constant_query else q, k.transpose(-2, -1))
+
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        x = normalise_relevance(x)
+        total = x + constant
+        return absolute_rule(total, x, x.abs())
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        """Their ``SoftmaxAttention``: exp(s - max) / Σ with max and Σ detached, so the Jacobian is diag(A);
+        the absolute version is the softmax of |s|: R_s = (s A + |s| softmax(|s|)) / A · R_A."""
+        scores = normalise_relevance(scores)
+        probabilities = scores.softmax(dim=-1)
+        magnitudes = scores.abs()
+        return absolute_rule(probabilities, scores * probabilities.detach(),
+                             magnitudes * magnitudes.softmax(dim=-1).detach())
+
+    def mix(self, attn: Tensor, v: Tensor) -> Tensor:
+        return self._product(attn, v)
+
+    def input(self, x: Tensor) -> Tensor:
+        return normalise_relevance(x)
+
+
+class ScaleRule:
+    """LayerScale x·γ: Gradient×Input through a diagonal linear map (the z-rule)."""
+
+    def __call__(self, x: Tensor, gamma: Tensor) -> Tensor:
+        return x * gamma
+
+
+class AbsoluteScale(ScaleRule):
+    """LayerScale as a diagonal Linear under the absolute rule (γ taken in absolute value, like a weight)."""
+
+    def __call__(self, x: Tensor, gamma: Tensor) -> Tensor:
+        x = normalise_relevance(x)
+        output = x * gamma
+        return absolute_rule(output, output, x.abs() * gamma.detach().abs())
+
+
+class GateRule:
+    """A gating product value ⊙ gate (GLU feed-forwards, gated attention): the gate is held constant and the
+    value takes all relevance (the "signal-take-all" rule of Arras et al., 2017, for LSTM gates)."""
+
+    def __call__(self, value: Tensor, gate: Tensor) -> Tensor:
+        return value * gate.detach()

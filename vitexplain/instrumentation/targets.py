@@ -1,0 +1,143 @@
+"""What an explanation explains: a class, or any score of the model's output.
+
+A user's ``target`` becomes a :class:`Target`, one per input:
+
+* None — each input's predicted class (a model with a classifier head);
+* an int, a sequence of ints or an integer tensor [B] — classes;
+* a float tensor [D] or [B, D] — an embedding direction: the score is the cosine similarity of the
+  model's output (for a model without a head, ``num_classes=0``: its pooled embedding) to it, e.g. a
+  CLIP text embedding for zero-shot classification, or another image's embedding for retrieval;
+* a callable ``outputs [R, ...] -> [R]`` — any score of the output, applied to every row alike.
+
+For class targets the score of a method is the logit, the softmax probability or its log (the
+method's ``score`` option); for the other two the score is the given one, whatever that option says.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SCORES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "logit": lambda logits, classes: logits.gather(1, classes[:, None])[:, 0],
+    "probability": lambda logits, classes: logits.softmax(-1).gather(1, classes[:, None])[:, 0],
+    "log_probability": lambda logits, classes: logits.log_softmax(-1).gather(1, classes[:, None])[:, 0],
+}
+
+TargetLike = Union[None, int, Sequence[int], Tensor, Callable[[Tensor], Tensor], "Target"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The target of each input of a batch.
+
+    Attributes:
+        classes: the class per input [B] (long), or None when the target is a score.
+        direction: an embedding direction per input [B, D], or None.
+        function: a score function of the outputs, or None.
+    """
+
+    classes: Tensor | None = None
+    direction: Tensor | None = None
+    function: Callable[[Tensor], Tensor] | None = None
+
+    @property
+    def is_class(self) -> bool:
+        return self.classes is not None
+
+    def labels(self, batch: int, device: torch.device) -> Tensor:
+        """The classes [B], or -1 for every input when the target is a score."""
+        return self.classes if self.is_class else torch.full((batch,), -1, dtype=torch.long, device=device)
+
+    def select(self, rows: Tensor) -> Target:
+        """The targets of the inputs ``rows`` (e.g. the inputs behind masked or noisy copies)."""
+        if self.function is not None:
+            return self
+        if self.classes is not None:
+            return Target(classes=self.classes[rows.to(self.classes.device)])
+        return Target(direction=self.direction[rows.to(self.direction.device)])
+
+    def score(self, outputs: Tensor, score: str | Callable[[Tensor, Tensor], Tensor] = "logit") -> Tensor:
+        """The target score of each row of ``outputs`` [B, ...] -> [B].
+
+        ``score`` ("logit", "probability", "log_probability" or a callable (logits, classes) -> [B])
+        applies to class targets; a direction or a score function gives its own score.
+        """
+        if self.function is not None:
+            found = self.function(outputs)
+            if not isinstance(found, Tensor) or found.shape != outputs.shape[:1]:
+                raise ValueError(f"a target score function must return one value per row [{outputs.shape[0]}], "
+                                 f"got {getattr(found, 'shape', type(found).__name__)}")
+            return found
+        if self.direction is not None:
+            return F.cosine_similarity(outputs.flatten(1), self.direction.to(outputs.dtype), dim=1)
+        if callable(score):
+            return score(outputs, self.classes)
+        try:
+            return SCORES[score](outputs, self.classes)
+        except KeyError:
+            raise ValueError(f"unknown score {score!r}; choose one of {sorted(SCORES)}") from None
+
+
+def is_score_target(target: object) -> bool:
+    """Whether ``target`` names a score of the output (a direction or a function) rather than classes."""
+    if isinstance(target, Target):
+        return not target.is_class
+    return (isinstance(target, Tensor) and target.dtype.is_floating_point) or (
+        callable(target) and not isinstance(target, Tensor))
+
+
+def resolve_target(target: TargetLike, outputs: Tensor, *, has_classes: bool = True) -> Target:
+    """Turn the user's ``target`` into a :class:`Target` for the batch whose outputs are ``outputs`` [B, ...].
+
+    ``has_classes`` says whether the outputs are class logits (a model with a classifier head); a
+    model without one needs a direction or a score function.
+    """
+    batch = outputs.shape[0]
+    if isinstance(target, Target):
+        return target
+    if callable(target) and not isinstance(target, Tensor):
+        return Target(function=target)
+    if target is None:
+        if not has_classes:
+            raise ValueError("this model has no classifier head (its output is an embedding): give target= an "
+                             "embedding direction (float tensor [D] or [B, D]) or a score function of the output")
+        return Target(classes=outputs.argmax(-1))
+    if isinstance(target, Tensor) and target.dtype.is_floating_point:
+        direction = target.to(outputs.device)
+        direction = direction.expand(batch, -1) if direction.ndim == 1 else direction
+        width = outputs.flatten(1).shape[1]
+        if direction.ndim != 2 or direction.shape != (batch, width):
+            raise ValueError(f"an embedding direction must be [D] or [B, D] with D = {width} (the output's width) "
+                             f"and B = {batch}, got {tuple(target.shape)}")
+        return Target(direction=direction)
+    if not has_classes:
+        raise ValueError("this model has no classifier head, so a class index cannot be explained; give an "
+                         "embedding direction (float tensor) or a score function")
+    num_classes = outputs.shape[-1]
+    if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
+        raise TypeError("target must hold integer class indices, not booleans")
+    if isinstance(target, int):
+        classes = torch.full((batch,), target, dtype=torch.long, device=outputs.device)
+    else:
+        classes = torch.as_tensor(target, device=outputs.device)
+        if classes.dtype.is_floating_point or classes.dtype == torch.bool:
+            raise TypeError(f"target must hold integer class indices, got dtype {classes.dtype}")
+        classes = classes.long().reshape(-1)
+        if classes.numel() == 1 and batch != 1:
+            classes = classes.expand(batch)
+        if classes.numel() != batch:
+            raise ValueError(f"target has {classes.numel()} entries for a batch of {batch} inputs")
+    bad = (classes < 0) | (classes >= num_classes)
+    if bad.any():
+        raise ValueError(f"target {classes[bad][0].item()} is outside the model's {num_classes} classes")
+    return Target(classes=classes)
+
+
+def resolve_targets(target: TargetLike, logits: Tensor) -> Tensor:
+    """One class index per input [B] (classes only; kept for callers that need class indices)."""
+    return resolve_target(target, logits).labels(logits.shape[0], logits.device)

@@ -1,0 +1,95 @@
+"""Products of per-block token-mixing matrices, read at the readout row: the one helper of rollout-style methods.
+
+Rollout, GAE, transformer attribution, TokenTM, GradToken, TAM and Beyond Intuition each multiply
+one matrix per block (attention, gradient-weighted attention, relevance …, usually plus the identity
+of the skip connection) and read one row of the product: the class token's, or more generally the
+readout's (:class:`~vitexplain.instrumentation.Readout`). Pushing that row down through the blocks
+costs O(N²) per block instead of the O(N³) of forming the product, and never builds an N×N product.
+
+A layer is a token-by-token matrix [B, N, N], a diagonal given as its vector [B, N], or an object
+with ``left(rows)`` / ``right(columns)`` (windowed attention of hierarchical models).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..instrumentation import Recording
+
+
+def _left(rows: Tensor, layer: Any, residual: bool, normalise: bool) -> Tensor:
+    """rows [B, R, N] times one layer (plus the identity when ``residual``; rows normalised when ``normalise``)."""
+    if not isinstance(layer, Tensor):
+        return layer.left(rows, residual=residual, normalise=normalise)
+    if layer.ndim == 2:  # a diagonal
+        return rows * (layer[:, None] + 1 if residual else layer[:, None])
+    if normalise:
+        rows = rows / (layer.sum(-1) + (1 if residual else 0))[:, None]
+    mixed = torch.matmul(rows, layer)
+    return rows + mixed if residual else mixed
+
+
+def _right(columns: Tensor, layer: Any, residual: bool) -> Tensor:
+    """One layer (plus the identity when ``residual``) times columns [B, N, R]."""
+    if not isinstance(layer, Tensor):
+        return layer.right(columns, residual=residual)
+    if layer.ndim == 2:
+        return columns * (layer[:, :, None] + 1 if residual else layer[:, :, None])
+    mixed = torch.matmul(layer, columns)
+    return columns + mixed if residual else mixed
+
+
+def push_rows(rows: Tensor, layers: Sequence[Any], *, residual: bool = True, normalise: bool = False) -> Tensor:
+    """Row vectors through the product of per-block layers given in block order: rows (L_last ⋯ L_first).
+
+    Args:
+        rows: [B, N] or [B, R, N] row vectors (e.g. the readout weights, or one per head).
+        layers: per-block matrices M_b (first block first); each factor is I + M_b with ``residual``, else M_b.
+        normalise: each factor is row-normalised, (M_b + I) / rowsum (attention rollout).
+
+    Returns:
+        rows · L_last ⋯ L_first, shaped as ``rows``.
+    """
+    single = rows.ndim == 2
+    rows = rows[:, None] if single else rows
+    for layer in reversed(layers):
+        rows = _left(rows, layer, residual, normalise)
+    return rows[:, 0] if single else rows
+
+
+def push_columns(columns: Tensor, layers: Sequence[Any], *, residual: bool = True) -> Tensor:
+    """The product of per-block layers (first block first) times column vectors: (L_first ⋯ L_last) · columns.
+
+    ``columns`` [B, N] or [B, N, R]; each factor is I + M_b with ``residual``, else M_b.
+    """
+    single = columns.ndim == 2
+    columns = columns[..., None] if single else columns
+    for layer in reversed(layers):
+        columns = _right(columns, layer, residual)
+    return columns[..., 0] if single else columns
+
+
+def readout_map(record: Recording, layers: Sequence[Any], *, residual: bool = True, normalise: bool = False) -> Tensor:
+    """The readout's row of the product of per-block layers, over the patch tokens on the grid [B, h, w].
+
+    For a class-token model this is the class token's row of L_last ⋯ L_first (Chefer et al.'s and
+    Abnar & Zuidema's read-out); for pooled readouts the readout weights' row.
+    """
+    rows = push_rows(readout_weights(record, layers[-1]), layers, residual=residual, normalise=normalise)
+    return record.patch_grid(rows[:, record.num_prefix_tokens:])
+
+
+def readout_weights(record: Recording, like: Tensor | None = None) -> Tensor:
+    """The readout weights [B, N] in the dtype of ``like`` (see :class:`~vitexplain.instrumentation.Readout`)."""
+    weights = record.readout.weights
+    return weights if like is None or not isinstance(like, Tensor) else weights.to(like.dtype)
+
+
+def readout_rows(record: Recording, matrices: Tensor) -> Tensor:
+    """The readout's row of token-by-token matrices [B, ..., N, N] -> [B, ..., N] (e.g. per head)."""
+    weights = readout_weights(record, matrices)
+    shape = (weights.shape[0],) + (1,) * (matrices.ndim - 3) + (1, weights.shape[-1])
+    return torch.matmul(weights.reshape(shape), matrices)[..., 0, :]
