@@ -6,6 +6,7 @@ the browser test fails (never skips) and says how to install them.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from html.parser import HTMLParser
@@ -83,7 +84,9 @@ def _browser():
     return webdriver, Service
 
 
-def _driver(tmp_path, monkeypatch, width: int):
+@contextlib.contextmanager
+def _opened(page: Path, tmp_path, monkeypatch, width: int):
+    """A headless Chromium window ``width`` pixels wide showing ``page``."""
     webdriver, Service = _browser()
     monkeypatch.setenv("SE_OFFLINE", "true")           # Selenium Manager must never download anything
     options = webdriver.ChromeOptions()
@@ -92,7 +95,12 @@ def _driver(tmp_path, monkeypatch, width: int):
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
                  f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},1000"):
         options.add_argument(flag)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver") or CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or CHROMEDRIVER), options=options)
+    try:
+        driver.get(page.as_uri())
+        yield driver
+    finally:
+        driver.quit()
 
 
 def _each(driver, selector: str, mapping: str) -> list:
@@ -102,9 +110,7 @@ def _each(driver, selector: str, mapping: str) -> list:
 
 def test_report_renders_in_headless_chromium(tiny_report, tmp_path, monkeypatch):
     result, page = tiny_report
-    driver = _driver(tmp_path, monkeypatch, 1400)
-    try:
-        driver.get(page.as_uri())
+    with _opened(page, tmp_path, monkeypatch, 1400) as driver:
         images = _each(driver, "img", "i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight]")
         figures = _each(driver, "figure",
                         "f => [f.getAttribute('aria-label'), f.querySelector('svg').getBoundingClientRect().width]")
@@ -116,8 +122,6 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path, monkeypatch)
                      "c => [c.parentElement.querySelector('td.method').textContent, getComputedStyle(c).fontWeight]")
         fetched = driver.execute_script(
             "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith('data:'));")
-    finally:
-        driver.quit()
     assert len(images) == 10 and all(complete and width > 0 and height > 0 for _, complete, width, height in images)
     assert [label for label, _ in figures] == ["tiny: perturbation / negative", "tiny: perturbation / positive",
                                                "tiny: cascading randomisation (2 images)"]
@@ -136,9 +140,7 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path, monkeypatch)
 def test_summary_ranks_and_sticky_method_column(tiny_report, tmp_path, monkeypatch):
     """In a window too narrow for the table, the method column stays in view while the table scrolls."""
     result, page = tiny_report
-    driver = _driver(tmp_path, monkeypatch, 520)
-    try:
-        driver.get(page.as_uri())
+    with _opened(page, tmp_path, monkeypatch, 520) as driver:
         summary = _each(driver, "table.ranks tbody tr", "r => Array.from(r.querySelectorAll('td')).map(c => c.textContent)")
         protocols = _each(driver, "table.ranks thead th", "c => c.textContent")
         scrolled = driver.execute_script("""
@@ -148,8 +150,6 @@ def test_summary_ranks_and_sticky_method_column(tiny_report, tmp_path, monkeypat
             box.scrollLeft = 250;
             const after = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
             return [box.scrollWidth > box.clientWidth, box.scrollLeft, before, after, box.getBoundingClientRect().left];""")
-    finally:
-        driver.quit()
     assert protocols == ["method", "mean rank", "segmentation", "perturbation"]
     ranking = result.ranking("tiny")
     for row, method, mean, ranks in zip(summary, ranking.methods, ranking.mean, ranking.ranks):
@@ -162,7 +162,6 @@ def test_summary_ranks_and_sticky_method_column(tiny_report, tmp_path, monkeypat
 
 def test_curve_lines_are_shown_and_hidden_from_the_legend(tiny_report, tmp_path, monkeypatch):
     _, page = tiny_report
-    driver = _driver(tmp_path, monkeypatch, 1400)
     shown = ("return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('figure g[id]'))"
              ".filter(g => /-l[0-9]+-[0-9]+$/.test(g.id)).map(g => [g.id, getComputedStyle(g).display !== 'none']);")
     legend = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend label'))"
@@ -170,8 +169,7 @@ def test_curve_lines_are_shown_and_hidden_from_the_legend(tiny_report, tmp_path,
     def click(text):
         driver.execute_script(legend + f".find(l => l.textContent === {text!r}).click();")
 
-    try:
-        driver.get(page.as_uri())
+    with _opened(page, tmp_path, monkeypatch, 1400) as driver:
         entries = driver.execute_script(legend + ".map(l => l.textContent);")
         start = dict(driver.execute_script(shown))
         click("gae")
@@ -180,8 +178,6 @@ def test_curve_lines_are_shown_and_hidden_from_the_legend(tiny_report, tmp_path,
         click("gae")
         click("all grey lines")
         without_grey = dict(driver.execute_script(shown))
-    finally:
-        driver.quit()
     assert entries == [*METHODS, "all grey lines"]
     # one line per method in each of the two curve plots, ids "<figures>-l<method>-<plot>"
     lines = {method: [i for i in start if f"-l{k}-" in i] for k, method in enumerate(METHODS)}
