@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 import timm
+import timm.data
 import torch
 
 from vitexplain.metrics.aopc import aopc_log_odds
@@ -36,6 +37,8 @@ def main() -> None:
     images = torch.randn(args.batch, 3, *size, device=device)
     maps = torch.rand(args.batch, size[0] // 16, size[1] // 16, device=device)
     labels = torch.randint(0, 1000, (args.batch,), device=device)
+    config = timm.data.resolve_data_config(model=model)
+    black = {"pixel_mean": config["mean"], "pixel_std": config["std"]}      # the preprocessing's normalisation
 
     def plain(count: int):
         def run():
@@ -46,10 +49,10 @@ def main() -> None:
         return run
 
     cases = {
-        "perturbation (both directions)": lambda: perturbation_test(model, images, maps, labels, batch_size=args.forward_batch),
+        "perturbation (both directions)": lambda: perturbation_test(model, images, maps, labels, batch_size=args.forward_batch, **black),
         f"insertion+deletion ({args.steps} steps, blur)":
             lambda: insertion_deletion(model, images, maps, labels, n_steps=args.steps, baseline="blur", batch_size=args.forward_batch),
-        "aopc / log-odds": lambda: aopc_log_odds(model, images, maps, labels, batch_size=args.forward_batch),
+        "aopc / log-odds": lambda: aopc_log_odds(model, images, maps, labels, batch_size=args.forward_batch, **black),
     }
     seen = []
     counter = model.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].shape[0]))

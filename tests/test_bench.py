@@ -175,14 +175,14 @@ def test_config_from_yaml_and_its_checks(tmp_path):
     path = tmp_path / "bench.yaml"
     path.write_text(
         "models: [deit_tiny_patch16_224, {name: mine, source: ckpt.pth, arch: vit_tiny_patch16_224}]\n"
-        "methods: [rollout, {name: tis, options: {n_masks: 64}, label: TIS}, {name: gae, options: {start_layer: 1}}]\n"
+        "methods: [rollout, {name: tis, options: {n_masks: 64}, label: TIS}, {name: rollout, options: {start_layer: 1}}]\n"
         "metrics: [insertion_deletion]\n"
         "dataset: {name: imagenet, root: /data, options: {split: val}}\n"
         "batch_size: 8\nlimit: 100\ntarget: label\n")
     config = BenchConfig.from_yaml(path)
     assert [(m.name, m.source, m.arch) for m in config.models] == [
         ("deit_tiny_patch16_224", None, None), ("mine", "ckpt.pth", "vit_tiny_patch16_224")]
-    assert [m.label for m in config.methods] == ["rollout", "TIS", "gae(start_layer=1)"]
+    assert [m.label for m in config.methods] == ["rollout", "TIS", "rollout(start_layer=1)"]
     assert (config.dataset.name, config.dataset.root, config.dataset.options) == ("imagenet", "/data", {"split": "val"})
     assert (config.batch_size, config.limit, config.target) == (8, 100, "label")
     base = dict(models=["m"], methods=["rollout"], metrics=["x"], dataset="d")
@@ -194,10 +194,18 @@ def test_config_from_yaml_and_its_checks(tmp_path):
         BenchConfig(**{**base, "methods": ["rollout", MethodEntry("gae", label="rollout")]})
     with pytest.raises(TypeError, match="model object needs a name"):
         BenchConfig(**{**base, "models": [make_vit()]})
+    # option names and values are checked when the config is made, before any work
     with pytest.raises(TypeError, match="method 'rollout' has no option 'depth'"):
-        run_benchmark(_config(tmp_path, RandomImages(2), methods=[{"name": "rollout", "options": {"depth": 2}}]))
-    with pytest.raises(ValueError, match="metric 'bench_stats' has no option 'steps'; its options are: none"):
-        run_benchmark(_config(tmp_path, RandomImages(2), metrics=[{"name": "bench_stats", "options": {"steps": 2}}]))
+        _config(tmp_path, RandomImages(2), methods=[{"name": "rollout", "options": {"depth": 2}}])
+    with pytest.raises(TypeError, match="metric 'bench_stats' has no option 'steps'; its options are: none"):
+        _config(tmp_path, RandomImages(2), metrics=[{"name": "bench_stats", "options": {"steps": 2}}])
+    with pytest.raises(ValueError, match="option n_steps of metric 'insertion_deletion' must be an integer >= 2, got 1"):
+        _config(tmp_path, RandomImages(2), metrics=[{"name": "insertion_deletion", "options": {"n_steps": 1}}])
+    with pytest.raises(ValueError, match="highlight names method.*'tis'"):
+        _config(tmp_path, RandomImages(2), highlight=["rollout", "tis"])
+    path.write_text("models: [m]\nmethods: [{name: tis, options: {n_masks: 0}}]\nmetrics: [sparseness]\ndataset: digits\n")
+    with pytest.raises(ValueError, match=f"^{path}: option n_masks of method 'tis' must be an integer >= 1, got 0$"):
+        BenchConfig.from_yaml(path)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -208,18 +216,22 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_cli_flags_override_the_yaml_config(tmp_path):
     path = tmp_path / "bench.yaml"
-    path.write_text("models: [a]\nmethods: [rollout, gae]\nmetrics: [bench_stats]\n"
+    path.write_text("models: [a]\nmethods: [{name: rollout, label: rollout}, gae]\nmetrics: [bench_stats]\nhighlight: [rollout, gae]\n"
                     "dataset: {name: digits, options: {n: 10}}\nbatch_size: 8\n")
     args = _parse(["--config", str(path), "--model", "ckpt.pth", "--arch", "vit_small_patch16_224",
-                   "--method-option", "gae.start_layer=1", "--dataset-option", "seed=3", "--batch-size", "2", "--limit", "5",
+                   "--method-option", "rollout.start_layer=1", "--dataset-option", "seed=3", "--batch-size", "2", "--limit", "5",
                    "--no-progress", "-o", str(tmp_path / "o")])
     config = bench_cli.config_from_args(args)
     assert [(m.name, m.arch) for m in config.models] == [("ckpt.pth", "vit_small_patch16_224")]
-    assert [(m.name, m.options) for m in config.methods] == [("rollout", {}), ("gae", {"start_layer": 1})]
+    assert [(m.name, m.options) for m in config.methods] == [("rollout", {"start_layer": 1}), ("gae", {})]
     assert config.dataset.options == {"n": 10, "seed": 3}
     assert (config.batch_size, config.limit, config.progress, config.output_dir) == (2, 5, False, tmp_path / "o")
     with pytest.raises(ValueError, match="names no method"):
         bench_cli.config_from_args(_parse(["--config", str(path), "--method-option", "tis.n_masks=4"]))
+    replaced = bench_cli.config_from_args(_parse(["--config", str(path), "--method", "gae", "--method", "attn_gradcam"]))
+    assert replaced.highlight == ["gae"]                      # the config's highlight, less what is no longer run
+    chosen = bench_cli.config_from_args(_parse(["--config", str(path), "--highlight", "rollout"]))
+    assert chosen.highlight == ["rollout"]
 
 
 def test_cli_runs_the_benchmark_through_load_model_and_get_dataset(tmp_path, monkeypatch, capsys):

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from vitexplain import register_method
 from vitexplain.methods.rollout import rollout
-from vitexplain.metrics import Metric, model_probabilities, register_metric
+from vitexplain.metrics import Metric, register_metric
 
 POISON = 1000.0  # an image holding this value makes bench_picky raise
 STEPS = 4
@@ -71,10 +71,10 @@ def top_mass_curve(maps: torch.Tensor, steps: int = STEPS) -> torch.Tensor:
     return cumulative[:, positions]
 
 
-def _stats(model, batch):
+def _stats(batch):
     _log("BENCH_METRIC_LOG", len(batch.ids))
     time.sleep(float(os.environ.get("BENCH_METRIC_SLEEP", "0")))  # slows a run down enough to kill it midway
-    probabilities = model_probabilities(model, batch.images)
+    probabilities = batch.logits(batch.images).softmax(-1)
     return {"probability": probabilities.gather(1, batch.targets[:, None])[:, 0], "curve": top_mass_curve(batch.maps)}
 
 
@@ -87,13 +87,13 @@ STATS = register_metric(Metric(
 
 REPLAY = register_metric(Metric(
     name="bench_replay",
-    compute=lambda model, batch: {"gap": (batch.explain(batch.images, batch.targets) - batch.maps).abs().flatten(1).amax(1)},
+    compute=lambda batch: {"gap": (batch.explain(batch.images, batch.targets) - batch.maps).abs().flatten(1).amax(1)},
     reduce=lambda v: {"gap": v["gap"].max()},
 ))
 
 NEEDS_MASKS = register_metric(Metric(
     name="bench_needs_masks",
-    compute=lambda model, batch: {"on_mask": batch.masks.float().mean((1, 2))},
+    compute=lambda batch: {"on_mask": batch.masks.float().mean((1, 2))},
     reduce=lambda v: {"on_mask": v["on_mask"].mean()},
     requires=("masks",),
     higher_is_better={"on_mask": True},

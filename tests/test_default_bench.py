@@ -1,17 +1,22 @@
 """The default benchmark (`vitexplain bench` without arguments): what it covers, and its wiring end to end."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import make_vit
 
+import vitexplain
 from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
 from vitexplain.cli import bench as bench_cli
 from vitexplain.cli.main import build_parser
-from vitexplain.metrics import available_metrics, get_metric
+from vitexplain.datasets import get_dataset
+from vitexplain.datasets.base import collate
+from vitexplain.metrics import Metric, available_metrics, get_metric, register_metric
+from vitexplain.metrics.base import METRICS
+from vitexplain.metrics.perturbation import perturbation_test, reduce_perturbation
 from vitexplain.registry import available_methods, get_method
 
 SHIPPED = ["digits_vit", "digits_deit"]
@@ -38,6 +43,7 @@ def test_the_default_runs_every_method_every_protocol_and_both_shipped_models():
     assert by_name["class_sensitivity"].dataset.options["objects"] == 2
     assert config.dataset.options.get("objects", 1) == 1
     assert all(entry.label == entry.name for entry in config.methods)           # short row names
+    assert config.highlight == ["tokentm", "gradtoken", "tis"]                  # the seed methods, in colour
 
 
 def test_the_cli_without_arguments_runs_the_default_and_flags_still_override_it():
@@ -60,14 +66,23 @@ def test_perturbation_metrics_get_the_preprocessing_the_bench_used(tmp_path):
     model.pretrained_cfg = {"input_size": (3, 112, 112), "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
     preprocess = {"input_size": [3, 112, 112], "mean": [0.5] * 3, "std": [0.5] * 3}
     digits = {"name": "digits", "options": {"n": 4, "preprocess": preprocess}}
-    config = BenchConfig(models={"tiny": model}, methods=["random_baseline"], dataset=digits,
-                         metrics=["perturbation", "aopc", {"name": "sparseness", "label": "given"}],
-                         batch_size=4, output_dir=tmp_path, progress=False, device="cpu", gallery=0)
-    run_benchmark(config)
-    specs = {json.loads(p.read_text())["metric"]: json.loads(p.read_text())["options"]
-             for p in tmp_path.glob("cache/**/metrics/*/spec.json")}
-    assert specs["perturbation"]["pixel_mean"] == [0.5] * 3 and specs["perturbation"]["pixel_std"] == [0.5] * 3
-    assert specs["aopc"]["pixel_mean"] == [0.5] * 3 and "pixel_mean" not in specs["sparseness"]
+    given = []
+    register_metric(Metric("bench_normalisation", lambda batch: given.append((batch.mean, batch.std)) or
+                           {"n": torch.zeros(len(batch.ids))}, lambda values: {}))
+    try:
+        config = BenchConfig(models={"tiny": model}, methods=["random_baseline"], dataset=digits,
+                             metrics=["perturbation", "bench_normalisation"], batch_size=4, output_dir=tmp_path,
+                             progress=False, device="cpu", gallery=0)
+        result = run_benchmark(config)
+    finally:
+        METRICS.remove("bench_normalisation")
+    assert given == [((0.5,) * 3, (0.5,) * 3)]
+    images = get_dataset("digits", n=4, preprocess=preprocess)
+    batch = collate([images[i] for i in range(4)])
+    maps = vitexplain.explain(model, batch["images"], "random_baseline")
+    expected = reduce_perturbation(perturbation_test(vitexplain.adapter_for(model).logits, batch["images"], maps,
+                                                     batch["labels"], pixel_mean=[0.5] * 3, pixel_std=[0.5] * 3))
+    assert result.scores["tiny"]["random_baseline"]["perturbation"] == pytest.approx(expected)
 
 
 def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
@@ -75,6 +90,7 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     data = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
     keep = {"tokentm", "gradtoken", "random_baseline", "constant_baseline"}
     data["methods"] = [m for m in data["methods"] if (m if isinstance(m, str) else m["name"]) in keep]
+    data["highlight"] = [label for label in data["highlight"] if label in keep]
     for metric in data["metrics"]:
         if isinstance(metric, dict) and "limit" in metric:
             metric["limit"] = 2

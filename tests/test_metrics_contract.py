@@ -1,4 +1,6 @@
 """Every registered protocol through the bench's contract (EvalBatch in, per-image values out), on a tiny ViT."""
+import inspect
+
 import pytest
 import torch
 
@@ -24,6 +26,7 @@ def make_batch(model, method, rows=slice(None)):
         return vitexplain.explain(model, imgs, method, targets)
 
     return EvalBatch(images=images, maps=explain(images, labels), targets=labels, labels=labels, explain=explain,
+                     logits=vitexplain.adapter_for(model).logits, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
                      ids=[f"img{i}" for i in range(4)][rows], masks=masks, boxes=boxes,
                      second={"targets": torch.tensor([3, 3, 0, 9])[rows], "masks": second_masks, "boxes": None})
 
@@ -37,10 +40,10 @@ def model():
 def test_per_image_values_reduce_the_same_whatever_the_batching(model, name):
     metric = get_metric(name)
     options = {**metric.options, **CHEAP.get(name, {})}
-    whole = metric.compute(model, make_batch(model, "gae"), **options)
+    whole = metric.compute(make_batch(model, "gae"), **options)
     for value in whole.values():
         assert value.shape[0] == 4 and value.dim() <= 2
-    halves = [metric.compute(model, make_batch(model, "gae", rows), **options) for rows in (slice(0, 1), slice(1, 4))]
+    halves = [metric.compute(make_batch(model, "gae", rows), **options) for rows in (slice(0, 1), slice(1, 4))]
     joined = {key: torch.cat([h[key] for h in halves]) for key in whole}
     reported = metric.reduce(whole)
     assert reported == pytest.approx(metric.reduce(joined), nan_ok=True)
@@ -50,16 +53,32 @@ def test_per_image_values_reduce_the_same_whatever_the_batching(model, name):
 
 def test_class_agnostic_method_has_class_sensitivity_one_half(model):
     metric = get_metric("class_sensitivity")
-    reported = metric.reduce(metric.compute(model, make_batch(model, "rollout")))
+    reported = metric.reduce(metric.compute(make_batch(model, "rollout")))
     assert reported["class_sensitivity"] == pytest.approx(0.5)
 
 
 def test_unknown_option_is_refused(model):
     with pytest.raises(TypeError, match="n_step"):
-        get_metric("insertion_deletion").compute(model, make_batch(model, "rollout"), n_step=3)
+        get_metric("insertion_deletion").compute(make_batch(model, "rollout"), n_step=3)
 
 
 def test_eval_batch_names_the_image_with_a_nan_map():
     with pytest.raises(ValueError, match="img1"):
         EvalBatch(images=torch.zeros(2, 3, 4, 4), maps=torch.tensor([[[0.0]], [[float("nan")]]]),
-                  targets=torch.zeros(2), labels=torch.zeros(2), explain=None, ids=["img0", "img1"])
+                  targets=torch.zeros(2), labels=torch.zeros(2), explain=None, logits=None, ids=["img0", "img1"])
+
+
+@pytest.mark.parametrize("name", PROTOCOLS + ["rationale_f1"])
+def test_a_protocol_gets_the_batch_and_its_options_only(name):
+    """No model object: what a protocol needs of the model comes in the batch (logits, explain, mean / std)."""
+    parameters = list(inspect.signature(get_metric(name).compute).parameters.values())
+    assert [p.name for p in parameters if p.kind is not p.KEYWORD_ONLY] == ["batch"]
+
+
+def test_pixel_removal_goes_through_the_batch_forward(model):
+    calls = []
+    batch = make_batch(model, "gae")
+    forward = batch.logits
+    batch.logits = lambda images: calls.append(images.shape[0]) or forward(images)
+    get_metric("aopc").compute(batch, steps=3, batch_size=5)
+    assert sum(calls) == 4 * 3                                   # every perturbed image, through the batch's forward

@@ -1,5 +1,6 @@
 """Pixel-removal protocols: perturbation test (TokenTM Tables 2-4, GradToken Table 2), AOPC / log-odds
 (TokenTM Table 5) and insertion / deletion (TIS Tables 1-2)."""
+import dataclasses
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from scipy.ndimage import correlate
 from torch import nn
 
+from vitexplain.metrics import EvalBatch, get_metric
 from vitexplain.metrics._perturb import black_pixel
 from vitexplain.metrics.aopc import aopc_log_odds, reduce_aopc
 from vitexplain.metrics.insertion_deletion import baseline_images, insertion_deletion, reduce_insertion_deletion
@@ -74,10 +76,20 @@ def test_removed_pixels_become_black_in_every_channel():
     assert torch.equal(seen[9, :, 1, 1], images[0, :, 1, 1])
 
 
-def test_default_black_comes_from_the_model_data_config():
-    expected = -torch.tensor([0.485, 0.456, 0.406]) / torch.tensor([0.229, 0.224, 0.225])
-    black = black_pixel(linear_model(4), torch.zeros(1, 3, 2, 2), None, None)
-    assert torch.allclose(black.flatten(), expected)
+def test_registered_protocols_take_black_from_the_batch_normalisation():
+    model = WeightedPixels([1.0, 1.0, 0.0, 0.0])
+    images = torch.rand(1, 3, 2, 2)
+    batch = EvalBatch(images=images, maps=MAP_4321, targets=torch.tensor([0]), labels=torch.tensor([0]), explain=None,
+                      logits=model, ids=["a"], mean=(0.5, 0.4, 0.3), std=(0.5, 0.2, 0.1))
+    get_metric("perturbation").compute(batch, direction="positive")
+    seen = torch.cat(model.seen)
+    assert torch.allclose(seen[3, :, 0, 0], torch.tensor([-1.0, -2.0, -3.0]))
+    assert torch.equal(seen[3, :, 0, 1], images[0, :, 0, 1])
+    for name in ("perturbation", "aopc"):                  # no normalisation known: refused, not guessed
+        with pytest.raises(ValueError, match="mean and std the images were normalised with"):
+            get_metric(name).compute(dataclasses.replace(batch, mean=None, std=None))
+    with pytest.raises(ValueError, match="one per channel"):
+        black_pixel(images, (0.5, 0.5), (0.5, 0.5))
 
 
 def _chefer_reference(model, images, maps, labels, positive, mean, std):

@@ -142,11 +142,11 @@ def test_registered_metric_reads_the_batch_ignore_mask():
 
     def batch(ignored):
         return EvalBatch(images=torch.zeros(1, 3, 2, 2), maps=maps, targets=torch.zeros(1, dtype=torch.long),
-                         labels=torch.zeros(1, dtype=torch.long), explain=None, ids=["a"], masks=masks, ignore=ignored)
+                         labels=torch.zeros(1, dtype=torch.long), explain=None, logits=None, ids=["a"], masks=masks, ignore=ignored)
 
     metric = get_metric("segmentation")
-    with_ignore = metric.reduce(metric.compute(None, batch(ignore)))
-    without = metric.reduce(metric.compute(None, batch(None)))
+    with_ignore = metric.reduce(metric.compute(batch(ignore)))
+    without = metric.reduce(metric.compute(batch(None)))
     # the one wrong pixel (predicted foreground at (1, 0)) is the ignored one
     assert with_ignore["pixel_accuracy"] == pytest.approx(100.0)
     assert without["pixel_accuracy"] == pytest.approx(75.0)

@@ -1,16 +1,20 @@
-"""report.html and the tables: rendered in headless Chromium, self-contained, papers' layout, controls never best.
+"""report.html and the tables: rendered in headless Chromium, self-contained, papers' layout, controls never best,
+ranks, the method column in view while a table scrolls, curves whose lines the reader shows and hides.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` packages and the ``selenium`` wheel; without them
 the browser test fails (never skips) and says how to install them.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from conftest import make_vit
 from test_bench_fakes import RandomImages
 
@@ -20,17 +24,17 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 INSTALL = ("headless Chromium is needed to check report.html: run `apt-get update && apt-get install -y chromium "
            "chromium-driver` and `pip install selenium`")
-METHODS = ["gae", "random_baseline"]
+METHODS = ["gae", "lrp", "random_baseline"]          # lrp: signed maps, drawn grey (not highlighted)
 
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory) -> tuple[BenchResult, Path]:
-    """A two-method, two-metric bench on 5 tiny random images, with a gallery and the sanity check."""
+    """A three-method, two-metric bench on 5 tiny random images, with a gallery and the sanity check."""
     out = tmp_path_factory.mktemp("bench") / "out"
     config = BenchConfig(
         models={"tiny": make_vit(depth=2)}, methods=METHODS, dataset=RandomImages(5, masks=True),
-        metrics=["segmentation", {"name": "perturbation", "options": {"pixel_mean": [0.5] * 3, "pixel_std": [0.5] * 3}}],
-        batch_size=5, output_dir=out, progress=False, device="cpu", gallery=2, sanity={"images": 2})
+        metrics=["segmentation", "perturbation"], batch_size=5, output_dir=out, progress=False, device="cpu", gallery=2,
+        sanity={"images": 2}, highlight=["gae"])
     result = run_benchmark(config)
     assert not result.errors
     return result, out / "report.html"
@@ -61,9 +65,11 @@ def test_the_page_is_self_contained(tiny_report):
     outside = [url for url in parser.urls if not (url.startswith("data:image/png;base64,") or url.startswith("#"))]
     assert outside == []
     assert "link" not in parser.tags and "script" not in parser.tags
-    assert re.findall(r"url\(([^)]*)\)", text) == []      # no stylesheet fetches anything either
-    # 2 curves (positive, negative) + 1 sanity plot + 2 inputs + 2 x 2 overlays + 1 colour scale
-    assert len([url for url in parser.urls if url.startswith("data:image/png")]) == 2 + 1 + 2 + 4 + 1
+    assert [url for url in re.findall(r"url\(([^)]*)\)", text) if not url.startswith("#")] == []  # nothing fetched by CSS
+    # 2 inputs + 2 x 3 overlays + 2 colour scales (sequential, diverging); the plots are inline SVG
+    assert len([url for url in parser.urls if url.startswith("data:image/png")]) == 2 + 6 + 2
+    assert len(re.findall(r"<figure[^>]*><svg", text)) == 2 + 1                 # curves (positive, negative), randomisation
+    assert "http" not in text.split("<h2>Settings</h2>")[0]                       # no URL, not even a namespace
 
 
 def _browser():
@@ -78,44 +84,107 @@ def _browser():
     return webdriver, Service
 
 
-def test_report_renders_in_headless_chromium(tiny_report, tmp_path, monkeypatch):
-    result, page = tiny_report
+@contextlib.contextmanager
+def _opened(page: Path, tmp_path, monkeypatch, width: int):
+    """A headless Chromium window ``width`` pixels wide showing ``page``."""
     webdriver, Service = _browser()
     monkeypatch.setenv("SE_OFFLINE", "true")           # Selenium Manager must never download anything
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1000"):
+                 f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},1000"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or CHROMEDRIVER), options=options)
     try:
         driver.get(page.as_uri())
-        images = driver.execute_script(
-            "return Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight]);")
-        tables = driver.execute_script(
-            "return Array.from(document.querySelectorAll('table.scores')).map(t => "
-            "Array.from(t.querySelectorAll('tbody td.method')).map(c => c.textContent));")
-        gallery = driver.execute_script(
-            "return Array.from(document.querySelectorAll('table.gallery img')).map(i => i.naturalWidth);")
-        captions = driver.execute_script(
-            "return Array.from(document.querySelectorAll('table.gallery td.caption')).map(c => c.textContent);")
-        bold = driver.execute_script(
-            "return Array.from(document.querySelectorAll('table.scores td.best')).map(c => "
-            "[c.parentElement.querySelector('td.method').textContent, getComputedStyle(c).fontWeight]);")
-        fetched = driver.execute_script(
-            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith('data:'));")
+        yield driver
     finally:
         driver.quit()
+
+
+def _each(driver, selector: str, mapping: str) -> list:
+    """``mapping`` (a JavaScript function) of every element ``selector`` finds, in document order."""
+    return driver.execute_script(f"return Array.from(document.querySelectorAll({selector!r})).map({mapping});")
+
+
+def test_report_renders_in_headless_chromium(tiny_report, tmp_path, monkeypatch):
+    result, page = tiny_report
+    with _opened(page, tmp_path, monkeypatch, 1400) as driver:
+        images = _each(driver, "img", "i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight]")
+        figures = _each(driver, "figure",
+                        "f => [f.getAttribute('aria-label'), f.querySelector('svg').getBoundingClientRect().width]")
+        tables = _each(driver, "table.scores", "t => Array.from(t.querySelectorAll('tbody td.method')).map(c => c.textContent)")
+        gallery = _each(driver, "table.gallery img", "i => i.naturalWidth")
+        headers = _each(driver, "table.gallery th", "c => c.textContent")
+        captions = _each(driver, "table.gallery td.caption", "c => c.textContent")
+        bold = _each(driver, "table.scores:not(.ranks) td.best",
+                     "c => [c.parentElement.querySelector('td.method').textContent, getComputedStyle(c).fontWeight]")
+        fetched = driver.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith('data:'));")
     assert len(images) == 10 and all(complete and width > 0 and height > 0 for _, complete, width, height in images)
-    assert any(alt.startswith("tiny perturbation") for alt, *_ in images)
-    assert any(alt.startswith("cascading randomisation") for alt, *_ in images)
-    assert tables[0] == METHODS                              # the scores table: one row per method
-    assert tables[1] == METHODS                              # the sanity table
+    assert [label for label, _ in figures] == ["tiny: perturbation / negative", "tiny: perturbation / positive",
+                                               "tiny: cascading randomisation (2 images)"]
+    assert all(width > 400 for _, width in figures)
+    ranking = result.ranking("tiny")
+    assert tables[0] == ranking.methods and sorted(ranking.methods) == sorted(METHODS)   # the summary, by mean rank
+    assert tables[1] == METHODS                              # the scores table: one row per method
+    assert tables[2] == METHODS                              # the sanity table
     assert len(gallery) == 2 * (1 + len(METHODS)) and min(gallery) == 32
+    assert headers == ["input", "gae", "lrp ±", "random_baseline"]          # LRP's signed maps: diverging scale
     assert len(captions) == 2 and all("predicted" in c and "p = " in c for c in captions)
-    assert bold and all(method == "gae" and int(weight) >= 700 for method, weight in bold)
+    assert bold and all(method in ("gae", "lrp") and int(weight) >= 700 for method, weight in bold)
     assert fetched == []
+
+
+def test_summary_ranks_and_sticky_method_column(tiny_report, tmp_path, monkeypatch):
+    """In a window too narrow for the table, the method column stays in view while the table scrolls."""
+    result, page = tiny_report
+    with _opened(page, tmp_path, monkeypatch, 520) as driver:
+        summary = _each(driver, "table.ranks tbody tr", "r => Array.from(r.querySelectorAll('td')).map(c => c.textContent)")
+        protocols = _each(driver, "table.ranks thead th", "c => c.textContent")
+        scrolled = driver.execute_script("""
+            const box = document.querySelector('table.scores:not(.ranks)').parentElement;
+            const cell = box.querySelector('tbody td.method'), number = cell.nextElementSibling;
+            const before = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
+            box.scrollLeft = 250;
+            const after = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
+            return [box.scrollWidth > box.clientWidth, box.scrollLeft, before, after, box.getBoundingClientRect().left];""")
+    assert protocols == ["method", "mean rank", "segmentation", "perturbation"]
+    ranking = result.ranking("tiny")
+    for row, method, mean, ranks in zip(summary, ranking.methods, ranking.mean, ranking.ranks):
+        assert row == [method, f"{mean:.1f}", *(f"{r:.1f}" for r in ranks)]
+    overflows, offset, before, after, left = scrolled
+    assert overflows and offset > 0
+    assert after[0] == pytest.approx(before[0]) == pytest.approx(left, abs=1)   # the method column did not move
+    assert after[1] == pytest.approx(before[1] - offset)                          # the numbers did
+
+
+def test_curve_lines_are_shown_and_hidden_from_the_legend(tiny_report, tmp_path, monkeypatch):
+    _, page = tiny_report
+    shown = ("return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('figure g[id]'))"
+             ".filter(g => /-l[0-9]+-[0-9]+$/.test(g.id)).map(g => [g.id, getComputedStyle(g).display !== 'none']);")
+    legend = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend label'))"
+
+    def click(text):
+        driver.execute_script(legend + f".find(l => l.textContent === {text!r}).click();")
+
+    with _opened(page, tmp_path, monkeypatch, 1400) as driver:
+        entries = driver.execute_script(legend + ".map(l => l.textContent);")
+        start = dict(driver.execute_script(shown))
+        click("gae")
+        without_gae = dict(driver.execute_script(shown))
+        faded = driver.execute_script(legend + ".map(l => getComputedStyle(l).opacity);")
+        click("gae")
+        click("all grey lines")
+        without_grey = dict(driver.execute_script(shown))
+    assert entries == [*METHODS, "all grey lines"]
+    # one line per method in each of the two curve plots, ids "<figures>-l<method>-<plot>"
+    lines = {method: [i for i in start if f"-l{k}-" in i] for k, method in enumerate(METHODS)}
+    assert all(len(ids) == 2 for ids in lines.values()) and all(start.values())
+    assert {i for i, on in without_gae.items() if not on} == set(lines["gae"])    # in both plots at once
+    assert faded == ["0.4", "1", "1", "1"]
+    assert {i for i, on in without_grey.items() if not on} == set(lines["lrp"])   # gae back; the grey lrp hidden
 
 
 def _result(values: dict[str, float]) -> BenchResult:
@@ -153,3 +222,58 @@ def test_wide_terminal_tables_wrap_within_the_width():
     assert len(headers) > 1                                   # wrapped into several blocks
     shown = [name for line in headers for name in re.findall(r"number_\d+", line)]
     assert shown == list(numbers)                             # every column once, in order
+
+
+def test_ranks_per_protocol_and_mean_rank_by_hand():
+    """Definition (docs/decisions/bench.md): places 1..n among the non-controls on each number with a direction,
+    ties sharing their mean place, a control at the place it would take among them; protocol rank = mean place."""
+    scores = {"a": {"seg": {"miou": 0.5, "acc": 0.9, "gap": 1.0}, "del": {"auc": 0.2}},
+              "b": {"seg": {"miou": 0.7, "acc": 0.1, "gap": 9.0}, "del": {"auc": 0.4}},
+              "c": {"seg": {"miou": 0.9, "acc": 0.5, "gap": 5.0}, "del": {"auc": 0.1}},
+              "d": {"seg": {"miou": 0.7}, "del": {"auc": 0.3}}}
+    names = {"a": "gae", "b": "rollout", "c": "random_baseline", "d": "tokentm"}
+    result = BenchResult("digits", {"m": scores}, {}, {}, {"seg": {"miou": True, "acc": True}, "del": {"auc": False}}, [],
+                         {"methods": {label: {"name": names[label], "options": {}} for label in scores}})
+    ranking = result.ranking("m")
+    assert ranking.protocols == ["seg", "del"] and ranking.controls == {"c"}
+    by_method = {m: (mean, ranks) for m, mean, ranks in zip(ranking.methods, ranking.mean, ranking.ranks)}
+    assert by_method == {"a": (1.5, [2.0, 1.0]),         # miou 3rd, acc 1st; auc 1st
+                         "b": (2.375, [1.75, 3.0]),      # miou shared 1st-2nd, acc 2nd of the two with a value; auc 3rd
+                         "c": (1.25, [1.5, 1.0]),        # the control: above everyone on miou, between a and b on acc
+                         "d": (1.75, [1.5, 2.0])}        # no acc: its seg rank is its miou place
+    assert ranking.methods == ["c", "a", "d", "b"]
+
+
+def test_terminal_tables_name_each_protocol_above_its_columns_within_100_columns(tiny_report):
+    result, _ = tiny_report
+    lines = result.text().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    titles = [line for line in lines if "(n=5)" in line]
+    assert titles and all(re.match(r"^\s+\S", line) for line in titles)              # above the columns, not a row
+    assert "segmentation (n=5)" in titles[0] and "perturbation (n=5)" in " ".join(titles)
+    below = lines[lines.index(titles[0]) + 1:lines.index(titles[0]) + 5]
+    assert below[0].strip().startswith("─") and any(line.startswith("method") and "miou ↑" in line for line in below)
+    scores = result.table("tiny")
+    gae = [line.split() for line in lines if line.startswith("gae ")]
+    assert gae[1][:4] == ["gae", *(f"{v:.4g}" + ("*" if b else "") for v, b in zip(scores.values[0][:3], scores.best[0][:3]))]
+
+
+def test_signed_maps_are_drawn_on_a_diverging_scale_centred_at_zero():
+    from matplotlib import colormaps
+
+    from vitexplain.bench.plots import DIVERGING, SEQUENTIAL, overlay, signed_scale
+
+    values = np.array([-3.0] + [0.5] * 198 + [1000.0])                   # sorted |values|: 0.5 ... 0.5, 3, 1000
+    assert signed_scale(values) == pytest.approx(0.5 + 0.01 * (3 - 0.5))   # 99th percentile, linear between ranks
+    assert signed_scale(np.array([0.0] * 199 + [-2.0])) == 2.0             # all but one zero: the largest instead
+    image = torch.zeros(4, 4, 3)
+    saliency = torch.tensor([[-1.0, 0.0], [1.0, 3.0]])                   # corners of a 2x2 -> 4x4 upsampling
+    up = torch.nn.functional.interpolate(saliency[None, None], size=(4, 4), mode="bilinear", align_corners=False)[0, 0]
+    magnitudes = up.abs().flatten().sort().values                          # 16 values; the 99th percentile lies
+    scale = (magnitudes[14] + 0.85 * (magnitudes[15] - magnitudes[14])).item()   # at rank 0.99 * 15 = 14.85
+    signed = overlay(image, saliency, signed=True)
+    half = lambda value: 0.5 * np.asarray(colormaps[DIVERGING](value)[:3])  # noqa: E731 - blended at 50 % over black
+    assert np.allclose(signed[0, 0], half(0.5 - 0.5 / scale)) and np.allclose(signed[3, 3], half(1.0))  # 3 saturates
+    assert np.allclose(signed[0, 3], half(0.5))                           # 0 is the middle of the scale
+    unsigned = overlay(image, saliency, signed=False)
+    assert np.allclose(unsigned[0, 3], 0.5 * np.asarray(colormaps[SEQUENTIAL](0.25)[:3]))  # min-max: 0 is a quarter up

@@ -1,5 +1,12 @@
 """The benchmark harness behind ``vitexplain bench``: models x methods x metrics on a dataset.
 
+Modules, each importing only those listed before it: :mod:`~.config` (what a run is),
+:mod:`~.data` (which images, batches), :mod:`~.distributed` (torchrun), :mod:`~.store` (checksummed
+files), :mod:`~.cache` (which folder holds what), :mod:`~.sanity` (the randomisation check's
+computation), :mod:`~.tables` (tables as data and text), :mod:`~.result` (the result model),
+:mod:`~.work` (one process's findings), :mod:`~.plots`, :mod:`~.html`, :mod:`~.writers` (the
+reports), :mod:`~.gallery`, :mod:`~.sanity_check` (the check inside a run), :mod:`~.runner` (the loop).
+
 >>> from vitexplain.bench import BenchConfig, run_benchmark
 >>> result = run_benchmark(BenchConfig.from_yaml("bench.yaml"))      # doctest: +SKIP
 >>> print(result.text())                                              # doctest: +SKIP
@@ -8,7 +15,7 @@
 from pathlib import Path
 
 from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry, SanityCheck
-from .report import BenchResult
+from .result import BenchResult
 from .runner import run_benchmark
 
 #: the default benchmark (``vitexplain bench`` without arguments): copy it to make your own

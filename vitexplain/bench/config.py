@@ -1,4 +1,9 @@
-"""What a benchmark run is: models x methods x metrics on one dataset, from Python, YAML or CLI flags."""
+"""What a benchmark run is: models x methods x metrics on one dataset, from Python, YAML or CLI flags.
+
+A config is checked whole when it is made: names, labels, and every method's and metric's option
+values (against their annotated types), so a mistake stops the run before any work, not at the first
+batch.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -7,6 +12,9 @@ from typing import Any
 
 from torch import nn
 from torch.utils.data import Dataset
+
+from ..metrics import get_metric
+from ..registry import get_method
 
 TARGETS = ("predicted", "label")
 
@@ -36,6 +44,7 @@ class MethodEntry:
     label: str | None = None
 
     def __post_init__(self) -> None:
+        _check_options_mapping(self.name, self.options)
         if self.label is None:
             given = ", ".join(f"{key}={value}" for key, value in sorted(self.options.items()))
             self.label = f"{self.name}({given})" if given else self.name
@@ -58,6 +67,7 @@ class MetricEntry:
     limit: int | None = None
 
     def __post_init__(self) -> None:
+        _check_options_mapping(self.name, self.options)
         if self.label is None:
             self.label = self.name
         if self.dataset is not None:
@@ -120,6 +130,8 @@ class BenchConfig:
         sanity: options of the model-randomisation check (a :class:`SanityCheck` or its dict), or
             None to skip it.
         notes: lines shown at the top of the reports (e.g. why a setting differs from a paper's).
+        highlight: labels of the methods the reports' curves draw in colour (the others grey, the
+            controls dashed); empty: every method in colour.
     """
 
     models: Any
@@ -137,6 +149,7 @@ class BenchConfig:
     gallery: int = 4
     sanity: Any = None
     notes: Any = ()
+    highlight: Any = ()
 
     def __post_init__(self) -> None:
         self.models = _models(self.models)
@@ -153,6 +166,7 @@ class BenchConfig:
         elif self.sanity is not None and not isinstance(self.sanity, SanityCheck):
             raise TypeError(f"sanity must be a mapping of SanityCheck options or None, got {type(self.sanity).__name__}")
         self.notes = [self.notes] if isinstance(self.notes, str) else [str(line) for line in self.notes]
+        self.highlight = [self.highlight] if isinstance(self.highlight, str) else [str(label) for label in self.highlight]
         for what, entries in (("model", self.models), ("method", self.methods), ("metric", self.metrics)):
             names = [entry.name if what == "model" else entry.label for entry in entries]
             duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -166,11 +180,15 @@ class BenchConfig:
                 raise TypeError(f"{name} must be an integer, got {value!r}")
         if self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0 or self.gallery < 0:
             raise ValueError("batch_size and limit must be positive, num_workers and gallery not negative")
-        if self.sanity is not None and self.sanity.methods is not None:
-            labels = [entry.label for entry in self.methods]
-            unknown = [label for label in self.sanity.methods if label not in labels]
+        labels = [entry.label for entry in self.methods]
+        for what, named in (("sanity", [] if self.sanity is None else self.sanity.methods or []), ("highlight", self.highlight)):
+            unknown = [label for label in named if label not in labels]
             if unknown:
-                raise ValueError(f"sanity names method(s) {', '.join(map(repr, unknown))} that this run does not have")
+                raise ValueError(f"{what} names method(s) {', '.join(map(repr, unknown))} that this run does not have")
+        for entry in self.methods:
+            get_method(entry.name).check_options(entry.options)
+        for entry in self.metrics:
+            get_metric(entry.name).check_options(entry.options)
 
     def limit_of(self, metric: MetricEntry) -> int | None:
         """How many images ``metric`` is evaluated on: its own limit, else the run's."""
@@ -192,10 +210,30 @@ class BenchConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> BenchConfig:
-        """A config from a YAML file with the keys of :class:`BenchConfig`."""
-        import yaml
+        """A config from a YAML file with the keys of :class:`BenchConfig`; errors name the file."""
+        data = read_yaml(path)
+        try:
+            return cls.from_dict({} if data is None else data)
+        except (ValueError, TypeError) as error:
+            raise type(error)(f"{path}: {error}") from error
 
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
+
+def read_yaml(path: str | Path) -> Any:
+    """The content of a YAML file (None when empty); invalid YAML raises one line naming file:line:column."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = " ".join(part for part in (getattr(error, "problem", None), getattr(error, "context", None)) if part)
+        raise ValueError(f"{where}: invalid YAML: {problem or error}") from None
+
+
+def _check_options_mapping(name: str, options: Any) -> None:
+    if not isinstance(options, dict):
+        raise TypeError(f"the options of {name!r} must be a mapping of option names to values, got {options!r}")
 
 
 def _check_count(name: str, value: Any) -> None:

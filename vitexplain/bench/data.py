@@ -29,6 +29,17 @@ def build_dataset(spec: DatasetSpec | Dataset, data_config: dict[str, Any]) -> t
     return dataset, f"{spec.name}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
 
 
+def normalisation(dataset: Dataset, data_config: dict[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(mean, std) per channel the dataset's images are normalised with: its ``preprocess``'s, else the
+    model's data config's (what images preprocessed for the model use), else None."""
+    preprocess = getattr(dataset, "preprocess", None)
+    given = (getattr(preprocess, "mean", None), getattr(preprocess, "std", None))
+    for mean, std in (given, (data_config.get("mean"), data_config.get("std"))):
+        if mean is not None and std is not None:
+            return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    return None
+
+
 def select_indices(size: int, limit: int | None, seed: int) -> list[int]:
     """All dataset indices, or a random subset of ``limit`` of them drawn with ``seed`` (sorted)."""
     from ..datasets.base import choose_indices
@@ -116,3 +127,11 @@ def loader(dataset: Dataset, indices: list[int], batch_size: int, num_workers: i
     """Batches of the images at ``indices`` in order; loading errors arrive in :attr:`Batch.failed`."""
     return DataLoader(_Guarded(dataset, indices), batch_size=batch_size, shuffle=False, num_workers=num_workers,
                       collate_fn=collate, pin_memory=False)
+
+
+def one_batch(dataset: Dataset, indices: list[int], device: torch.device) -> Batch | None:
+    """The images at ``indices`` that load, as one batch on ``device`` (None when none is asked or loads)."""
+    if not indices:
+        return None
+    batch = next(iter(loader(dataset, list(indices), len(indices), 0)))
+    return batch.to(device) if batch.indices else None

@@ -1,28 +1,27 @@
-"""report.html: the whole benchmark on one self-contained page (every image inlined, no external asset).
+"""report.html: the whole benchmark on one self-contained page (every image inlined, no script, no external asset).
 
-Sections: notes and run summary, then per model the table (papers' layout: methods as rows, one
-column per reported number grouped by protocol, an arrow for the better direction, the best
-non-control value in bold, control rows greyed), the curves, and a gallery (the same images with
-every method's overlay side by side, the model's prediction above each row); then the
-model-randomisation check (plot and table, flagged methods marked), errors and the settings.
+Sections: notes and run summary; the ranks of every model (each method's rank per protocol and its
+mean rank, controls placed for reference); then per model the table (papers' layout: methods as
+rows, one column per reported number grouped by protocol, an arrow for the better direction, the
+best non-control value in bold, control rows greyed, the method column kept in view while the table
+scrolls sideways), the curves (inline SVG; a legend entry per method shows and hides its line in
+every plot of the model, by CSS alone), and a gallery (the same images with every method's overlay
+side by side, the model's prediction above each row); then the model-randomisation check (plot and
+table, flagged methods marked), errors, time and the settings.
 """
 from __future__ import annotations
 
 import base64
 import html
-import io
 import itertools
+import re
 from datetime import datetime, timezone
 
-import numpy as np
-from torch import Tensor
-
-from .. import viz
-from .report import BenchResult, Gallery, Table, format_value
-from .sanity import cascade_plot
-
-OVERLAY_ALPHA = 0.5
-OVERLAY_COLOURS = "jet"
+from .plots import (
+    DIVERGING, OVERLAY_ALPHA, SEQUENTIAL, CurvePlot, cascade_plot, colour_scale, is_signed, model_styles, overlay, png_of,
+)
+from .result import BenchResult, Gallery
+from .tables import Ranking, Table, arrow, format_rank, format_value
 
 STYLE = """
 body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1f2328;
@@ -31,22 +30,31 @@ h1 { font-size: 1.7em; margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #d0
 h3 { margin-top: 1.6em; } .muted { color: #656d76; } nav a { margin-right: 1em; }
 .notes { background: #f6f8fa; border-left: 4px solid #0969da; padding: 0.6em 1em; margin: 1em 0; }
 .notes li { margin: 0.2em 0; }
-.scroll { overflow-x: auto; }
-table { border-collapse: collapse; margin: 0.6em 0; font-variant-numeric: tabular-nums; } table.scores { font-size: 13px; }
+.scroll { overflow-x: auto; max-width: 100%; }
+table { border-collapse: separate; border-spacing: 0; margin: 0.6em 0; font-variant-numeric: tabular-nums; }
+table.scores { font-size: 13px; }
 th, td { padding: 0.3em 0.6em; border-bottom: 1px solid #d8dee4; }
-table.scores td { text-align: right; } table.scores td.method, table.scores th.method { text-align: left; }
+table.scores td { text-align: right; background: #fff; } table.scores td.method, table.scores th.method { text-align: left; }
 table.scores thead th { background: #f6f8fa; font-weight: 600; }
 table.scores thead tr.metric th { white-space: nowrap; } table.scores th.number { max-width: 7.5em; }
 table.scores td.method { white-space: nowrap; }
+table.scores .method { position: sticky; left: 0; z-index: 1; border-right: 1px solid #d0d7de; }
+table.scores thead .method { z-index: 2; }
 table.scores thead tr.metric th { border-bottom: 1px solid #afb8c1; }
-table.scores tbody tr:nth-child(even) { background: #fafbfc; }
+table.scores tbody tr:nth-child(even) td { background: #fafbfc; }
 table.scores th.group-start, table.scores td.group-start { border-left: 1px solid #d0d7de; }
 tr.control td { color: #6e7781; font-style: italic; } tr.control td.method::after { content: " (control)"; }
 tr.flagged td.method { color: #cf222e; font-weight: 600; }
 td.best { font-weight: 700; }
-.curves { display: flex; flex-wrap: wrap; gap: 0.6em; }
-.curves img { width: calc(50% - 0.6em); min-width: 520px; max-width: 100%; border: 1px solid #d8dee4; }
-.curves img.wide { width: 1000px; }
+table.ranks td.rank { min-width: 3.2em; }
+.figures { display: flex; flex-wrap: wrap; gap: 0.6em; }
+.figures figure { margin: 0; width: calc(50% - 0.6em); min-width: 520px; max-width: 100%; border: 1px solid #d8dee4; }
+.figures figure.wide { width: 1000px; }
+.figures svg { display: block; width: 100%; height: auto; }
+.legend { display: flex; flex-wrap: wrap; gap: 0.15em 1em; font-size: 12.5px; margin: 0.5em 0; }
+.legend label { cursor: pointer; user-select: none; white-space: nowrap; }
+.legend label.group { font-style: italic; }
+.legend svg { vertical-align: middle; margin-right: 0.3em; }
 table.gallery { border-collapse: separate; border-spacing: 3px; }
 table.gallery th { font-size: 11px; font-weight: 600; position: sticky; top: 0; background: #fff; padding: 0.3em 0; }
 table.gallery th div { width: 112px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
@@ -55,38 +63,17 @@ table.gallery td.caption { font-size: 12.5px; padding: 0.8em 0 0.1em; text-align
 table.gallery img { display: block; width: 112px; height: 112px; }
 table.gallery td.input { position: sticky; left: 0; background: #fff; }
 span.missing { display: block; width: 112px; line-height: 112px; text-align: center; background: #eee; color: #888; }
-.legend img { vertical-align: middle; height: 12px; width: 200px; border: 1px solid #ccc; margin: 0 0.4em; }
+.scale img { vertical-align: middle; height: 12px; width: 200px; border: 1px solid #ccc; margin: 0 0.4em; }
 code { background: #f6f8fa; padding: 0.1em 0.3em; border-radius: 4px; }
 """
+
+#: matplotlib's own ids in an SVG (figure_1, line2d_3 ...): dropped, as every plot repeats them
+_PLOT_IDS = re.compile(r'\s+id="(?:figure|axes|patch|line2d|text|xtick|ytick|matplotlib\.axis|legend|PathCollection)_\d+"')
+_DASHES = {"-": "", "--": "5 3", ":": "1.5 2.5", "-.": "6 2.5 1.5 2.5"}
 
 
 def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-def png_of(pixels: np.ndarray) -> bytes:
-    """PNG of an RGB array [H, W, 3] in [0, 1]."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray((np.clip(pixels, 0, 1) * 255).round().astype(np.uint8)).save(buffer, format="PNG", optimize=True)
-    return buffer.getvalue()
-
-
-def overlay(image: Tensor, saliency: Tensor) -> np.ndarray:
-    """``saliency`` upsampled and min-max scaled (as :mod:`vitexplain.viz` draws it), coloured and blended
-    over ``image`` [H, W, 3]."""
-    from matplotlib import colormaps
-
-    heat = viz.normalise(viz.upsample(saliency.float(), tuple(image.shape[:2])))
-    colours = colormaps[OVERLAY_COLOURS](heat)[..., :3]
-    return (1 - OVERLAY_ALPHA) * image.numpy() + OVERLAY_ALPHA * colours
-
-
-def colour_scale() -> bytes:
-    from matplotlib import colormaps
-
-    return png_of(np.repeat(colormaps[OVERLAY_COLOURS](np.linspace(0, 1, 256))[None, :, :3], 12, axis=0))
 
 
 def _e(text: object) -> str:
@@ -97,43 +84,110 @@ def _anchor(*parts: str) -> str:
     return "-".join("".join(c if c.isalnum() else "_" for c in part) for part in parts)
 
 
-def score_table(table: Table, counts: dict[str, dict[str, int]], flagged: set[str]) -> str:
-    """The table with a two-row header: protocol (and its image count), then its numbers with arrows."""
-    groups = [(metric, len(list(members))) for metric, members in itertools.groupby(table.metrics)]
-    starts = {sum(n for _, n in groups[:k]) for k in range(len(groups))}
-    top = "".join(f'<th colspan="{n}" class="group-start">{_e(metric)} <span class="muted">(n={_images(counts, metric)})</span></th>'
-                  for metric, n in groups)
-    names = "".join(f'<th class="number{" group-start" if j in starts else ""}" title="{_direction(table.better[j])}">'
-                    f'{_breakable(table.header(j).split("/", 1)[-1])}</th>' for j in range(len(table.headers)))
-    rows = []
-    for method, values, best in zip(table.methods, table.values, table.best):
-        classes = ("control " if method in table.controls else "") + ("flagged" if method in flagged else "")
-        cells = "".join(f'<td class="{"best " if b else ""}{"group-start" if j in starts else ""}">{format_value(v)}</td>'
-                        for j, (v, b) in enumerate(zip(values, best)))
-        rows.append(f'<tr class="{classes.strip()}"><td class="method">{_e(method)}</td>{cells}</tr>')
-    return (f'<div class="scroll"><table class="scores"><thead><tr class="metric"><th class="method" rowspan="2">method</th>'
-            f'{top}</tr><tr>{names}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
-
-
 def _breakable(name: str) -> str:
     """``name`` escaped, with line-break opportunities after its underscores."""
     return _e(name).replace("_", "_<wbr>")
-
-
-def _images(counts: dict[str, dict[str, int]], metric: str) -> str:
-    found = sorted({per_metric.get(metric, 0) for per_metric in counts.values()})
-    return "/".join(map(str, found)) or "0"
 
 
 def _direction(better: bool | None) -> str:
     return {True: "higher is better", False: "lower is better", None: "no direction"}[better]
 
 
+def _row_class(method: str, controls: set[str], flagged: set[str]) -> str:
+    return " ".join(name for name, on in (("control", method in controls), ("flagged", method in flagged)) if on)
+
+
+def inline_svg(svg: bytes) -> str:
+    """An SVG file as an element to place in the page: no XML prolog, no namespace URLs, no matplotlib ids."""
+    text = svg.decode("utf-8")
+    text = text[text.index("<svg"):]
+    text = re.sub(r'\s+xmlns(?::xlink)?="[^"]*"', "", text)
+    return _PLOT_IDS.sub("", text)
+
+
+def rank_table(ranking: Ranking, flagged: set[str]) -> str:
+    """Methods by mean rank: the mean, then the rank per protocol, shaded from best (dark) to worst."""
+    places = len([m for m in ranking.methods if m not in ranking.controls]) or 1
+    best = min((v for m, v in zip(ranking.methods, ranking.mean) if v is not None and m not in ranking.controls), default=None)
+
+    def cell(value: float | None, bold: bool = False) -> str:
+        strength = 0.0 if value is None else 0.4 * (1 - (min(value, places) - 1) / max(places - 1, 1))
+        shade = "" if value is None else f' style="background: rgba(31, 136, 61, {strength:.2f})"'
+        return f'<td class="rank{" best" if bold else ""}"{shade}>{format_rank(value)}</td>'
+
+    header = ("<tr><th class='method'>method</th><th title='mean of the ranks per protocol'>mean rank</th>"
+              + "".join(f"<th class='number'>{_breakable(p)}</th>" for p in ranking.protocols) + "</tr>")
+    rows = []
+    for method, mean, ranks in zip(ranking.methods, ranking.mean, ranking.ranks):
+        cells = cell(mean, mean is not None and mean == best and method not in ranking.controls) + "".join(map(cell, ranks))
+        rows.append(f'<tr class="{_row_class(method, ranking.controls, flagged)}"><td class="method">{_e(method)}</td>{cells}</tr>')
+    return (f'<div class="scroll"><table class="scores ranks"><thead>{header}</thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def score_table(table: Table, flagged: set[str]) -> str:
+    """The table with a two-row header: protocol (and its image count), then its numbers with arrows."""
+    groups = [(metric, len(list(members))) for metric, members in itertools.groupby(table.metrics)]
+    starts = {sum(n for _, n in groups[:k]) for k in range(len(groups))}
+    top = "".join(f'<th colspan="{n}" class="group-start">{_e(metric)} <span class="muted">(n={table.counts.get(metric) or 0})'
+                  f'</span></th>' for metric, n in groups)
+    names = "".join(f'<th class="number{" group-start" if j in starts else ""}" title="{_direction(table.better[j])}">'
+                    f'{_breakable(table.numbers[j])}{arrow(table.better[j])}</th>' for j in range(len(table.headers)))
+    rows = []
+    for method, values, best in zip(table.methods, table.values, table.best):
+        cells = "".join(f'<td class="{"best " if b else ""}{"group-start" if j in starts else ""}">{format_value(v)}</td>'
+                        for j, (v, b) in enumerate(zip(values, best)))
+        rows.append(f'<tr class="{_row_class(method, table.controls, flagged)}"><td class="method">{_e(method)}</td>{cells}</tr>')
+    return (f'<div class="scroll"><table class="scores"><thead><tr class="metric"><th class="method" rowspan="2">method</th>'
+            f'{top}</tr><tr>{names}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def _swatch(style: dict) -> str:
+    dash = _DASHES.get(style.get("linestyle", "-"), "")
+    return (f'<svg width="26" height="10" aria-hidden="true"><line x1="1" y1="5" x2="25" y2="5" stroke="{style["color"]}" '
+            f'stroke-width="{style.get("linewidth", 1.4) + 0.4:g}" stroke-dasharray="{dash}"/></svg>')
+
+
+def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], grey: list[str], wide: bool = False) -> str:
+    """Plots of one model as inline SVG under one legend: each entry shows / hides its method's line in
+    every plot, one more entry the ``grey`` lines at once (checkboxes and CSS, no script). ``key``
+    prefixes every id, unique in the page."""
+    methods = list(dict.fromkeys(method for plot in plots for method in plot.curves))
+    grey = [method for method in grey if method in methods]
+    toggles = {method: f"{key}-m{k}" for k, method in enumerate(methods)}
+    lines = {method: f"{key}-l{k}-" for k, method in enumerate(methods)}
+    boxes = [(toggles[m], [m]) for m in methods] + ([(f"{key}-grey", grey)] if grey else [])
+    rules = []
+    for box, members in boxes:
+        rules.append(", ".join(f"#{box}:not(:checked) ~ .figures [id^='{lines[m]}']" for m in members) + " { display: none; }")
+        rules.append(f"#{box}:not(:checked) ~ .legend label[for='{box}'] {{ opacity: 0.4; text-decoration: line-through; }}")
+    labels = [f'<label for="{toggles[m]}" title="show / hide">{_swatch(styles[m])}{_e(m)}</label>' for m in methods]
+    if grey:
+        labels.append(f'<label for="{key}-grey" class="group" title="show / hide every grey line">{_swatch(styles[grey[0]])}'
+                      f'all grey lines</label>')
+    figures = []
+    for number, plot in enumerate(plots):
+        ids = {m: f"{lines[m]}{number}" for m in plot.curves if m in lines}
+        svg = inline_svg(plot.render(styles, "svg", legend=False, ids=ids))
+        figures.append(f'<figure class="{"wide" if wide else ""}" aria-label="{_e(plot.title)}">{svg}</figure>')
+    inputs = "".join(f'<input type="checkbox" id="{box}" checked hidden>' for box, _ in boxes)
+    return (f'<div class="toggled"><style>{" ".join(rules)}</style>{inputs}'
+            f'<div class="legend">{"".join(labels)}</div><div class="figures">{"".join(figures)}</div></div>')
+
+
+def _grey_methods(result: BenchResult, model: str) -> list[str]:
+    """The methods drawn grey (neither highlighted nor controls), when some are highlighted."""
+    controls = result.controls(model)
+    return [m for m in result.scores.get(model, {}) if result.highlight and m not in result.highlight and m not in controls]
+
+
 def gallery_table(gallery: Gallery, controls: set[str]) -> str:
     """Rows of images: a caption (label, prediction, probability) above the input and every overlay."""
     methods = list(gallery.maps)
+    signed = {m: gallery.maps[m] is not None and is_signed(gallery.maps[m]) for m in methods}
     header = "<tr><th><div>input</div></th>" + "".join(
-        f'<th title="{_e(m)}" class="{"control" if m in controls else ""}"><div>{_e(m)}</div></th>' for m in methods) + "</tr>"
+        f'<th title="{_e(m)}{" (signed: diverging scale)" if signed[m] else ""}" class="{"control" if m in controls else ""}">'
+        f'<div>{_e(m)}{" ±" if signed[m] else ""}</div></th>' for m in methods) + "</tr>"
     rows = []
     for i, image_id in enumerate(gallery.ids):
         name = gallery.class_names[gallery.predicted[i]] if gallery.predicted[i] < len(gallery.class_names) else gallery.predicted[i]
@@ -148,34 +202,45 @@ def gallery_table(gallery: Gallery, controls: set[str]) -> str:
             if maps is None:
                 cells.append('<td><span class="missing">no map</span></td>')
             else:
-                uri = data_uri(png_of(overlay(gallery.images[i], maps[i])))
+                uri = data_uri(png_of(overlay(gallery.images[i], maps[i], signed[method])))
                 cells.append(f'<td><img alt="{_e(method)} on {_e(image_id)}" title="{_e(method)}" src="{uri}"></td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f'<div class="scroll"><table class="gallery"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
-def sanity_section(model: str, check: dict, controls: set[str]) -> str:
+def gallery_section(gallery: Gallery, controls: set[str]) -> str:
+    scales = (f'<p class="scale muted">Maps without negative values: min-max scaled, low'
+              f'<img alt="colour scale {SEQUENTIAL}" src="{data_uri(colour_scale(SEQUENTIAL))}">high. '
+              f'Maps with negative values (marked ±): 0 in the middle, the largest 1 % of the magnitudes saturated, negative'
+              f'<img alt="colour scale {DIVERGING}" src="{data_uri(colour_scale(DIVERGING))}">positive. '
+              f'Blended at {OVERLAY_ALPHA:.0%} over the image.</p>')
+    return "<h3>Gallery</h3>" + scales + gallery_table(gallery, controls)
+
+
+def sanity_section(result: BenchResult, model: str, check: dict, key: str) -> str:
+    controls = result.controls(model)
     levels = check["levels"]
     header = "<tr><th class='method'>method</th>" + "".join(f"<th>{_e(level)}</th>" for level in levels) + "<th>flagged</th></tr>"
     rows = []
     for method, found in check["methods"].items():
-        classes = ("control " if method in controls else "") + ("flagged" if found["flagged"] else "")
+        classes = _row_class(method, controls, {method} if found["flagged"] else set())
         cells = "".join(f"<td>{v:.2f}</td>" for v in found["correlation"])
-        rows.append(f'<tr class="{classes.strip()}"><td class="method">{_e(method)}</td>{cells}'
+        rows.append(f'<tr class="{classes}"><td class="method">{_e(method)}</td>{cells}'
                     f'<td>{"yes" if found["flagged"] else "no"}</td></tr>')
     flagged = [m for m, found in check["methods"].items() if found["flagged"]]
     summary = (f"Flagged (maps still correlate &gt; {check['threshold']} with the originals once the whole model is random): "
                f"<b>{_e(', '.join(flagged)) or 'none'}</b>.")
-    plot = data_uri(cascade_plot(model, check, controls))
     return (f'<h3 id="{_anchor(model, "sanity")}">{_e(model)}</h3><p>{summary}</p>'
-            f'<div class="curves"><img class="wide" alt="cascading randomisation of {_e(model)}" src="{plot}"></div>'
-            f'<div class="scroll"><table class="scores"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>')
+            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model), _grey_methods(result, model),
+                              wide=True)
+            + f'<div class="scroll"><table class="scores"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 
 def timing_table(per_method: dict[str, dict[str, float]]) -> str:
     """Seconds per method (rows) and phase (columns: maps, each metric, sanity), with totals."""
     phases = list(dict.fromkeys(phase for spent in per_method.values() for phase in spent))
-    header = "<tr><th class='method'>method</th>" + "".join(f"<th class='number'>{_breakable(p)}</th>" for p in phases) + "<th>total</th></tr>"
+    header = ("<tr><th class='method'>method</th>" + "".join(f"<th class='number'>{_breakable(p)}</th>" for p in phases)
+              + "<th>total</th></tr>")
     rows = []
     for method, spent in per_method.items():
         cells = "".join(f"<td>{spent.get(phase, 0):.1f}</td>" for phase in phases)
@@ -197,7 +262,7 @@ def _settings(result: BenchResult) -> str:
             for label, entry in settings.get("metrics", {}).items()]
     metrics = "<table class='scores'><thead><tr><th class='method'>columns</th><th>metric</th><th>options</th><th>images</th>" \
               f"<th>dataset</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    run = {key: settings.get(key) for key in ("target", "seed", "limit", "sanity")}
+    run = {key: settings.get(key) for key in ("target", "seed", "limit", "sanity", "highlight")}
     return (f"<p>Run: <code>{_e(run)}</code></p><h3>Methods</h3><div class='scroll'>{methods}</div>"
             f"<h3>Metrics</h3><div class='scroll'>{metrics}</div>")
 
@@ -209,11 +274,15 @@ def _dataset_text(dataset: object) -> str:
     return str(dataset)
 
 
-def render_html(result: BenchResult, plots: list[tuple[str, str, str, bytes]]) -> str:
-    """The page; ``plots`` are the curve PNGs of :func:`vitexplain.bench.report.curve_plots`."""
+def _flagged(result: BenchResult, model: str) -> set[str]:
+    return {m for m, found in result.sanity.get(model, {}).get("methods", {}).items() if found["flagged"]}
+
+
+def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
+    """The page; ``plots`` are the curves of :func:`vitexplain.bench.plots.curve_plots`."""
     galleries = {gallery.model: gallery for gallery in result.galleries}
     models = list(result.scores)
-    nav = " ".join(f'<a href="#{_anchor(m)}">{_e(m)}</a>' for m in models)
+    nav = '<a href="#summary">summary</a> ' + " ".join(f'<a href="#{_anchor(m)}">{_e(m)}</a>' for m in models)
     if result.sanity:
         nav += ' <a href="#sanity">model randomisation</a>'
     if result.errors:
@@ -228,21 +297,27 @@ def render_html(result: BenchResult, plots: list[tuple[str, str, str, bytes]]) -
              f"<nav>{nav}</nav>"]
     if result.notes:
         parts.append('<div class="notes"><ul>' + "".join(f"<li>{_e(note)}</li>" for note in result.notes) + "</ul></div>")
+    parts.append('<h2 id="summary">Summary: rank per protocol</h2><p class="muted">Per model, methods by mean rank. A '
+                 "protocol's rank is the mean of the method's ranks (1 = best, ties share their places) on that "
+                 "protocol's numbers with a direction (↑ / ↓); the mean rank is its mean over the protocols. Controls "
+                 "(grey) are placed where they would rank among the methods, moving nobody. Red: failed the "
+                 "model-randomisation check.</p>")
+    for model in models:
+        parts += [f"<h3>{_e(model)}</h3>", rank_table(result.ranking(model), _flagged(result, model))]
     parts.append('<p class="muted">Tables: methods as rows; ↑ / ↓ = higher / lower is better; <b>bold</b> = best '
                  'among the methods (control rows, in grey, are references and never best); n = images per protocol. '
-                 'Red method names failed the model-randomisation check.</p>')
+                 'Red method names failed the model-randomisation check. Curves: click a legend entry to hide or show '
+                 'its line.</p>')
+    figure = itertools.count()
     for model in models:
         table = result.table(model)
-        flagged = {m for m, found in result.sanity.get(model, {}).get("methods", {}).items() if found["flagged"]}
-        parts += [f'<h2 id="{_anchor(model)}">{_e(model)}</h2>', score_table(table, result.images[model], flagged)]
-        mine = [(label, key, png) for name, label, key, png in plots if name == model]
+        parts += [f'<h2 id="{_anchor(model)}">{_e(model)}</h2>', score_table(table, _flagged(result, model))]
+        mine = [plot for plot in plots if plot.model == model]
         if mine:
-            parts.append("<h3>Curves</h3><div class='curves'>" + "".join(
-                f'<img alt="{_e(model)} {_e(label)} {_e(key)}" src="{data_uri(png)}">' for label, key, png in mine) + "</div>")
+            parts += ["<h3>Curves</h3>", toggled_figures(f"figures{next(figure)}", mine, model_styles(result, model),
+                                                         _grey_methods(result, model))]
         if model in galleries:
-            parts += ['<h3>Gallery</h3><p class="legend muted">Each map min-max scaled to its own range: low'
-                      f'<img alt="colour scale" src="{data_uri(colour_scale())}">high, blended at {OVERLAY_ALPHA:.0%} over the image.</p>',
-                      gallery_table(galleries[model], table.controls)]
+            parts.append(gallery_section(galleries[model], table.controls))
     if result.sanity:
         parts.append('<h2 id="sanity">Model randomisation (Adebayo et al., NeurIPS 2018)</h2>'
                      '<p>Cascading randomisation: the weights are re-initialised from the top down (head, then the last '
@@ -250,7 +325,7 @@ def render_html(result: BenchResult, plots: list[tuple[str, str, str, bytes]]) -
                      'with the partly random model. Numbers: Spearman rank correlation with the maps of the trained model, '
                      'averaged over the images. A method whose maps do not change does not depend on what the model learned.</p>')
         for model, check in result.sanity.items():
-            parts.append(sanity_section(model, check, result.table(model).controls if model in result.scores else set()))
+            parts.append(sanity_section(result, model, check, f"figures{next(figure)}"))
     if result.errors:
         rows = "".join(f"<tr><td class='method'>{_e(model)}</td><td>{_e(method)}</td><td>{_e(metric)}</td><td>{count}</td>"
                        f"<td style='text-align:left'>{_e(message)}</td></tr>"

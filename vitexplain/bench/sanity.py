@@ -1,4 +1,4 @@
-"""Model-randomisation sanity check: do a method's maps change when the model's weights are destroyed?
+"""Model-randomisation sanity check, the computation: do a method's maps change when the model's weights are destroyed?
 
 Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018, Sec. 3.1 ("cascading
 randomization"): the weights of a trained model are re-initialised from the top layer down, one
@@ -25,7 +25,7 @@ Here (decisions in docs/decisions/default-bench.md):
 
 Which parameters form a level is read from timm's parameter names (``blocks.<i>.``, ``head``,
 ``norm``, ``fc_norm``, ``attn_pool``); the instrumentation adapter does not expose the blocks'
-modules.
+modules. Running it inside a benchmark (caching, errors, timing) is :mod:`vitexplain.bench.sanity_check`.
 """
 from __future__ import annotations
 
@@ -159,12 +159,3 @@ def flagged(mean_correlations: list[float], threshold: float) -> bool:
     """Whether a method's maps still match the original once the whole model is random."""
     return mean_correlations[-1] > threshold
 
-
-def cascade_plot(model: str, check: dict, controls: set[str] = frozenset()) -> bytes:
-    """PNG of the mean correlation per level, one line per method, the flag threshold dotted."""
-    from .report import line_plot
-
-    curves = {method: found["correlation"] for method, found in check["methods"].items()}
-    return line_plot(f"{model}: cascading randomisation ({check['images']} images)", "re-initialised down to",
-                     "Spearman correlation with original", curves, ticks=check["levels"],
-                     dashed=controls, reference=check["threshold"], size=(10, 4.8))

@@ -1,10 +1,15 @@
-"""On-disk results of the bench: per-batch files keyed by image, written so a kill never corrupts them.
+"""On-disk results of the bench: per-batch files keyed by image, checksummed, written so a kill never corrupts them.
 
 A :class:`ShardStore` is a folder of safetensors files, one per processed batch. Each file holds
 per-image tensors (explanation maps, targets, metric values) plus, in its header, the dataset index
-and the id of every row. A file appears only complete (written to a temporary name, flushed, then
-renamed over with :func:`os.replace`), so after a ``kill -9`` a folder holds exactly the batches
-that finished, and a rerun skips the images found there.
+and the id of every row and a SHA-256 of all of it. A file appears only complete (written to a
+temporary name, flushed, then renamed over with :func:`os.replace`), so after a ``kill -9`` a folder
+holds exactly the batches that finished, and a rerun skips the images found there.
+
+A file that cannot be read, or whose content no longer matches its checksum (a truncated copy, a
+flipped bit on disk), is named in a :class:`CacheWarning` and removed when the folder is scanned, so
+its images are computed again and nothing else is lost. Small JSON records (the sanity check's) get
+the same treatment through :func:`write_record` / :func:`read_record`.
 """
 from __future__ import annotations
 
@@ -13,15 +18,25 @@ import json
 import os
 import re
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 from torch import Tensor
 
 SUFFIX = ".safetensors"
+CHECKSUM = "sha256"
+
+
+class CacheWarning(UserWarning):
+    """A cache file was unreadable or corrupt; it was removed and its content is recomputed."""
+
+
+class CorruptFile(ValueError):
+    """A cache file whose content does not check out."""
 
 
 def options_key(options: dict[str, Any]) -> str:
@@ -46,6 +61,38 @@ def atomic_write(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
+def discard(path: Path, reason: str) -> None:
+    """Warn that the cache file ``path`` is unusable (``reason``) and remove it, so its content is recomputed."""
+    warnings.warn(f"cache file {path} is {reason}; removed, its results are computed again", CacheWarning, stacklevel=2)
+    Path(path).unlink(missing_ok=True)
+
+
+def shard_checksum(indices: list[int], ids: list[str], tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of a shard's rows (indices and ids) and tensors (name, dtype, shape and bytes of each)."""
+    digest = hashlib.sha256(json.dumps([indices, ids]).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _read_shard(path: Path) -> tuple[list[int], list[str]]:
+    """The rows of a shard after checking it whole; raises :class:`CorruptFile` (or the reader's error)."""
+    with safe_open(str(path), "pt") as handle:
+        header = handle.metadata() or {}
+    indices, ids = json.loads(header["indices"]), json.loads(header["ids"])
+    if not (isinstance(indices, list) and isinstance(ids, list) and len(indices) == len(ids)
+            and all(isinstance(i, int) for i in indices)):
+        raise CorruptFile("its header lists no valid rows")
+    tensors = load_file(str(path))
+    if any(tensor.shape[0] != len(indices) for tensor in tensors.values()):
+        raise CorruptFile("its tensors do not have one row per image")
+    if CHECKSUM in header and shard_checksum(indices, ids, tensors) != header[CHECKSUM]:
+        raise CorruptFile("its content does not match its checksum")
+    return indices, ids
+
+
 class ShardStore:
     """Per-image tensors of one (model, method[, metric]) stored as one file per batch."""
 
@@ -54,13 +101,20 @@ class ShardStore:
         self._where: dict[int, tuple[Path, int, str]] = {}
 
     def scan(self) -> dict[int, str]:
-        """Find every stored image (also those other processes wrote); returns {dataset index: id}."""
+        """Find every stored image (also those other processes wrote); returns {dataset index: id}.
+
+        Every file is read whole and checked against its checksum; one that fails is discarded (see
+        the module docstring). Files written before checksums existed are checked for readability only.
+        """
         self._where = {}
         for path in sorted(self.directory.glob(f"*{SUFFIX}")):
-            with safe_open(str(path), "pt") as handle:
-                header = handle.metadata()
-            for row, (index, image_id) in enumerate(zip(json.loads(header["indices"]), json.loads(header["ids"]))):
-                self._where.setdefault(index, (path, row, image_id))
+            try:
+                indices, ids = _read_shard(path)
+            except (SafetensorError, OSError, ValueError, KeyError, TypeError) as error:
+                discard(path, f"unreadable ({type(error).__name__}: {error})")
+                continue
+            for row, (index, image_id) in enumerate(zip(indices, ids)):
+                self._where.setdefault(index, (path, row, str(image_id)))
         return {index: image_id for index, (_, _, image_id) in self._where.items()}
 
     def __contains__(self, index: int) -> bool:
@@ -74,7 +128,7 @@ class ShardStore:
         digest = hashlib.sha256(json.dumps(indices).encode()).hexdigest()[:10]
         path = self.directory / f"{indices[0]:09d}-{digest}{SUFFIX}"
         cpu = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
-        metadata = {"indices": json.dumps(indices), "ids": json.dumps(ids)}
+        metadata = {"indices": json.dumps(indices), "ids": json.dumps(ids), CHECKSUM: shard_checksum(indices, ids, cpu)}
         atomic_write(path, save(cpu, metadata=metadata))
         for row, (index, image_id) in enumerate(zip(indices, ids)):
             self._where[index] = (path, row, image_id)
@@ -104,3 +158,31 @@ class ShardStore:
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
         return {name: torch.cat(chunks)[inverse].to(device) for name, chunks in parts.items()}
+
+
+def _record_checksum(content: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def write_record(path: Path, content: dict[str, Any]) -> None:
+    """Store a JSON object with its checksum (under the key ``sha256``), atomically."""
+    atomic_write(path, json.dumps({**content, CHECKSUM: _record_checksum(content)}).encode())
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The object stored by :func:`write_record`; None when there is none, or when it is unreadable or
+    does not match its checksum (then it is discarded with a :class:`CacheWarning`). Records written
+    before checksums existed are returned unchecked."""
+    if not path.exists():
+        return None
+    try:
+        content = json.loads(path.read_bytes())
+        if not isinstance(content, dict):
+            raise CorruptFile("it does not hold a JSON object")
+        checksum = content.pop(CHECKSUM, None)
+        if checksum is not None and _record_checksum(content) != checksum:
+            raise CorruptFile("its content does not match its checksum")
+    except (OSError, ValueError) as error:
+        discard(path, f"unreadable ({type(error).__name__}: {error})")
+        return None
+    return content

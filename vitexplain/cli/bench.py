@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
+import warnings
 from typing import Any
 
 
@@ -25,6 +27,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--method", action="append", help="explanation method (repeatable)")
     parser.add_argument("--method-option", action="append", default=[], metavar="METHOD.KEY=VALUE",
                         help="an option of one method, the value read as YAML (repeatable)")
+    parser.add_argument("--highlight", action="append", metavar="LABEL",
+                        help="a method drawn in colour in the report's curves, the others grey (repeatable)")
     parser.add_argument("--metric", action="append", help="evaluation metric (repeatable)")
     parser.add_argument("--metric-option", action="append", default=[], metavar="METRIC.KEY=VALUE",
                         help="an option of one metric, the value read as YAML (repeatable)")
@@ -52,7 +56,10 @@ def _assignment(text: str, dotted: bool) -> tuple[str | None, str, Any]:
     if not equals or not key or (dotted and not dot):
         form = "NAME.KEY=VALUE" if dotted else "KEY=VALUE"
         raise ValueError(f"expected {form}, got {text!r}")
-    return owner, key, yaml.safe_load(value)
+    try:
+        return owner, key, yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        raise ValueError(f"cannot read the value of {text!r} as YAML: {str(error).splitlines()[0]}") from None
 
 
 def _with_options(entries: list, assignments: list[str], what: str) -> list[dict[str, Any]]:
@@ -70,22 +77,27 @@ def _with_options(entries: list, assignments: list[str], what: str) -> list[dict
 
 def config_from_args(args: argparse.Namespace):
     """The :class:`~vitexplain.bench.BenchConfig` that ``--config`` and the flags describe."""
-    import yaml
-
     from ..bench import DEFAULT_CONFIG, BenchConfig
+    from ..bench.config import read_yaml
 
     data: dict[str, Any] = {}
     content_flags = (args.model, args.method, args.metric, args.dataset, args.data_root, args.dataset_option)
     path = args.config or (None if any(content_flags) else DEFAULT_CONFIG)
     if path:
-        with open(path) as handle:
-            data = yaml.safe_load(handle) or {}
+        data = read_yaml(path) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a bench config must be a mapping of BenchConfig keys, got {type(data).__name__}")
     if args.model:
         data["models"] = [{"name": name, "arch": args.arch} for name in args.model]
     for key in ("method", "metric"):
         if getattr(args, key):
             data[f"{key}s"] = list(getattr(args, key))
         data[f"{key}s"] = _with_options(data.get(f"{key}s", []), getattr(args, f"{key}_option"), key)
+    if args.highlight:
+        data["highlight"] = list(args.highlight)
+    elif args.method and data.get("highlight"):     # --method replaced the config's methods: keep what is still run
+        given = data["highlight"]
+        data["highlight"] = [label for label in ([given] if isinstance(given, str) else given) if label in args.method]
     if args.dataset or args.data_root or args.dataset_option:
         dataset = data.get("dataset") or {}
         dataset = {"name": dataset} if isinstance(dataset, str) else dict(dataset)
@@ -103,21 +115,28 @@ def config_from_args(args: argparse.Namespace):
     return BenchConfig.from_dict(data)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..bench import run_benchmark
     from ..models import ModelLoadError
 
     try:
-        config = config_from_args(args)
-        result = run_benchmark(config)
+        with warnings.catch_warnings():          # the run's warnings (e.g. a repaired cache) as one plain line each
+            warnings.showwarning = _show_warning
+            config = config_from_args(args)
+            result = run_benchmark(config)
     except (ValueError, TypeError, OSError, ModelLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     print(result.text())
-    print(f"wrote {result.files['html']} (everything on one page), {result.files['markdown']}, {result.files['csv']}, "
-          f"{result.files['json']} and {len(result.files['plots'])} plot(s)")
+    print(textwrap.fill(f"wrote {result.files['html']} (everything on one page), {result.files['markdown']}, "
+                        f"{result.files['csv']}, {result.files['json']} and {len(result.files['plots'])} plot(s)",
+                        100, subsequent_indent="    ", break_on_hyphens=False, break_long_words=False))
     if result.errors:
         count = sum(len(error["images"]) for error in result.errors)
         print(f"{len(result.errors)} error(s) on {count} image(s); see Errors above", file=sys.stderr)

@@ -7,30 +7,23 @@ are built chunk by chunk with one ``torch.where`` each and go through the model 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..instrumentation import evaluation_mode
 from ._common import minmax, removal_rank, upsample
-from .base import model_logits
 
 
-def black_pixel(model: nn.Module, images: Tensor, pixel_mean: Sequence[float] | None,
-                pixel_std: Sequence[float] | None) -> Tensor:
+def black_pixel(images: Tensor, pixel_mean: Sequence[float] | None, pixel_std: Sequence[float] | None) -> Tensor:
     """A black pixel (0 before normalisation) in the preprocessed space, [1, C, 1, 1].
 
-    ``pixel_mean`` / ``pixel_std`` are the preprocessing's normalisation; when not given they are
-    the model's data config (:func:`vitexplain.models.data_config`), which is what images
-    preprocessed for the model were normalised with.
+    ``pixel_mean`` / ``pixel_std`` are the normalisation the images were preprocessed with, one
+    value per channel (:attr:`vitexplain.metrics.EvalBatch.mean` / ``std`` in the bench).
     """
     if pixel_mean is None or pixel_std is None:
-        from ..models import data_config
-
-        config = data_config(model)
-        pixel_mean = config["mean"] if pixel_mean is None else pixel_mean
-        pixel_std = config["std"] if pixel_std is None else pixel_std
+        raise ValueError("removing pixels (setting them to black) needs the mean and std the images were normalised "
+                         "with; the batch has none (EvalBatch.mean / std)")
     mean = torch.as_tensor(pixel_mean, dtype=images.dtype, device=images.device).flatten()
     std = torch.as_tensor(pixel_std, dtype=images.dtype, device=images.device).flatten()
     if mean.numel() != images.shape[1] or std.numel() != images.shape[1]:
@@ -57,11 +50,13 @@ def check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
-def mixed_logits(model: nn.Module, first: Tensor, second: Tensor, rank: Tensor, counts: Tensor,
+def mixed_logits(forward: Callable[[Tensor], Tensor], first: Tensor, second: Tensor, rank: Tensor, counts: Tensor,
                  batch_size: int) -> Tensor:
     """Logits of every (image, step) mix, [B, S, classes].
 
     Args:
+        forward: images -> logits, batched (e.g. :meth:`~vitexplain.instrumentation.ModelAdapter.logits`);
+            called without gradients.
         first, second: sources [B or 1, C or 1, H or 1, W or 1] (a source with batch 1 is shared by
             every image; one of them has the full H x W).
         rank: removal rank of every pixel [B, H*W] (see ``_common.removal_rank``).
@@ -73,13 +68,13 @@ def mixed_logits(model: nn.Module, first: Tensor, second: Tensor, rank: Tensor, 
     height, width = torch.broadcast_shapes(first.shape[-2:], second.shape[-2:])
     counts = counts.to(rank.device)
     outputs = []
-    with torch.no_grad(), evaluation_mode(model):
+    with torch.no_grad():
         for start in range(0, batch * steps, batch_size):
             flat = torch.arange(start, min(start + batch_size, batch * steps), device=rank.device)
             image, step = flat // steps, flat % steps
             taken = (rank[image] < counts[step, None]).view(-1, 1, height, width)
             mixed = torch.where(taken, _rows(second, image), _rows(first, image))
-            outputs.append(model_logits(model, mixed))
+            outputs.append(forward(mixed))
     return torch.cat(outputs).view(batch, steps, -1)
 
 

@@ -21,11 +21,11 @@ Both are fractions (probabilities / natural-log odds), as in TokenTM's Table 5.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Annotated
-from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._common import check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
@@ -33,13 +33,13 @@ from ..options import PositiveInt, Range
 from .base import EvalBatch, Metric, register_metric
 
 
-def aopc_log_odds(model: nn.Module, images: Tensor, maps: Tensor, targets: Tensor, *, steps: int = 10,
-                  batch_size: int = 128, pixel_mean: Sequence[float] | None = None,
-                  pixel_std: Sequence[float] | None = None) -> dict[str, Tensor]:
+def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
+                  pixel_mean: Sequence[float], pixel_std: Sequence[float], steps: int = 10,
+                  batch_size: int = 128) -> dict[str, Tensor]:
     """Per-image probability drops and log-odds at every removal level.
 
     Args:
-        model, images, maps, steps, batch_size, pixel_mean, pixel_std: as in
+        forward, images, maps, pixel_mean, pixel_std, steps, batch_size: as in
             :func:`vitexplain.metrics.perturbation.perturbation_test`.
         targets: class whose probability is followed (the explained class) [B].
 
@@ -51,7 +51,7 @@ def aopc_log_odds(model: nn.Module, images: Tensor, maps: Tensor, targets: Tenso
     targets = check_targets(targets, images)
     counts = removal_counts(images.shape[-2] * images.shape[-1], steps, images.device)
     rank = ranked_by_relevance(maps, images, most_relevant_first=True)
-    logits = mixed_logits(model, images, black_pixel(model, images, pixel_mean, pixel_std), rank, counts, batch_size)
+    logits = mixed_logits(forward, images, black_pixel(images, pixel_mean, pixel_std), rank, counts, batch_size)
     log_p = logits.float().log_softmax(-1).gather(2, targets[:, None, None].expand(-1, steps, 1))[..., 0]
     return {"probability_drop": log_p[:, :1].exp() - log_p.exp(), "log_odds": log_p - log_p[:, :1]}
 
@@ -61,10 +61,10 @@ def reduce_aopc(values: dict[str, Tensor]) -> dict[str, float]:
             "log_odds": values["log_odds"].to(torch.float64).mean().item()}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128,
-             pixel_mean: Sequence[float] | None = None, pixel_std: Sequence[float] | None = None) -> dict[str, Tensor]:
-    return aopc_log_odds(model, batch.images, batch.maps, batch.targets, steps=steps, batch_size=batch_size,
-                         pixel_mean=pixel_mean, pixel_std=pixel_std)
+def _compute(batch: EvalBatch, *, steps: Annotated[int, Range(low=2)] = 10,
+             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+    return aopc_log_odds(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
+                         pixel_std=batch.std, steps=steps, batch_size=batch_size)
 
 
 register_metric(Metric(

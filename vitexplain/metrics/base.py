@@ -1,11 +1,16 @@
-"""What every evaluation protocol receives and returns, and the registry that names them."""
+"""What every evaluation protocol receives and returns, and the registry that names them.
+
+A protocol never sees the model object: the batch carries the model's forward (``logits``) and the
+method under test (``explain``), as Captum's metrics take ``forward_func`` and ``explanation_func``.
+"""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..options import check_options, option_defaults
 from ..registry import Registry
@@ -26,7 +31,11 @@ class EvalBatch:
             "boxes": list}``, or None.
         ignore: pixels no protocol should count [B, H, W] (bool), e.g. VOC's void borders, or None.
         explain: re-runs the same method with the same options: (images, targets) -> maps.
+        logits: the model's forward: images -> logits [B, classes], batched, in eval mode, without
+            gradients (the bench passes its adapter's :meth:`~vitexplain.instrumentation.ModelAdapter.logits`).
         ids: an identifier per image (file name or dataset index).
+        mean, std: per channel, the normalisation the images were preprocessed with (what a black
+            pixel is in the preprocessed space), or None when unknown.
     """
 
     images: Tensor
@@ -34,11 +43,14 @@ class EvalBatch:
     targets: Tensor
     labels: Tensor
     explain: Callable[[Tensor, Tensor], Tensor]
+    logits: Callable[[Tensor], Tensor]
     ids: list[str]
     masks: Tensor | None = None
     boxes: list[Tensor] | None = None
     second: dict[str, Any] | None = None
     ignore: Tensor | None = None
+    mean: Sequence[float] | None = None
+    std: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         bad = ~torch.isfinite(self.maps.flatten(1)).all(1)
@@ -53,7 +65,8 @@ class Metric:
 
     Attributes:
         name: registry name, e.g. ``"insertion_deletion"``.
-        compute: ``(model, batch, **options) -> dict[str, Tensor]`` of per-image values ([B] or [B, S]).
+        compute: ``(batch, **options) -> dict[str, Tensor]`` of per-image values ([B] or [B, S]); its
+            keyword-only parameters are the metric's options.
         reduce: per-image values of the whole dataset (concatenated) -> reported numbers.
         requires: what the dataset must provide, from ``{"masks", "boxes", "labels", "second"}``.
         higher_is_better: for every reported number, whether higher is better (drives the arrows and
@@ -98,17 +111,3 @@ def available_metrics() -> list[str]:
 def get_metric(name: str) -> Metric:
     return METRICS.get(name)
 
-
-def model_logits(model: nn.Module, images: Tensor) -> Tensor:
-    """Logits of a classifier call; Hugging Face models return an output object holding them."""
-    output = model(images)
-    return output.logits if hasattr(output, "logits") else output
-
-
-def model_probabilities(model: nn.Module, images: Tensor, batch_size: int | None = None) -> Tensor:
-    """Softmax outputs of a plain batched forward in eval mode, without gradients [B, classes]."""
-    from ..instrumentation import evaluation_mode
-
-    with torch.no_grad(), evaluation_mode(model):
-        chunks = [images] if batch_size is None else images.split(batch_size)
-        return torch.cat([model_logits(model, chunk).softmax(-1) for chunk in chunks])

@@ -22,7 +22,7 @@ means over images (higher is better).
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._common import check_maps, minmax, upsample
 from .base import EvalBatch, Metric, register_metric
@@ -64,7 +64,7 @@ def reduce_class_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
             for name in ("class_sensitivity", "first_share", "second_share")}
 
 
-def _compute(model: nn.Module, batch: EvalBatch) -> dict[str, Tensor]:
+def _compute(batch: EvalBatch) -> dict[str, Tensor]:
     if batch.masks is None or batch.second is None:
         raise ValueError("class sensitivity needs two labelled objects per image (batch.masks and batch.second)")
     second_maps = batch.explain(batch.images, batch.second["targets"])

@@ -23,11 +23,12 @@ Reported: mean insertion AUC (higher is better), deletion AUC (lower is better) 
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
 import math
+from collections.abc import Callable
+from typing import Annotated, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torchvision.transforms.functional import gaussian_blur
 
 from ._common import (
@@ -53,12 +54,13 @@ def baseline_images(images: Tensor, baseline: str, seed: int = 0) -> Tensor:
     return torch.rand((1, *images.shape[1:]), generator=generator).to(images)
 
 
-def insertion_deletion(model: nn.Module, images: Tensor, maps: Tensor, targets: Tensor, *, n_steps: int = 224,
-                       baseline: str = "blur", batch_size: int = 128, seed: int = 0) -> dict[str, Tensor]:
+def insertion_deletion(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
+                       n_steps: int = 224, baseline: str = "blur", batch_size: int = 128, seed: int = 0) -> dict[str, Tensor]:
     """Per-image insertion and deletion curves.
 
     Args:
-        model: the classifier (called in eval mode, without gradients).
+        forward: the classifier's forward, images -> logits (e.g. ``adapter_for(model).logits``, or a
+            timm model in eval mode); called without gradients.
         images: preprocessed images [B, C, H, W].
         maps: explanation maps [B, h, w] (upsampled bilinearly to the image).
         targets: explained class per image [B].
@@ -85,7 +87,7 @@ def insertion_deletion(model: nn.Module, images: Tensor, maps: Tensor, targets: 
     index = targets[:, None, None].expand(-1, n_steps, 1)
 
     def target_probability(first: Tensor, second: Tensor) -> Tensor:
-        logits = mixed_logits(model, first, second, rank, counts, batch_size)
+        logits = mixed_logits(forward, first, second, rank, counts, batch_size)
         return logits.float().softmax(-1).gather(2, index)[..., 0]
 
     return {"insertion": target_probability(substitute, images), "deletion": target_probability(images, substitute)}
@@ -102,10 +104,10 @@ def reduce_insertion_deletion(values: dict[str, Tensor]) -> dict[str, float]:
     return {"insertion": insertion, "deletion": deletion, "insertion_minus_deletion": insertion - deletion}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 224,
+def _compute(batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 224,
              baseline: Literal["blur", "black", "mean", "random"] = "blur", batch_size: PositiveInt = 128,
              seed: int = 0) -> dict[str, Tensor]:
-    return insertion_deletion(model, batch.images, batch.maps, batch.targets, n_steps=n_steps, baseline=baseline,
+    return insertion_deletion(batch.logits, batch.images, batch.maps, batch.targets, n_steps=n_steps, baseline=baseline,
                               batch_size=batch_size, seed=seed)
 
 

@@ -10,7 +10,8 @@ hila-chefer/Transformer-Explainability:
   ranked on it, most relevant first ("positive") or least relevant first ("negative");
 * at step k (fraction k / steps, k = 0 ... steps - 1, i.e. 0 %, 10 %, ..., 90 %) the first
   ``int(H * W * k / steps)`` pixels are set to 0 in all channels *before* normalisation, i.e. to
-  black, which in the preprocessed space is ``-mean / std`` (see ``pixel_mean`` / ``pixel_std``);
+  black, which in the preprocessed space is ``-mean / std`` (the batch's ``mean`` / ``std``: the
+  normalisation the images went through);
 * a step is correct when the model's top-1 class equals the ground-truth label (whatever class was
   explained: "predicted" vs "ground-truth" in the tables only changes ``targets`` of the maps);
 * AUC = ``np.trapz(accuracy, x=[0, 0.1, ..., 0.9]) * 100`` with the unperturbed accuracy at x = 0
@@ -20,11 +21,11 @@ Ties in the map are removed in raster order (lower row-major index first), in bo
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Annotated, Literal
-from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._common import check_choice, check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
@@ -34,14 +35,14 @@ from .base import EvalBatch, Metric, register_metric
 DIRECTIONS = ("both", "positive", "negative")
 
 
-def perturbation_test(model: nn.Module, images: Tensor, maps: Tensor, labels: Tensor, *,
-                      direction: str = "both", steps: int = 10, batch_size: int = 128,
-                      pixel_mean: Sequence[float] | None = None,
-                      pixel_std: Sequence[float] | None = None) -> dict[str, Tensor]:
+def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, labels: Tensor, *,
+                      pixel_mean: Sequence[float], pixel_std: Sequence[float], direction: str = "both",
+                      steps: int = 10, batch_size: int = 128) -> dict[str, Tensor]:
     """Per-image correctness at every perturbation step.
 
     Args:
-        model: the classifier (called in eval mode, without gradients).
+        forward: the classifier's forward, images -> logits (e.g. ``adapter_for(model).logits``, or a
+            timm model in eval mode); called without gradients.
         images: preprocessed images [B, C, H, W].
         maps: explanation maps [B, h, w] (any resolution; upsampled bilinearly).
         labels: ground-truth classes [B].
@@ -49,8 +50,8 @@ def perturbation_test(model: nn.Module, images: Tensor, maps: Tensor, labels: Te
             first) or ``"both"``.
         steps: number of steps; fractions k / steps for k < steps (10: 0 %, 10 %, ..., 90 %).
         batch_size: perturbed images per forward.
-        pixel_mean, pixel_std: the normalisation of the preprocessing (default: the model's timm
-            data config), to know what a black pixel is.
+        pixel_mean, pixel_std: per channel, the normalisation the images were preprocessed with,
+            to know what a black pixel is.
 
     Returns:
         ``positive`` and / or ``negative``: [B, steps] 1.0 where the top-1 class is the label.
@@ -62,12 +63,12 @@ def perturbation_test(model: nn.Module, images: Tensor, maps: Tensor, labels: Te
     if (labels < 0).any():
         raise ValueError("the perturbation test needs a ground-truth label (>= 0) for every image")
     counts = removal_counts(images.shape[-2] * images.shape[-1], steps, images.device)
-    black = black_pixel(model, images, pixel_mean, pixel_std)
+    black = black_pixel(images, pixel_mean, pixel_std)
     chosen = ("positive", "negative") if direction == "both" else (direction,)
     result = {}
     for name in chosen:
         rank = ranked_by_relevance(maps, images, most_relevant_first=name == "positive")
-        logits = mixed_logits(model, images, black, rank, counts, batch_size)
+        logits = mixed_logits(forward, images, black, rank, counts, batch_size)
         result[name] = (logits.argmax(-1) == labels[:, None]).float()
     return result
 
@@ -82,12 +83,10 @@ def reduce_perturbation(values: dict[str, Tensor]) -> dict[str, float]:
     return {f"{name}_auc": perturbation_auc(values[name]) for name in ("positive", "negative") if name in values}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, direction: Literal["both", "positive", "negative"] = "both",
-             steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128,
-             pixel_mean: Sequence[float] | None = None,
-             pixel_std: Sequence[float] | None = None) -> dict[str, Tensor]:
-    return perturbation_test(model, batch.images, batch.maps, batch.labels, direction=direction, steps=steps,
-                             batch_size=batch_size, pixel_mean=pixel_mean, pixel_std=pixel_std)
+def _compute(batch: EvalBatch, *, direction: Literal["both", "positive", "negative"] = "both",
+             steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+    return perturbation_test(batch.logits, batch.images, batch.maps, batch.labels, pixel_mean=batch.mean,
+                             pixel_std=batch.std, direction=direction, steps=steps, batch_size=batch_size)
 
 
 register_metric(Metric(

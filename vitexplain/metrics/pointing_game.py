@@ -17,7 +17,7 @@ how many images were kept and excluded.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._common import check_maps, upsample
 from ..options import Share
@@ -72,7 +72,7 @@ def reduce_pointing_game(values: dict[str, Tensor]) -> dict[str, float]:
     return {"accuracy": accuracy, "included": int(kept.sum()), "excluded": int((~kept).sum())}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, max_coverage: Share = 0.5) -> dict[str, Tensor]:
+def _compute(batch: EvalBatch, *, max_coverage: Share = 0.5) -> dict[str, Tensor]:
     if batch.boxes is None:
         raise ValueError("the pointing game needs ground-truth boxes (batch.boxes is None)")
     return pointing_game(batch.maps, batch.boxes, tuple(batch.images.shape[-2:]), max_coverage=max_coverage)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..options import PositiveInt
 from .base import EvalBatch, Metric, register_metric
@@ -102,7 +102,7 @@ def reduce_rationale_f1(values: dict[str, Tensor]) -> dict[str, float]:
     return {**reported, "mean_f1": values["f1"].double().mean().item()}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, ks: Sequence[PositiveInt] = DEFAULT_KS) -> dict[str, Tensor]:
+def _compute(batch: EvalBatch, *, ks: Sequence[PositiveInt] = DEFAULT_KS) -> dict[str, Tensor]:
     if batch.masks is None or batch.boxes is None:
         raise ValueError("rationale_f1 needs the word numbers of the tokens (masks) and the rationale spans (boxes), "
                          "as the 'movies' dataset serves them")

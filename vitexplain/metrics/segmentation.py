@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Literal
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._common import check_choice, check_maps, minmax, upsample
 from .base import EvalBatch, Metric, register_metric
@@ -143,7 +143,7 @@ def reduce_segmentation(values: dict[str, Tensor]) -> dict[str, float]:
     }
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, threshold: Literal["mean", "best"] = "mean") -> dict[str, Tensor]:
+def _compute(batch: EvalBatch, *, threshold: Literal["mean", "best"] = "mean") -> dict[str, Tensor]:
     if batch.masks is None:
         raise ValueError("the segmentation test needs ground-truth masks (batch.masks is None)")
     return segmentation(batch.maps, batch.masks, threshold=threshold, ignore=batch.ignore)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Annotated, Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._common import check_images, check_maps
 from ..options import PositiveInt, Range
@@ -71,7 +71,7 @@ def reduce_max_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
     return {"max_sensitivity": values["max_sensitivity"].to(torch.float64).mean().item()}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, n_samples: PositiveInt = 10,
+def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 10,
              radius: Annotated[float, Range(low=0, low_open=True)] = 0.02, seed: int = 0) -> dict[str, Tensor]:
     return {"max_sensitivity": max_sensitivity(batch.explain, batch.images, batch.maps, batch.targets,
                                                n_samples=n_samples, radius=radius, seed=seed)}

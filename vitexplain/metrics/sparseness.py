@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Literal
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._common import check_choice, check_maps, upsample
 from .base import EvalBatch, Metric, register_metric
@@ -50,7 +50,7 @@ def reduce_sparseness(values: dict[str, Tensor]) -> dict[str, float]:
     return {"sparseness": values["sparseness"].to(torch.float64).mean().item()}
 
 
-def _compute(model: nn.Module, batch: EvalBatch, *, shift: Literal["always", "negative"] = "always") -> dict[str, Tensor]:
+def _compute(batch: EvalBatch, *, shift: Literal["always", "negative"] = "always") -> dict[str, Tensor]:
     return {"sparseness": gini_sparseness(batch.maps, tuple(batch.images.shape[-2:]), shift=shift)}
 
 
