@@ -9,7 +9,8 @@ elsewhere.
 Explanation methods are functions ``fn(adapter, images, target, *, option=default, ...) -> Tensor
 [B, h, w]`` decorated with :func:`register_method`. Their keyword-only parameters are their options,
 checked by name and by annotated type (:mod:`vitexplain.options`). Each built-in method lives in its
-own module under :mod:`vitexplain.methods`, which imports them all.
+own module under :mod:`vitexplain.methods`, which imports them all (the package loads it before the
+first lookup).
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import difflib
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import options as option_checks
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 T = TypeVar("T")
 
@@ -40,6 +42,10 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._loader = loader
         self._sort = sort
+
+    def load_with(self, loader: Callable[[], None]) -> None:
+        """Call ``loader`` (which registers the built-in entries) before the first lookup."""
+        self._loader = loader
 
     def _load(self) -> None:
         if self._loader is not None:
@@ -143,11 +149,9 @@ class MethodSpec:
         return self.cost({**self.options, **(options or {})})
 
 
-def _load_builtin_methods() -> None:
-    from . import methods  # noqa: F401  (importing registers every built-in method)
-
-
-METHODS: Registry[MethodSpec] = Registry("explanation method", _load_builtin_methods)
+#: the built-in methods register themselves when :mod:`vitexplain.methods` is imported, which the
+#: package's ``__init__`` arranges before the first lookup (the registry imports nothing above it)
+METHODS: Registry[MethodSpec] = Registry("explanation method")
 
 
 def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
