@@ -194,6 +194,18 @@ def _result(values: dict[str, float]) -> BenchResult:
     return BenchResult("digits", scores, {}, {}, {"seg": {"miou": True}}, [], settings)
 
 
+def test_the_gallery_is_also_written_as_the_interactive_explorer(tiny_report):
+    result, report = tiny_report
+    page = (report.parent / "explorer.html").read_text()
+    assert result.files["explorer"] == str(report.parent / "explorer.html")
+    for gallery in result.galleries:
+        for image_id in gallery.ids:
+            assert f'"tiny \u00b7 {image_id}"' in page or f'"tiny · {image_id}"' in page
+    for method in METHODS:
+        assert f'"{method}"' in page
+    assert "http://" not in page and "https://" not in page
+
+
 def test_controls_are_never_best_and_ties_are_all_marked():
     table = _result({"a": 0.5, "b": 0.7, "c": 0.9, "d": 0.7}).table("m")
     assert table.methods == ["a", "b", "c", "d"] and table.controls == {"c"}

@@ -30,6 +30,9 @@ def build_gallery(adapter: ModelAdapter, model_name: str, dataset: Dataset, indi
         mean, std = (torch.tensor(v, device=images.device).view(1, -1, 1, 1) for v in normalisation)
         display = images * std + mean
     maps = {label: cache.cached_maps(batch) for label, cache in caches.items()}
+    top = probabilities.topk(min(5, probabilities.shape[-1]), dim=-1)
+    top5 = [list(zip(classes.tolist(), values.tolist())) for values, classes in zip(top.values, top.indices)]
     return Gallery(model_name, batch.ids, display.clamp(0, 1).permute(0, 2, 3, 1).cpu(), batch.data["labels"].tolist(),
                    probabilities.argmax(-1).tolist(), probabilities.amax(-1).tolist(), class_names,
-                   {label: None if found is None else found["maps"].cpu() for label, found in maps.items()})
+                   {label: None if found is None else found["maps"].cpu() for label, found in maps.items()},
+                   top5, tuple(adapter.grid_size(images)))

@@ -214,7 +214,9 @@ def gallery_section(gallery: Gallery, controls: set[str]) -> str:
               f'Maps with negative values (marked ±): 0 in the middle, the largest 1 % of the magnitudes saturated, negative'
               f'<img alt="colour scale {DIVERGING}" src="{data_uri(colour_scale(DIVERGING))}">positive. '
               f'Blended at {OVERLAY_ALPHA:.0%} over the image.</p>')
-    return "<h3>Gallery</h3>" + scales + gallery_table(gallery, controls)
+    link = ('<p class="muted">Every map of these images, token by token and side by side, in the interactive '
+            'explorer: <code>explorer.html</code> beside this report.</p>')
+    return "<h3>Gallery</h3>" + scales + link + gallery_table(gallery, controls)
 
 
 def sanity_section(result: BenchResult, model: str, check: dict, key: str) -> str:

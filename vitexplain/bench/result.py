@@ -39,6 +39,8 @@ class Gallery:
         predicted: the model's top-1 class per image, and ``probability`` its softmax probability.
         class_names: readable name of every class index.
         maps: method label -> its maps of the images [G, h, w] (None when they could not be made).
+        top5: per image, the five most probable classes with their probabilities.
+        grid: the model's patch grid (h, w), to read token-level maps by token.
     """
 
     model: str
@@ -49,6 +51,8 @@ class Gallery:
     probability: list[float]
     class_names: list[str]
     maps: dict[str, Tensor | None]
+    top5: list[list[tuple[int, float]]] = field(default_factory=list)
+    grid: tuple[int, ...] | None = None
 
 
 @dataclass
