@@ -8,7 +8,6 @@ from conftest import FAMILIES, make_vit
 from test_tokentm import (TARGETS, assert_close_maps, assert_maps_differ, double_model, images_like, manual_forward,
                           target_score)
 from vitexplain import explain
-from vitexplain.instrumentation import UnsupportedModelError
 
 
 def reference_gradtoken(model, images, targets, *, aggregation="average", propagation="matmul", heads="relu_mean",
@@ -124,10 +123,10 @@ def test_batch_equals_one_image_at_a_time():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"aggregation": "max"}, "unknown aggregation"),
-    ({"propagation": "add"}, "unknown propagation"),
-    ({"heads": "max"}, "unknown heads"),
-    ({"score": "log_odds"}, "unknown score"),
+    ({"aggregation": "max"}, "option aggregation of method .* must be one of"),
+    ({"propagation": "add"}, "option propagation of method .* must be one of"),
+    ({"heads": "max"}, "option heads of method .* must be one of"),
+    ({"score": "log_odds"}, "option score of method .* must be one of"),
     ({"depth": 3}, "depth must index"),
     ({"depth": -4}, "depth must index"),
     ({"depth": 1.0}, "option depth of method .* must be an integer"),
@@ -138,7 +137,13 @@ def test_bad_options_are_refused(options, message):
         explain(model, images_like(model, 1), "gradtoken", **options)
 
 
-def test_model_without_class_token_is_refused():
+def test_pooled_readout_sums_the_query_gradients_the_output_reads():
+    """Average pooling reads every patch token's query: M_h = K_h Σ_i ∂y/∂q_i (no propagation: M_h alone)."""
     model = make_vit(class_token=False, global_pool="avg")
-    with pytest.raises(UnsupportedModelError, match="class token"):
-        explain(model, images_like(model, 1), "gradtoken")
+    images = images_like(model, 2)
+    logits, blocks = manual_forward(model, images)
+    (query_grad,) = torch.autograd.grad(target_score(logits, TARGETS[:2], "logit"), [blocks[-1]["q"]])
+    keys = blocks[-1]["k"].detach()
+    expected = torch.einsum("bhnd,bhd->bhn", keys, query_grad.sum(2)).clamp(min=0).mean(1)
+    found = explain(model, images, "gradtoken", TARGETS[:2], propagation="none")
+    torch.testing.assert_close(found, expected.reshape(2, 4, 4), rtol=1e-5, atol=1e-7)

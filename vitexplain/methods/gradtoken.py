@@ -1,45 +1,51 @@
 """GradToken: class-aware query gradients against the keys (Cheng et al., Neural Networks 2024)."""
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from ..instrumentation import BlockRecord, ModelAdapter
+from ..instrumentation import ModelAdapter
 from ..registry import register_method
-
-AGGREGATIONS = ("average", "rollout")
-PROPAGATIONS = ("matmul", "elementwise", "none")
-HEAD_INTEGRATIONS = ("relu_mean", "mean")
-SCORES = ("logit", "probability")
+from ._heads import block_index
+from ._products import push_columns, push_rows
 
 
-def aggregate_attention(blocks: list[BlockRecord], aggregation: str, top_down: bool) -> Tensor:
-    """The lower blocks' attention combined into one [B, N, N] matrix (Sec. 3.3).
+def propagate(relevance: Tensor, readout: Tensor, fused: list[Tensor], aggregation: str, propagation: str,
+              transpose: bool, prefix: int) -> Tensor:
+    """M̂_h [B, H, patches] from M_h through the lower blocks' head-averaged attention ``fused`` (Sec. 3.3).
 
-    ``average``: Ā = 1/B · 1/H Σ_b Σ_h A_h^(b) (Eq. 14), B counting the averaged blocks plus the last one.
-    ``rollout``: L^(b) = I + 1/H Σ_h A_h^(b) (Eq. 9), multiplied ``top_down`` L^(B-1)⋯L^(1) (Eq. 10) or
-    bottom-up L^(1)⋯L^(B-1) (Eq. 12 as printed).
+    The aggregated matrix Ā is never formed: ``average`` is Ā = 1/B Σ_b Ā_b (Eq. 14, B counting the
+    lower blocks and the last one), ``rollout`` the product of L^(b) = I + Ā_b (Eq. 9) — top-down
+    L^(B-1)⋯L^(1) for element-wise propagation (Eq. 10) and for the transposed reading, bottom-up
+    L^(1)⋯L^(B-1) for the printed matrix propagation (Eq. 12) — applied to vectors block by block.
+    Element-wise (Eq. 11 / 15): Ā's readout row (the class token's) times M_h; matrix (Eq. 13 / 16):
+    Ā[spatial, spatial] M_h, or Āᵀ M_h with ``transpose``.
     """
-    fused = [block.attn.mean(1) for block in blocks]
+    if propagation == "elementwise":
+        rows = readout[:, None].to(fused[0].dtype)
+        aggregated = (sum(torch.matmul(rows, a) for a in fused) / (len(fused) + 1) if aggregation == "average"
+                      else push_rows(rows, fused))
+        return aggregated[:, :, prefix:] * relevance
+    padded = F.pad(relevance, (prefix, 0))  # M_h on the whole sequence, zero at the prefix: Ā[s, s] M = (Ā (0; M))_s
     if aggregation == "average":
-        return torch.stack(fused).sum(0) / (len(blocks) + 1)
-    eye = torch.eye(fused[0].shape[-1], dtype=fused[0].dtype, device=fused[0].device)
-    product = None
-    for attn in fused:  # block order, lowest first
-        layer = eye + attn
-        if product is None:
-            product = layer
-        elif top_down:
-            product = torch.bmm(layer, product)
-        else:
-            product = torch.bmm(product, layer)
-    return product
+        mixed = sum(torch.matmul(padded, a) if transpose else torch.matmul(a, padded.transpose(1, 2)).transpose(1, 2)
+                    for a in fused) / (len(fused) + 1)
+    elif transpose:
+        mixed = push_rows(padded, fused)
+    else:
+        mixed = push_columns(padded.transpose(1, 2), fused).transpose(1, 2)
+    return mixed[:, :, prefix:]
 
 
 @register_method("gradtoken", modalities=("image", "text"))
-def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *, aggregation: str = "average",
-              propagation: str = "matmul", heads: str = "relu_mean", depth: int = 0,
-              score: str = "logit", transpose: bool = True) -> Tensor:
+def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
+              aggregation: Literal["average", "rollout"] = "average",
+              propagation: Literal["matmul", "elementwise", "none"] = "matmul",
+              heads: Literal["relu_mean", "mean"] = "relu_mean", depth: int = 0,
+              score: Literal["logit", "probability"] = "logit", transpose: bool = True) -> Tensor:
     """GradToken: the target's gradient at the class token's query, matched against the keys.
 
     Cheng, Liang, Lu & Cheung, "GradToken: Decoupling tokens with class-aware gradient for visual
@@ -48,7 +54,9 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *, aggregation
     M_h = K_h G_Q,h over the spatial tokens (Eq. 8); propagation through the lower blocks'
     attention (Sec. 3.3, default average & matrix multiplication, Eq. 14 and 16); head integration
     (Eq. 18 by default). Spatial tokens are those after the prefix tokens (class, distillation and
-    register tokens); the class row is the class token's.
+    register tokens); the class row is the class token's. With a pooled readout the class-aware
+    gradient is summed over the queries the output reads and the class row is the readout's row
+    (docs/decisions/readouts.md).
 
     Options:
         aggregation: ``"average"`` (Eq. 14) | ``"rollout"`` (Eq. 9-10 / 12) of the lower blocks.
@@ -75,31 +83,19 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *, aggregation
     passes (depth … B-1), which is B for the paper's full depth. The rollout of Eq. (9) is not
     row-normalised, as written.
     """
-    cls = adapter.require_class_token("gradtoken")
-    if not isinstance(transpose, bool):
-        raise TypeError(f"transpose must be a bool, got {transpose!r}")
-    for name, value, choices in (("aggregation", aggregation, AGGREGATIONS), ("propagation", propagation, PROPAGATIONS),
-                                 ("heads", heads, HEAD_INTEGRATIONS), ("score", score, SCORES)):
-        if value not in choices:
-            raise ValueError(f"unknown {name} {value!r}; choose one of {choices}")
     num_blocks = adapter.num_blocks
-    if isinstance(depth, bool) or not isinstance(depth, int) or not -num_blocks <= depth < num_blocks:
-        raise ValueError(f"depth must index one of the model's {num_blocks} blocks, got {depth!r}")
-
-    record = adapter.record(images, target, grads=("q",), score=score)
-    last = record.blocks[-1]
-    prefix = record.num_prefix_tokens
-    query_grad = last.grads["q"][:, :, cls]  # [B, H, D]
+    lowest = block_index("depth", depth, num_blocks)
+    if propagation == "none":  # the last block alone
+        lowest = num_blocks - 1
+    record = adapter.record(images, target, fields=("attn", "k"), blocks=range(lowest, num_blocks),
+                            grads={"q": (-1,)}, score=score)
+    last, prefix = record.blocks[-1], record.num_prefix_tokens
+    reads = (record.readout.weights > 0).to(last.grads["q"].dtype)  # the positions the output reads
+    query_grad = torch.einsum("bhnd,bn->bhd", last.grads["q"], reads)  # Eq. (6)-(7), summed over read queries
     relevance = torch.einsum("bhsd,bhd->bhs", last.k[:, :, prefix:], query_grad)  # M_h, Eq. (8)
-
-    lower = record.blocks[depth % num_blocks:-1]
-    if propagation != "none" and lower:
-        aggregated = aggregate_attention(lower, aggregation, top_down=propagation == "elementwise" or transpose)
-        if propagation == "elementwise":
-            relevance = aggregated[:, None, cls, prefix:] * relevance
-        else:
-            spatial = aggregated[:, prefix:, prefix:]
-            relevance = torch.einsum("bst,bht->bhs", spatial.transpose(1, 2) if transpose else spatial, relevance)
+    fused = [block.attn.mean(1) for block in record.blocks[lowest:-1]]
+    if propagation != "none" and fused:
+        relevance = propagate(relevance, record.readout.weights, fused, aggregation, propagation, transpose, prefix)
     if heads == "relu_mean":
         relevance = relevance.clamp(min=0)
     return record.patch_grid(relevance.mean(1))
