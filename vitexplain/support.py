@@ -90,7 +90,8 @@ def support_markdown(matrix: dict[str, dict[str, str | None]]) -> str:
                     reasons.append(found)
                 cells.append(f"✗ {reasons.index(found) + 1}")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    lines += ["", "✓ works · – does not apply (the method explains images only, or text only) · ✗ refused:", ""]
+    lines += ["", "✓ works · – does not apply (the method explains images only, or text only)"
+                  + (" · ✗ refused:" if reasons else ""), ""]
     lines += [f"{number}. {reason}" for number, reason in enumerate(reasons, 1)]
     return "\n".join(lines) + "\n"
 

@@ -74,16 +74,8 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
     MHSA and the FFN of every block in order (Eq. 19-20); the class token's row over the patches (the
     readout's row for pooled readouts, docs/decisions/readouts.md).
 
-    Decisions where the paper is silent (docs/decisions/tokentm.md):
-      * E, the "original tokens", is the residual stream a sublayer adds to (``reference="residual"``):
-        Sec. 3.1 writes each sublayer as E + Σ_h A Ẽ_h, the skip term O = I·diag(L(E)) of Eq. (9) is
-        what the ratio of Eq. (11) normalises by, and C⁰ measures the same stream. ``"normalized"``
-        uses the LayerNorm output the sublayer transforms instead.
-      * Ẽ is per head, Ẽ_h = v_h W^H_h (Sec. 3.1 omits the subscript h), so W and T_h = A_h W_h are per
-        head; ``per_head=False`` uses one Ẽ = Σ_h Ẽ_h for all heads. The value bias and LayerScale are
-        part of the transformation; the output bias, added to every token alike, is not. The FFN's Ẽ is
-        its whole branch output (biases and LayerScale included).
-      * p(c) is the softmax probability, as Sec. 4.1 says (``score="logit"`` differentiates the logit).
+    Where the paper is silent (E is the residual stream a sublayer adds to, Ẽ per head, p(c) the
+    softmax probability, ...) the decisions and their reasons are in docs/decisions/tokentm.md.
 
     Options (Tables 6 and 7):
         use_length: the length ratio in W and C⁰ = diag(L(E⁰)); off, C⁰ = I ("+ AF" row).
@@ -91,8 +83,9 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         aggregate: the aggregation framework; off, the map is the first MHSA's update map alone, i.e.
             Eq. (8) applied to the input tokens with the default switches off ("Baseline" row).
         depth: aggregate only the first ``depth`` blocks (Table 7); None = all.
-        reference: ``"residual"`` | ``"normalized"``, the tensor E (see above).
-        per_head: per-head Ẽ_h (see above).
+        reference: ``"residual"`` (the stream the sublayer adds to) | ``"normalized"`` (the LayerNorm
+            output it transforms): the tensor E.
+        per_head: per-head Ẽ_h = v_h W^H_h, else one Ẽ = Σ_h Ẽ_h for all heads.
         score: ``"probability"`` | ``"logit"``, what ∇_A differentiates.
     """
     num_blocks = adapter.num_blocks
