@@ -55,12 +55,8 @@ def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positiv
     p1, bilinearly upsampled to (s+1)·C with C = ceil(H / s), and cropped to H×W at a random shift in
     [0, C) per axis.
 
-    The masks depend only on ``seed`` and the image size, not on the batch or ``batch_size``.
-    Decisions (docs/decisions/baselines-perturbation.md): the upsampling is
-    ``F.interpolate(bilinear, align_corners=False)``, which clamps at the border where the authors'
-    skimage ``resize(order=1, mode="reflect")`` mirrors (only the outer half cell differs); masks
-    multiply the preprocessed image, so a hidden pixel becomes 0 in normalised space, as in the
-    authors' code (eclique/RISE).
+    The masks depend only on ``seed`` and the image size, not on the batch or ``batch_size``; how they
+    are upsampled and applied: docs/decisions/baselines-perturbation.md.
 
     Options:
         n_masks: N (4000 in the paper for ResNet50 and in the TIS benchmark).

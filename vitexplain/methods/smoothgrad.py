@@ -28,12 +28,8 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: P
     target logit, each sample's gradient is taken in absolute value (Captum ``Saliency``'s default)
     before averaging, and channels are summed.
 
-    Decisions (docs/decisions/baselines-perturbation.md): the noise is drawn here instead of by
-    Captum's NoiseTunnel, which draws from the global RNG and gives each image of a batch different
-    noise; here the n noise tensors come from a generator of our own seeded with ``seed`` and are
-    the same for every image, so an image's map does not depend on the batch and the caller's RNG
-    is untouched. Gradients come from the adapter's recorded backward, the same as Captum's
-    ``Saliency``.
+    The noise comes from a generator of our own seeded with ``seed``, the same for every image, not
+    from Captum's ``NoiseTunnel`` (why: docs/decisions/baselines-perturbation.md).
 
     Options:
         samples: n, the number of noisy copies (50 in the TIS benchmark and the paper's advice).

@@ -142,11 +142,7 @@ def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1
     4. Pixel-coverage-bias correction: S = 1/N Σ_i s_i · M_i ⊘ Σ_j M_j (N = number of cluster masks);
        pixels that no mask covers get 0.
 
-    Decisions (docs/decisions/baselines-perturbation.md): the default features are those of the
-    authors' code and the TIS benchmark wrapper (the last block's normalised attention input,
-    ``blocks[-1].norm1``); the masks, their similarities and their normalisations are computed at
-    image size exactly but without storing D image-size masks; noise is in the preprocessed space;
-    ε_i is the same for mask i of every image and depends only on ``seed``.
+    Features, exact image-size masks without storing them, noise: docs/decisions/baselines-perturbation.md.
 
     Options:
         layer: block whose patch tokens make the masks (-1 = last).
