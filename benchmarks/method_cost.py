@@ -5,9 +5,10 @@
     python benchmarks/method_cost.py --methods all --model vit_base_patch16_224
 
 The model is built with random weights (nothing is downloaded). The reference is the plain model:
-one forward of the batch and one backward of the summed predicted-class logits to the images.
-Prints, per method, seconds per image and the ratio method time / reference time, both measured
-in this run (median of --repeats).
+one forward of the batch and one backward of the summed predicted-class logits to the images (the
+model's parameters frozen, as a user explaining a model has them). A second reference, a training
+step's forward+backward (parameter gradients too), is printed beside it. Prints, per method, seconds
+per image and the ratios method time / reference time, all measured in this run (median of --repeats).
 """
 from __future__ import annotations
 
@@ -41,11 +42,19 @@ def timed(fn, device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def forward_backward(model, images):
+def forward_backward(model, images, parameters: bool = False):
+    """One forward and one backward of the predicted-class logits: to the images, or (``parameters``)
+    to the parameters as a training step does."""
     def run():
-        x = images.detach().requires_grad_(True)
-        logits = model(x)
-        logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
+        x = images.detach().requires_grad_(not parameters)
+        with torch.enable_grad():
+            for parameter in model.parameters():
+                parameter.requires_grad_(parameters)
+            logits = model(x)
+            logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
+            for parameter in model.parameters():
+                parameter.requires_grad_(False)
+                parameter.grad = None
     return run
 
 
@@ -80,11 +89,14 @@ def main() -> None:
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     print(f"model {args.model}, batch {args.batch}, device {device} ({machine}), torch {torch.__version__}, timm {timm.__version__}")
     reference = timed(forward_backward(model, images), device, args.repeats)
-    print(f"{'forward+backward':24s} {reference / args.batch * 1e3:9.2f} ms/image   ratio 1.00")
+    training = timed(forward_backward(model, images, parameters=True), device, args.repeats)
+    print(f"{'forward+backward':24s} {reference / args.batch * 1e3:9.2f} ms/image   ratio 1.00   "
+          f"(training step: {training / args.batch * 1e3:.2f} ms/image)")
     for method in methods:
         kwargs = options.get(method, {})
         seconds = timed(lambda: vitexplain.explain(model, images, method, **kwargs), device, args.repeats)
-        print(f"{method:24s} {seconds / args.batch * 1e3:9.2f} ms/image   ratio {seconds / reference:.2f}")
+        print(f"{method:24s} {seconds / args.batch * 1e3:9.2f} ms/image   ratio {seconds / reference:.2f}   "
+              f"(/ training step {seconds / training:.2f})")
 
 
 if __name__ == "__main__":
