@@ -81,6 +81,43 @@ def test_reported_numbers_equal_a_one_image_at_a_time_computation(tmp_path):
     assert result.files["plots"] == [str(plot)]
 
 
+def test_each_metric_entry_is_reduced_with_its_own_options(tmp_path):
+    """Segmentation at the best threshold: one per method (default) or one per number, as the entry asks."""
+    from vitexplain.metrics.segmentation import reduce_segmentation, segmentation
+
+    dataset = RandomImages(6, masks=True)
+    metrics = [{"name": "segmentation", "options": {"threshold": choice}, "label": choice}
+               for choice in ("best", "best_per_metric")]
+    config = _config(tmp_path, dataset, methods=["rollout"], metrics=metrics)
+    result = run_benchmark(config)
+    images = torch.stack([dataset[i]["image"] for i in range(6)])
+    masks = torch.stack([dataset[i]["mask"] for i in range(6)])
+    maps = vitexplain.explain(config.models[0].source, images, "rollout")
+    for choice in ("best", "best_per_metric"):
+        expected = reduce_segmentation(segmentation(maps, masks, threshold=choice), threshold=choice)
+        assert result.scores["tiny"]["rollout"][choice] == pytest.approx(expected)
+    found = result.scores["tiny"]["rollout"]
+    assert found["best"]["pixel_accuracy_threshold"] != found["best_per_metric"]["pixel_accuracy_threshold"]
+
+
+def test_max_sensitivity_reseeds_randomised_methods_only(tmp_path):
+    """With reseed, each perturbed call of a randomised method gets its own seed through the bench; a
+    deterministic method is unaffected."""
+    from vitexplain.metrics.sensitivity import sample_seeds
+
+    dataset = RandomImages(3)
+    metrics = [{"name": "max_sensitivity", "options": {"n_samples": 3, "reseed": reseed}, "label": f"reseed={reseed}"}
+               for reseed in (False, True)]
+    config = _config(tmp_path, dataset, methods=["random_baseline", "rollout"], metrics=metrics, seed=5)
+    scores = run_benchmark(config).scores["tiny"]
+    assert scores["random_baseline"]["reseed=False"]["max_sensitivity"] == 0.0     # one seed: the same map
+    base = vitexplain.explain(config.models[0].source, dataset[0]["image"][None], "random_baseline", seed=5)
+    changes = [(base - vitexplain.explain(config.models[0].source, dataset[0]["image"][None], "random_baseline",
+                                          seed=s)).norm() / base.norm() for s in sample_seeds(5, 3)]
+    assert scores["random_baseline"]["reseed=True"]["max_sensitivity"] == pytest.approx(max(changes).item())
+    assert scores["rollout"]["reseed=True"] == scores["rollout"]["reseed=False"]
+
+
 def test_cached_maps_and_values_are_reused_and_a_new_metric_adds_only_itself(tmp_path, monkeypatch):
     method_log, metric_log = tmp_path / "method.log", tmp_path / "metric.log"
     monkeypatch.setenv("BENCH_METHOD_LOG", str(method_log))

@@ -1,6 +1,9 @@
 """Preprocessing, batching, the dataset registry and subsets."""
 from __future__ import annotations
 
+import dataclasses
+
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -9,6 +12,7 @@ from timm.data import create_transform
 
 from conftest import make_vit
 from vitexplain.datasets import (Preprocess, available_datasets, choose_indices, collate, get_dataset)
+from vitexplain.reproduce.data import preprocess_for
 
 
 def random_image(width: int, height: int, seed: int = 0) -> Image.Image:
@@ -81,8 +85,33 @@ def test_preprocess_from_data_config_and_model():
     assert (built.size, built.crop_pct, built.interpolation, built.mean) == ((32, 32), 1.0, "bilinear", (0.5,) * 3)
 
 
+def albumentations_tis(image: Image.Image, size: int, resize: int) -> torch.Tensor:
+    """The TIS authors' transform written out with OpenCV: albumentations' Normalize (ImageNet, of the 8-bit
+    image), Resize(resize, resize) with cv2.INTER_LINEAR on the float image, CenterCrop(size)."""
+    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
+    std = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
+    normalised = (np.asarray(image.convert("RGB")).astype(np.float32) - mean) * np.reciprocal(std)
+    resized = cv2.resize(normalised, (resize, resize), interpolation=cv2.INTER_LINEAR)
+    top = (resize - size) // 2
+    return torch.from_numpy(np.ascontiguousarray(resized[top:top + size, top:top + size])).permute(2, 0, 1)
+
+
+@pytest.mark.parametrize("width,height,size", [(300, 200, 56), (61, 97, 56), (40, 40, 56), (500, 375, 224)])
+def test_tis_preprocessing_equals_the_authors_albumentations_transform(width, height, size):
+    image = random_image(width, height, seed=width)
+    tis = preprocess_for("tis", {"input_size": (3, size, size), "mean": (0.5,) * 3, "std": (0.5,) * 3}, "")
+    ours = tis(image)[0]
+    reference = albumentations_tis(image, size, size * 256 // 224)
+    assert ours.shape == reference.shape == (3, size, size)
+    # float32 cv2 computes the sampling positions in single precision: a few 1e-4 at most
+    assert torch.allclose(ours, reference, atol=1e-3)
+    antialiased = dataclasses.replace(tis, antialias=True)(image)[0]     # PIL's resize of the 8-bit image
+    assert (antialiased - reference).abs().max() > 0.01                   # at least its rounding to 8 bits
+
+
 @pytest.mark.parametrize("bad", [dict(crop_mode="border"), dict(interpolation="cubic"), dict(crop_pct=0.0),
-                                 dict(mean=(0.5, 0.5)), dict(std=(1, 0, 1)), dict(size=(32, 0))])
+                                 dict(mean=(0.5, 0.5)), dict(std=(1, 0, 1)), dict(size=(32, 0)),
+                                 dict(antialias=False, interpolation="bicubic")])
 def test_preprocess_rejects_bad_settings(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         Preprocess(**bad)

@@ -35,14 +35,17 @@ def test_the_default_runs_every_method_every_protocol_and_both_shipped_models():
     methods = _library(available_methods(), lambda n: get_method(n).fn, "vitexplain.methods")
     metrics = _library(available_metrics(), lambda n: get_metric(n).compute, "vitexplain.metrics")
     assert {"random_baseline", "constant_baseline", "tokentm", "gradtoken", "tis"} <= methods
-    assert sorted(entry.name for entry in config.methods) == sorted(methods)
+    names = [entry.name for entry in config.methods]
+    assert sorted(set(names)) == sorted(methods) and len(names) == len(methods) + 1     # GradToken twice:
+    variants = {entry.label: entry.options for entry in config.methods if entry.name == "gradtoken"}
+    assert variants == {"gradtoken": {}, "gradtoken(transpose=True)": {"transpose": True}}  # printed and our variant
     assert sorted(entry.name for entry in config.metrics) == sorted(metrics - set(NOT_FOR_DIGITS))
     assert [entry.name for entry in config.models] == SHIPPED
     assert config.dataset.name == "digits" and config.sanity is not None and config.gallery > 0
     by_name = {entry.name: entry for entry in config.metrics}
     assert by_name["class_sensitivity"].dataset.options["objects"] == 2
     assert config.dataset.options.get("objects", 1) == 1
-    assert all(entry.label == entry.name for entry in config.methods)           # short row names
+    assert all(entry.label == entry.name for entry in config.methods if not entry.options.get("transpose"))  # short
     assert config.highlight == ["tokentm", "gradtoken", "tis"]                  # the seed methods, in colour
 
 
@@ -102,13 +105,15 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     expected = {"segmentation", "pointing_game", "perturbation", "aopc", "insertion_deletion", "sparseness",
                 "max_sensitivity", "class_sensitivity"}
     for model in SHIPPED:
-        assert list(result.scores[model]) == ["tokentm", "gradtoken", "random_baseline", "constant_baseline"]
+        assert list(result.scores[model]) == ["tokentm", "gradtoken", "gradtoken(transpose=True)", "random_baseline",
+                                              "constant_baseline"]
         for method, per_metric in result.scores[model].items():
             assert set(per_metric) == expected
             counts = result.images[model][method]
             assert counts["segmentation"] == 3 and counts["max_sensitivity"] == 2 and counts["class_sensitivity"] == 2
         flags = {m: found["flagged"] for m, found in result.sanity[model]["methods"].items()}
-        assert flags == {"tokentm": False, "gradtoken": False, "random_baseline": True, "constant_baseline": True}
+        assert flags == {"tokentm": False, "gradtoken": False, "gradtoken(transpose=True)": False, "random_baseline": True,
+                         "constant_baseline": True}
         assert set(result.curves[model]) == {"perturbation", "aopc", "insertion_deletion"}
     assert [g.model for g in result.galleries] == SHIPPED and all(len(g.ids) == 2 for g in result.galleries)
     page = (tmp_path / "report.html").read_text()

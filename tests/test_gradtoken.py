@@ -11,14 +11,14 @@ from vitexplain import explain
 
 
 def reference_gradtoken(model, images, targets, *, aggregation="average", propagation="matmul", heads="relu_mean",
-                        depth=0, score="logit", transpose=True):
+                        depth=0, score="logit", transpose=False):
     logits, blocks = manual_forward(model, images)
     (query_grad,) = torch.autograd.grad(target_score(logits, targets, score), [blocks[-1]["q"]])
     with torch.no_grad():
         return gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, depth, transpose)
 
 
-def gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, depth, transpose=True):
+def gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, depth, transpose=False):
     prefix, cls = model.num_prefix_tokens, 0
     num_blocks = len(blocks)
     lower = list(range(depth % num_blocks, num_blocks - 1))
@@ -40,13 +40,13 @@ def gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, d
                     if propagation == "elementwise" or transpose:
                         aggregated = layers[b] @ aggregated   # Eq. (10): L^(B-1) ... L^(1)
                     else:
-                        aggregated = aggregated @ layers[b]   # Eq. (12): L^(1) ... L^(B-1)
+                        aggregated = aggregated @ layers[b]   # Eq. (12) as printed: L^(1) ... L^(B-1)
             if propagation == "elementwise":  # Eq. (11) / (15)
                 relevance = [torch.stack([aggregated[cls, s] * m[s - prefix] for s in spatial]) for m in relevance]
-            elif transpose:  # each token passes its relevance to the tokens it attends to, top down
+            elif transpose:  # our variant: each token passes its relevance to the tokens it attends to
                 relevance = [torch.stack([sum(aggregated[t, s] * m[t - prefix] for t in spatial) for s in spatial])
                              for m in relevance]
-            else:  # Eq. (13) / (16) as printed
+            else:  # Eq. (13) / (16) as printed: token s gets the relevance of the tokens t it attends to
                 relevance = [torch.stack([sum(aggregated[s, t] * m[t - prefix] for t in spatial) for s in spatial])
                              for m in relevance]
         if heads == "relu_mean":  # Eq. (18)
@@ -67,8 +67,8 @@ VARIANTS = [
     {"depth": 2},
     {"aggregation": "rollout", "propagation": "elementwise", "depth": 1},
     {"score": "probability"},
-    {"transpose": False},
-    {"aggregation": "rollout", "propagation": "matmul", "transpose": False},
+    {"transpose": True},
+    {"aggregation": "rollout", "propagation": "matmul", "transpose": True},
 ]
 
 

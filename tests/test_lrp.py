@@ -1,6 +1,8 @@
 """LRP family: transformer_attribution, lrp, partial_lrp, conservative_lrp and the rules behind them."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,10 +96,13 @@ def written_out_forward(model, images, conservative=False):
     return logits, dict(patches=patches, content=content, tokens=tokens, blocks=blocks, pooled=pooled)
 
 
-def alpha1beta0(x, weight, rel):
-    """LRP-αβ, α=1, β=0 for y = x Wᵀ: each output's relevance shared by the positive x_i w_ji."""
+def alpha1beta0_rule(x, weight, rel, separate=False):
+    """LRP-αβ, α=1, β=0 for y = x Wᵀ: each output's relevance shared by the positive x_i w_ji — over one
+    denominator (layers_ours.py), or ``separate``: the x⁺ and x⁻ parts each over their own (layers_lrp.py)."""
     wp, wn = weight.clamp(min=0), weight.clamp(max=0)
     xp, xn = x.clamp(min=0), x.clamp(max=0)
+    if separate:
+        return xp * ((rel / (xp @ wp.T)) @ wp) + xn * ((rel / (xn @ wn.T)) @ wn)
     s = rel / (xp @ wp.T + xn @ wn.T)
     return xp * (s @ wp) + xn * (s @ wn)
 
@@ -113,8 +118,10 @@ def add_rule(a, b, rel, normalised):
     return ra * fa[:, None, None], rb * fb[:, None, None]
 
 
-def written_out_relevance(model, images, targets, normalised):
-    """Chefer et al.'s relprop, layer by layer, from relevance 1 on the target logit."""
+def written_out_relevance(model, images, targets, normalised, separate=False):
+    """Chefer et al.'s relprop, layer by layer, from relevance 1 on the target logit (``separate``: the
+    Linear rule of layers_lrp.py)."""
+    alpha1beta0 = functools.partial(alpha1beta0_rule, separate=separate)
     logits, acts = written_out_forward(model, images)
     batch = images.shape[0]
     start = F.one_hot(targets, logits.shape[1]).to(images.dtype)
@@ -172,6 +179,25 @@ def test_rules_match_a_written_out_relevance_propagation(double_model, rules, un
     torch.testing.assert_close(found.tokens, expected["tokens"], rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(found.patches, expected["patches"], rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(found.pixels, expected["pixels"], rtol=1e-9, atol=1e-12)
+
+
+def test_separate_linear_rule_matches_a_written_out_relevance_propagation(double_model, unstabilised):
+    """layers_lrp.py's Linear.relprop, the x⁺ and x⁻ parts each normalised by their own sum, at every Linear."""
+    images = images_like(dtype=torch.float64)
+    targets = torch.tensor([2, 7])
+    expected = written_out_relevance(double_model, images, targets, normalised=False, separate=True)
+    found = relevance(double_model, images, targets, lrp.lrp_baseline("separate"))
+    for got, want in zip(found.attn, expected["attn"]):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(found.tokens, expected["tokens"], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(found.pixels, expected["pixels"], rtol=1e-9, atol=1e-12)
+    shared = written_out_relevance(double_model, images, targets, normalised=False)
+    assert not torch.allclose(expected["pixels"], shared["pixels"], rtol=1e-2)
+    partial = expected["attn"][-1].clamp(min=0).mean(1)[:, 0, 1:].reshape(2, 4, 4)
+    torch.testing.assert_close(explain(double_model, images, "partial_lrp", targets, linear_rule="separate"),
+                               partial.float())
+    torch.testing.assert_close(explain(double_model, images, "lrp", targets, linear_rule="separate"),
+                               expected["pixels"].sum(1).float())
 
 
 def test_normalised_residual_rule_changes_the_relevance(double_model):
@@ -311,6 +337,9 @@ def test_clear_errors(tiny):
     images = images_like(2)
     with pytest.raises(ValueError, match="unknown LRP rule set"):
         relevance(tiny, images, None, "zplus")
+    for method in ("lrp", "partial_lrp"):
+        with pytest.raises(ValueError, match="option linear_rule of method .* must be one of 'shared', 'separate'"):
+            explain(tiny, images, method, linear_rule="split")
     with pytest.raises(ValueError, match="start_layer"):
         explain(tiny, images, "transformer_attribution", start_layer=3)
     with pytest.raises(UnsupportedModelError, match="its attention has a gate"):

@@ -53,7 +53,7 @@ def test_ignored_pixels_leave_every_count_and_the_ap():
 
 def test_constant_map_is_all_background_and_ap_one_half():
     mask = torch.tensor([[[True, False, False], [True, True, False]]])
-    for threshold in ("mean", "best"):
+    for threshold in ("mean", "best", "best_per_metric"):
         values = segmentation(torch.full((1, 2, 3), 2.0), mask, threshold=threshold)
         assert (values["correct"] == 3).all()                  # the 3 background pixels
         assert (values["intersection_foreground"] == 0).all()
@@ -104,15 +104,45 @@ def test_mean_threshold_matches_reference_loop():
     assert reported == pytest.approx({"pixel_accuracy": accuracy[0], "miou": miou[0], "map": map_})
 
 
-def test_best_threshold_picks_the_dataset_best_of_each_metric():
+def test_best_threshold_is_one_per_method_the_one_of_the_highest_miou():
     maps, masks = _random_case(2)
     accuracy, miou, map_ = _chefer_reference(maps, masks, list(THRESHOLD_GRID))
-    reported = reduce_segmentation(segmentation(maps, masks, threshold="best"))
+    chosen = int(miou.argmax())
+    assert int(accuracy.argmax()) != chosen               # the case tells one threshold from two
+    values = segmentation(maps, masks, threshold="best")
+    reported = reduce_segmentation(values)
+    assert reported == reduce_segmentation(values, threshold="best")
+    assert reported["pixel_accuracy"] == pytest.approx(accuracy[chosen])
+    assert reported["miou"] == pytest.approx(miou.max())
+    assert reported["map"] == pytest.approx(map_)
+    assert reported["pixel_accuracy_threshold"] == reported["miou_threshold"] == THRESHOLD_GRID[chosen]
+
+
+def test_best_per_metric_threshold_picks_the_dataset_best_of_each_metric():
+    maps, masks = _random_case(2)
+    accuracy, miou, map_ = _chefer_reference(maps, masks, list(THRESHOLD_GRID))
+    reported = reduce_segmentation(segmentation(maps, masks, threshold="best_per_metric"), threshold="best_per_metric")
     assert reported["pixel_accuracy"] == pytest.approx(accuracy.max())
     assert reported["miou"] == pytest.approx(miou.max())
     assert reported["map"] == pytest.approx(map_)
     assert reported["pixel_accuracy_threshold"] == THRESHOLD_GRID[int(accuracy.argmax())]
     assert reported["miou_threshold"] == THRESHOLD_GRID[int(miou.argmax())]
+
+
+def test_the_registered_metric_reports_with_the_threshold_it_computed_with():
+    from vitexplain.metrics import EvalBatch, get_metric
+
+    maps, masks = _random_case(2)
+    batch = EvalBatch(images=torch.zeros(5, 3, 16, 16), maps=maps, targets=torch.zeros(5, dtype=torch.long),
+                      labels=torch.zeros(5, dtype=torch.long), explain=None, logits=None, ids=list("abcde"),
+                      masks=masks)
+    metric = get_metric("segmentation")
+    for threshold in ("best", "best_per_metric", "mean"):
+        values = metric.compute(batch, threshold=threshold)
+        expected = reduce_segmentation(values, threshold=threshold)
+        assert metric.report(values, {"threshold": threshold}) == expected
+    per_metric = metric.report(metric.compute(batch, threshold="best_per_metric"), {"threshold": "best_per_metric"})
+    assert per_metric["pixel_accuracy_threshold"] != per_metric["miou_threshold"]
 
 
 def test_per_image_values_do_not_depend_on_batching():

@@ -169,6 +169,10 @@ def test_headers_follow_the_papers():
 def test_protocol_settings_of_the_papers():
     rows = {row.label: row for row in get_recipe("tokentm-table1").rows}
     assert rows["Rollout"].options == {"start_layer": 1} and rows["Trans. Attr."].options == {"start_layer": 1}
+    for name in ("tokentm-table1", "tokentm-table5", "gradtoken-table1", "gradtoken-table2"):
+        for row in get_recipe(name).rows:      # the LRP baselines with the Linear rule of Chefer et al.'s code
+            if row.method in ("lrp", "partial_lrp"):
+                assert row.options == {"linear_rule": "separate"}, (name, row.label)
     table1 = get_recipe("gradtoken-table1")
     literature = [s for s in table1.settings if s.key == "imagenet_seg_literature"][0]
     assert literature.metrics[0].options == {"threshold": "mean"} and "Rollout" in literature.rows
@@ -178,6 +182,47 @@ def test_protocol_settings_of_the_papers():
     tis = get_recipe("tis-table1")
     assert tis.seed == 12345 and tis.settings[0].data.subset == 5000 and tis.settings[0].target == "label"
     assert get_recipe("gradtoken-table2").setting_for("Rollout", get_recipe("gradtoken-table2").columns[1]) is None
+    table4 = get_recipe("tis-table4")                  # max-sensitivity as each method's wrapper feeds Captum
+    for column in table4.columns:
+        options = {row.label: table4.setting_for(row.label, column).metrics[0].options for row in table4.rows}
+        assert options["TIS"] == {"n_samples": 10, "radius": 0.02, "normalise": "minmax", "reseed": True}
+        assert options["Attention Rollout"] == {"n_samples": 10, "radius": 0.02, "normalise": "max"}
+        assert options["ViT-CX"] == options["SmoothGrad"] == {"n_samples": 10, "radius": 0.02, "reseed": True}
+        assert options["RISE"] == options["Chefer1"] == {"n_samples": 10, "radius": 0.02}
+        for row in table4.rows:                        # each row in exactly one setting per model
+            assert sum(s.covers(row.label) for s in table4.settings if s.group == column.group) == 1
+
+
+def test_gradtoken_recipes_run_the_printed_method_and_the_transposed_variant():
+    for name in ("gradtoken-table1", "gradtoken-table2", "gradtoken-fig6", "gradtoken-table3", "gradtoken-table4",
+                 "gradtoken-fig11"):
+        rows = {row.label: row for row in get_recipe(name).rows if row.method == "gradtoken"}
+        printed = [label for label, row in rows.items() if "transpose" not in row.options]
+        twins = [label for label, row in rows.items() if row.options.get("transpose") is True]
+        propagating = [label for label in printed if rows[label].options.get("propagation", "matmul") == "matmul"
+                       and rows[label].options.get("depth") != 11]          # depth 11 of 12 blocks: no propagation
+        assert twins == [f"{label} (transposed)" for label in propagating] and twins, name
+        assert all(rows[f"{label} (transposed)"].options == {**rows[label].options, "transpose": True}
+                   for label in propagating)
+    table2 = get_recipe("gradtoken-table2")
+    assert table2.setting_for("GradToken (transposed)", table2.columns[1]) is not None       # 'Label Known' too
+
+
+def test_segmentation_tables_name_the_threshold_of_each_number(inputs, tmp_path):
+    """GradToken's best threshold: one per method (PAcc and mIoU at it) unless the per-number choice is asked for."""
+    from vitexplain.metrics.segmentation import THRESHOLD_GRID
+
+    for choice in ("best", "best_per_metric"):
+        options = {} if choice == "best" else {"segmentation": {"threshold": choice}}
+        table = run_recipe("gradtoken-table4", data=inputs, models=stand_ins("gradtoken-table4"), device="cpu",
+                           output_dir=tmp_path / choice, limit=2, metric_options=options, progress=False)
+        markdown = table.markdown()
+        for row in table.rows:
+            accuracy, miou = table.cells[row, "pixel_accuracy"].note, table.cells[row, "miou"].note
+            assert table.cells[row, "map"].note is None
+            assert {accuracy, miou} <= {f"binarised at threshold {t:g}" for t in THRESHOLD_GRID}
+            assert accuracy == miou or choice == "best_per_metric"
+            assert f"] {accuracy}" in markdown and f"] {miou}" in markdown
 
 
 def test_missing_data_is_listed_before_any_computation(inputs, tmp_path):
@@ -236,16 +281,22 @@ def test_rendering_marks_missing_and_partial_cells():
     cells = {("A<b>", "x"): Cell("A<b>", "x", 0.5, 0.25, "Table 9"),
              ("A<b>", "y"): Cell("A<b>", "y", None, 1.0, "Table 9", reason="not run: no such method"),
              ("C", "x"): Cell("C", "x", 2.0, None, "Table 9", images=3, failed=1),
-             ("C", "y"): Cell("C", "y", None, 1.5, "Table 9", reason="not run: no such method")}
-    table = ReproducedTable("demo", "Paper", "Table 9", 2, ["A<b>", "C"], [("x", ("G", "X")), ("y", ("G", "Y"))], cells)
+             ("C", "y"): Cell("C", "y", None, 1.5, "Table 9", reason="not run: no such method"),
+             ("D", "x"): Cell("D", "x", 3.0, 2.0, "Table 9", images=3, note="binarised at threshold 0.4"),
+             ("D", "y"): Cell("D", "y", 1.0, 2.0, "Table 9", images=3, failed=1, note="binarised at threshold 0.4")}
+    table = ReproducedTable("demo", "Paper", "Table 9", 2, ["A<b>", "C", "D"], [("x", ("G", "X")), ("y", ("G", "Y"))],
+                            cells)
     markdown = table.markdown()
     assert "| A<b> | 0.50 | 0.25 | +0.25 | n/a [1] | 1.00 |  |" in markdown
     assert "| C | 2.00 [2] | – |  | n/a [1] | 1.50 |  |" in markdown
     assert "[1] not run: no such method" in markdown and "[2] 1 image(s) failed; the number is over the other 3" in markdown
+    assert "| D | 3.00 [3] | 2.00 | +1.00 | 1.00 [4] | 2.00 | -1.00 |" in markdown and "[3] binarised at threshold 0.4" in markdown
+    assert "[4] 1 image(s) failed; the number is over the other 3; binarised at threshold 0.4" in markdown
     page = table.html()
     assert "A&lt;b&gt;" in page and "A<b>" not in page and '<th colspan="6">G</th>' in page
     rows = list(csv.DictReader(table.csv_text().splitlines()))
     assert rows[0]["difference"] == repr(0.25) and rows[2]["published"] == "" and rows[2]["difference"] == ""
+    assert rows[4]["note"] == "binarised at threshold 0.4" and rows[0]["note"] == ""
 
 
 def test_gpu_estimate_scales_with_images():
@@ -269,6 +320,7 @@ def test_cli_lists_and_runs(inputs, tmp_path, capsys):
     listing = capsys.readouterr().out
     assert all(name in listing for name in available_recipes()) and "GPU hours" in listing
     assert "--model deit_cifar10=PATH" in listing
+    assert "    rows:    GradToken-i, GradToken-i (transposed), GradToken-ii, GradToken-ii (transposed)\n" in listing
     checkpoint = tiny_checkpoint(tmp_path)
     model = f"deit_base={checkpoint}"
     assert main(["reproduce", "tokentm-table1", "--model", model, "-o", str(tmp_path / "out")]) == 2

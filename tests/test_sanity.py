@@ -141,10 +141,15 @@ def test_a_method_failing_on_a_randomised_model_is_reported_not_fatal():
 @pytest.mark.parametrize("model_name", ["digits_vit", "digits_deit"])
 def test_seed_methods_localise_digits_far_better_than_the_controls(model_name):
     """On a shipped digits model and 20 test canvases, each seed method finds the digit far better than
-    both controls (seeded noise, a constant map): TokenTM and GradToken by the segmentation test with
-    the mean threshold (TokenTM's Table 1) and the pointing game, TIS by the pointing game (its
-    Table 3) and the segmentation test at GradToken's best threshold (its diffuse maps score below
-    the constant map's mIoU at the mean threshold, about 32 against 48).
+    both controls (seeded noise, a constant map): TokenTM and GradToken's transposed variant by the
+    segmentation test with the mean threshold (TokenTM's Table 1) and the pointing game, TIS by the
+    pointing game (its Table 3) and the segmentation test at GradToken's best threshold (its diffuse
+    maps score below the constant map's mIoU at the mean threshold, about 32 against 48).
+
+    GradToken as printed (Eq. 16, the default) does not localise on these small models: background
+    tokens attend to the digit, so it ranks the background first and its mAP stays below the random
+    map's (about 37-39 against 55; docs/decisions/gradtoken.md). That is asserted, so that a change of
+    the models or of the method that alters the finding is noticed and the decision record updated.
     """
     from vitexplain.datasets import get_dataset
     from vitexplain.datasets.base import collate
@@ -155,16 +160,20 @@ def test_seed_methods_localise_digits_far_better_than_the_controls(model_name):
     model, config = load_model(model_name, device="cpu")
     dataset = get_dataset("digits", split="test", n=1000, preprocess=config)
     batch = collate([dataset[i] for i in range(0, 1000, 50)])
-    methods = {"tokentm": {}, "gradtoken": {}, "tis": {"n_masks": 64}, "random_baseline": {}, "constant_baseline": {}}
-    miou, miou_best, pointing = {}, {}, {}
-    for method, options in methods.items():
+    methods = {"tokentm": ("tokentm", {}), "gradtoken": ("gradtoken", {}),
+               "gradtoken_transposed": ("gradtoken", {"transpose": True}), "tis": ("tis", {"n_masks": 64}),
+               "random_baseline": ("random_baseline", {}), "constant_baseline": ("constant_baseline", {})}
+    seg, seg_best, pointing = {}, {}, {}
+    for label, (method, options) in methods.items():
         maps = vitexplain.explain(model, batch["images"], method, **options)
-        miou[method] = reduce_segmentation(segmentation(maps, batch["masks"]))["miou"]
-        miou_best[method] = reduce_segmentation(segmentation(maps, batch["masks"], threshold="best"))["miou"]
-        pointing[method] = pointing_game(maps, batch["boxes"], tuple(batch["images"].shape[-2:]))["hit"].mean().item()
+        seg[label] = reduce_segmentation(segmentation(maps, batch["masks"]))
+        seg_best[label] = reduce_segmentation(segmentation(maps, batch["masks"], threshold="best"))
+        pointing[label] = pointing_game(maps, batch["boxes"], tuple(batch["images"].shape[-2:]))["hit"].mean().item()
     controls = ("random_baseline", "constant_baseline")
-    for method in ("tokentm", "gradtoken", "tis"):
+    for method in ("tokentm", "gradtoken_transposed", "tis"):
         assert pointing[method] >= max(pointing[c] for c in controls) + 0.4, (method, pointing)
-    for method in ("tokentm", "gradtoken"):
-        assert miou[method] >= max(miou[c] for c in controls) + 10, (method, miou)
-    assert miou_best["tis"] >= max(miou_best[c] for c in controls) + 10, miou_best
+    for method in ("tokentm", "gradtoken_transposed"):
+        assert seg[method]["miou"] >= max(seg[c]["miou"] for c in controls) + 10, (method, seg)
+    assert seg_best["tis"]["miou"] >= max(seg_best[c]["miou"] for c in controls) + 10, seg_best
+    printed, transposed, noise = seg["gradtoken"]["map"], seg["gradtoken_transposed"]["map"], seg["random_baseline"]["map"]
+    assert printed < noise < transposed - 20, (printed, noise, transposed)

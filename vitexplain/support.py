@@ -40,8 +40,18 @@ def examples() -> dict[str, Callable[[], tuple[Any, Any]]]:
     return {label: build for family in FAMILIES for label, build in family.examples().items()}
 
 
-def support_matrix(progress: bool = False) -> dict[str, dict[str, str | None]]:
+def builtin_methods() -> list[str]:
+    """The explanation methods vitexplain ships (controls left out), not those registered by plug-ins."""
+    from .registry import METHODS, available_methods
+
+    return [name for name in available_methods(controls=False)
+            if METHODS.get(name).fn.__module__.startswith("vitexplain.methods.")]
+
+
+def support_matrix(methods: list[str] | None = None, progress: bool = False) -> dict[str, dict[str, str | None]]:
     """example label -> method -> None when it works, else why it is refused ("" when it does not apply).
+
+    ``methods`` defaults to every registered method but the controls (plug-ins included).
 
     A method that raises anything but :class:`~vitexplain.instrumentation.UnsupportedModelError` (or
     the refusal of an input kind it does not explain) is a bug: the error propagates.
@@ -52,7 +62,7 @@ def support_matrix(progress: bool = False) -> dict[str, dict[str, str | None]]:
     from .instrumentation import UnsupportedModelError, adapter_for
     from .registry import available_methods, get_method
 
-    methods = available_methods(controls=False)
+    methods = available_methods(controls=False) if methods is None else methods
     matrix: dict[str, dict[str, str | None]] = {}
     for label, build in tqdm(examples().items(), desc="support matrix", disable=not progress):
         model, inputs = build()
@@ -97,8 +107,8 @@ def support_markdown(matrix: dict[str, dict[str, str | None]]) -> str:
 
 
 def write_support_table(path: Path = TABLE) -> str:
-    """Run the matrix and store its Markdown with the package; returns the Markdown."""
-    table = support_markdown(support_matrix(progress=True))
+    """Run the matrix of the built-in methods and store its Markdown with the package; returns the Markdown."""
+    table = support_markdown(support_matrix(builtin_methods(), progress=True))
     path.write_text(table)
     return table
 

@@ -280,7 +280,8 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                 order = torch.tensor([i for part in parts for i in part.indices]).argsort()
                 values = {key: torch.cat([part.values[key] for part in parts])[order] for key in parts[0].values}
                 try:
-                    scores[entry.label] = {key: float(value) for key, value in get_metric(entry.name).reduce(values).items()}
+                    reported = get_metric(entry.name).report(values, entry.options)
+                    scores[entry.label] = {key: float(value) for key, value in reported.items()}
                 except Exception as error:  # noqa: BLE001 - one metric's reduction must not lose the other reports
                     result.errors.append({"model": model.name, "method": method.label, "metric": entry.label, "images": [],
                                           "error": f"reduce failed: {type(error).__name__}: {error}"})

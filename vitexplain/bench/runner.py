@@ -196,8 +196,12 @@ class MethodRun:
         #: seconds spent by this process: "maps" (explaining) and each metric label
         self.seconds: dict[str, float] = {}
 
-    def explain(self, images: Tensor, targets: Tensor) -> Tensor:
-        return explain(self.adapter, images, self.method.name, target=targets, **self.options)
+    def explain(self, images: Tensor, targets: Tensor, seed: int | None = None) -> Tensor:
+        """The method's maps with the run's options; ``seed`` replaces a randomised method's seed."""
+        options = self.options
+        if seed is not None and get_method(self.method.name).randomised:
+            options = {**options, "seed": seed}
+        return explain(self.adapter, images, self.method.name, target=targets, **options)
 
     def run(self, dataset: Dataset, wanted: dict[str, list[int]], shown: list[int] = ()) -> list[dict[str, Any]]:
         """Process the images that miss maps or a metric value; returns the errors.

@@ -34,13 +34,14 @@ def add_parser(subparsers) -> None:
 
 
 def describe_recipes() -> str:
-    """The --list text: per recipe its table, inputs, models, estimated GPU hours and pieces not yet in vitexplain."""
+    """The --list text: per recipe its table, rows, inputs, models, estimated GPU hours and pieces not yet in vitexplain."""
     from ..reproduce import DATA_INPUTS, MODELS, RECIPES, estimate_gpu_hours, plan_recipe
 
     lines = []
     for name in RECIPES:
         recipe = RECIPES.get(name)
         lines.append(f"{name}  {recipe.paper}, {recipe.title}")
+        lines.append(f"    rows:    {', '.join(row.label for row in recipe.rows)}")
         inputs = [DATA_INPUTS[key].flag + (" (optional)" if DATA_INPUTS[key].optional else "") for key in recipe.inputs()]
         lines.append(f"    data:    {', '.join(inputs)}")
         for key in recipe.models():

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
@@ -48,12 +49,20 @@ class Preprocess:
     are dropped. Same arithmetic as timm/torchvision on PIL images (shorter side truncated, crop
     offsets rounded half to even), so the images equal ``timm.data.create_transform``'s.
 
+    With ``antialias=False`` the image is normalised first and the float image resized with torch's
+    ``interpolate`` (``align_corners=False``, no antialiasing), which equals OpenCV's ``INTER_LINEAR``
+    on float images: the TIS authors' albumentations pipeline (``Normalize``, then ``Resize``, then
+    ``CenterCrop``), instead of PIL's antialiased resize of the 8-bit image.
+
     Attributes:
         size: output (height, width); an int means a square.
         mean, std: per-channel normalisation.
-        interpolation: PIL resampling of the image (nearest, bilinear, bicubic, lanczos, box, hamming).
+        interpolation: PIL resampling of the image (nearest, bilinear, bicubic, lanczos, box, hamming);
+            with ``antialias=False`` only ``"bilinear"``.
         crop_pct: fraction of the resized image kept by the centre crop, in (0, 1].
         crop_mode: ``"center"`` or ``"squash"`` (timm's ``"border"`` is not supported).
+        antialias: True: PIL's resize of the 8-bit image (antialiased when shrinking), as timm and
+            torchvision; False: bilinear resize of the normalised float image without antialiasing.
     """
 
     size: tuple[int, int] | int = (224, 224)
@@ -62,6 +71,7 @@ class Preprocess:
     interpolation: str = "bicubic"
     crop_pct: float = 0.875
     crop_mode: str = "center"
+    antialias: bool = True
 
     def __post_init__(self) -> None:
         size = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)
@@ -78,6 +88,9 @@ class Preprocess:
             raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
         if self.crop_mode not in CROP_MODES:
             raise ValueError(f"crop_mode must be one of {CROP_MODES}, got {self.crop_mode!r}")
+        if not self.antialias and self.interpolation != "bilinear":
+            raise ValueError(f"antialias=False resizes bilinearly (OpenCV's INTER_LINEAR); got interpolation "
+                             f"{self.interpolation!r}")
 
     @classmethod
     def from_data_config(cls, config: dict[str, Any], **overrides) -> Preprocess:
@@ -113,10 +126,16 @@ class Preprocess:
     def image(self, image: Image.Image, geometry: Geometry | None = None) -> Tensor:
         """The normalised float image [3, H, W] of an RGB PIL image."""
         geometry = geometry or self.geometry(*image.size)
-        pixels = image.convert("RGB").resize(geometry.resized, INTERPOLATIONS[self.interpolation]).crop(geometry.crop_box())
-        tensor = torch.from_numpy(np.asarray(pixels, dtype=np.float32) / 255.0).permute(2, 0, 1)
         mean, std = torch.tensor(self.mean).view(3, 1, 1), torch.tensor(self.std).view(3, 1, 1)
-        return (tensor - mean) / std
+        rgb = image.convert("RGB")
+        if self.antialias:
+            pixels = rgb.resize(geometry.resized, INTERPOLATIONS[self.interpolation]).crop(geometry.crop_box())
+            return (_float_pixels(pixels) - mean) / std
+        width, height = geometry.resized
+        resized = F.interpolate(((_float_pixels(rgb) - mean) / std)[None], size=(height, width), mode="bilinear",
+                                align_corners=False, antialias=False)[0]
+        left, top, right, bottom = geometry.crop_box()
+        return resized[:, top:bottom, left:right]
 
     def mask(self, mask: np.ndarray, geometry: Geometry) -> Tensor:
         """A label or boolean mask [h, w] of the source image, resized (nearest) and cropped like it."""
@@ -144,6 +163,11 @@ class Preprocess:
         geometry = self.geometry(*image.size)
         return (self.image(image, geometry), None if mask is None else self.mask(mask, geometry),
                 None if boxes is None else self.boxes(boxes, geometry))
+
+
+def _float_pixels(image: Image.Image) -> Tensor:
+    """An RGB PIL image as floats in [0, 1], [3, H, W]."""
+    return torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
 
 
 def resolve_preprocess(preprocess: Preprocess | dict | None, default: Preprocess) -> Preprocess:

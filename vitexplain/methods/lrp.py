@@ -1,15 +1,18 @@
 """Full LRP to the pixels, the "LRP" baseline of Chefer et al. (CVPR 2021)."""
 from __future__ import annotations
 
+from typing import Literal
+
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.lrp import relevance
+from ..instrumentation.lrp import lrp_baseline, relevance
 from ..registry import register_method
 
 
 @register_method("lrp", resolution="pixel", cost=4, score_targets=False)
-def lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
+def lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
+        linear_rule: Literal["shared", "separate"] = "shared") -> Tensor:
     """Layer-wise relevance propagation from the target logit to the input pixels, summed over channels.
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
@@ -20,5 +23,12 @@ def lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     z-rule at the residual and position-embedding adds, prefix tokens dropped, and the z^B rule at the
     patch-embedding convolution. Returns the pixel map [B, H, W] (their evaluation also uses it at
     pixel level, without upsampling).
+
+    Options:
+        linear_rule: ``"shared"`` (default): LRP-αβ with one denominator Σ(x_i w_ji)⁺ for the positive
+            and negative inputs, which conserves relevance (ours, docs/decisions/lrp.md);
+            ``"separate"``: the x⁺ and x⁻ parts each normalised by their own sum, exactly the
+            ``Linear.relprop`` of ``layers_lrp.py`` that produced the LRP rows the papers copy from
+            Chefer et al. (the reproduce recipes use it there).
     """
-    return relevance(adapter, images, target, rules="lrp", at=("pixels",)).pixels.sum(1)
+    return relevance(adapter, images, target, rules=lrp_baseline(linear_rule), at=("pixels",)).pixels.sum(1)

@@ -1,15 +1,18 @@
 """Partial LRP (Voita et al., ACL 2019) as Chefer et al. (CVPR 2021) evaluate it on ViT."""
 from __future__ import annotations
 
+from typing import Literal
+
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.lrp import relevance
+from ..instrumentation.lrp import lrp_baseline, relevance
 from ..registry import register_method
 
 
 @register_method("partial_lrp", cost=4, score_targets=False)
-def partial_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
+def partial_lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
+                linear_rule: Literal["shared", "separate"] = "shared") -> Tensor:
     """LRP relevance of the last block's attention map: class token's row, positive part averaged over heads.
 
     Voita, Talbot, Moiseev, Sennrich & Titov, "Analyzing Multi-Head Self-Attention: Specialized Heads
@@ -19,6 +22,10 @@ def partial_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     probabilities under the ``"lrp"`` rule set (plain z-rule at the residual adds), clamped at zero,
     averaged over heads, the class token's row over the patches. Depends on the target only through
     the classifier's relevance, so maps for different classes are similar.
+
+    Options:
+        linear_rule: ``"shared"`` (default, ours) or ``"separate"`` (the reference code's Linear rule),
+            as for :func:`~vitexplain.methods.lrp.lrp`.
     """
-    relevances = relevance(adapter, images, target, rules="lrp", at=("attn",), blocks=(-1,))
+    relevances = relevance(adapter, images, target, rules=lrp_baseline(linear_rule), at=("attn",), blocks=(-1,))
     return relevances.readout_row(relevances.attn[-1].clamp(min=0).mean(1))

@@ -5,6 +5,7 @@ method under test (``explain``), as Captum's metrics take ``forward_func`` and `
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -30,7 +31,9 @@ class EvalBatch:
         second: for two-object images, the second object's ``{"targets": [B], "masks": [B, H, W],
             "boxes": list}``, or None.
         ignore: pixels no protocol should count [B, H, W] (bool), e.g. VOC's void borders, or None.
-        explain: re-runs the same method with the same options: (images, targets) -> maps.
+        explain: re-runs the same method with the same options: (images, targets) -> maps; called as
+            (images, targets, seed=s), a randomised method runs with seed s instead of its own (a
+            deterministic method ignores it).
         logits: the model's forward: images -> logits [B, classes], batched, in eval mode, without
             gradients (the bench passes its adapter's :meth:`~vitexplain.instrumentation.ModelAdapter.logits`).
         ids: an identifier per image (file name or dataset index).
@@ -67,7 +70,8 @@ class Metric:
         name: registry name, e.g. ``"insertion_deletion"``.
         compute: ``(batch, **options) -> dict[str, Tensor]`` of per-image values ([B] or [B, S]); its
             keyword-only parameters are the metric's options.
-        reduce: per-image values of the whole dataset (concatenated) -> reported numbers.
+        reduce: per-image values of the whole dataset (concatenated) -> reported numbers; it may take
+            some of the options as keywords (segmentation's ``threshold``), see :meth:`report`.
         requires: what the dataset must provide, from ``{"masks", "boxes", "labels", "second"}``.
         higher_is_better: for every reported number, whether higher is better (drives the arrows and
             the bold best value of the tables).
@@ -91,6 +95,13 @@ class Metric:
     def check_options(self, options: dict[str, Any]) -> None:
         """Refuse unknown options (listing the valid ones) and values outside their annotated type."""
         check_options(f"metric {self.name!r}", self.compute, options)
+
+    def report(self, values: dict[str, Tensor], options: dict[str, Any] | None = None) -> dict[str, float]:
+        """The reported numbers of ``values``: ``reduce`` given those of the metric's options (defaults
+        updated with ``options``) that it takes as keywords; the others only concern ``compute``."""
+        accepted = inspect.signature(self.reduce).parameters
+        chosen = {key: value for key, value in {**self.options, **(options or {})}.items() if key in accepted}
+        return self.reduce(values, **chosen)
 
     def passes(self, options: dict[str, Any], method_passes: float) -> float:
         """Model passes per image with ``options`` over the defaults (see :attr:`cost`)."""

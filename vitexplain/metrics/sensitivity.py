@@ -7,9 +7,20 @@ Captum's ``sensitivity_max`` with its defaults (``default_perturb_func``, ``norm
     SENS_max(x) = max_s || e(x) - e(x + d_s) ||_2 / || e(x) ||_2,   d_s ~ U[-r, r]^(C x H x W),
 
 i.e. noise drawn uniformly from the L-infinity ball of radius r around the *preprocessed* image,
-the Frobenius (= L2 of the flattened) norm of the change of the raw explanation (TIS passes the
-method's map as is, at its own resolution), divided by the norm of the unperturbed explanation
-(a norm of 0 is replaced by 1), maximised over the samples.
+the Frobenius (= L2 of the flattened) norm of the change of the explanation (at the method's own
+resolution), divided by the norm of the unperturbed explanation (a norm of 0 is replaced by 1),
+maximised over the samples. That plain definition is the default.
+
+Two options reproduce what the TIS authors' pipeline feeds Captum (docs/decisions/metrics.md):
+
+* ``normalise``: e is what each method's wrapper returns, and some wrappers rescale their maps
+  before the metric sees them — TIS min-max normalises (``normalise=True`` of ``tis.TIS``), the
+  attention rollout of vit-explain divides by the maximum — so the maps are rescaled per image the
+  same way, ``"minmax"`` ((e - min) / (max - min)) or ``"max"`` (e / max), before the norms.
+* ``reseed``: the authors' randomised methods draw fresh random numbers on every call (TIS's k-means
+  starts from new random points, ViT-CX and SmoothGrad draw new noise), so their sensitivity includes
+  the spread of the method's own randomness. With ``reseed`` each perturbed call s runs the method
+  with its own seed, derived from ``seed`` and s (:func:`sample_seeds`), so the run stays reproducible.
 
 Differences from Captum, both needed by vitexplain's contract: the noise comes from a
 ``torch.Generator`` seeded with ``seed`` (Captum uses the global RNG), and the same n samples are
@@ -18,14 +29,17 @@ computed for the batch (``batch.maps``), which is what Captum recomputes for det
 """
 from __future__ import annotations
 
-from typing import Annotated, Callable
+from typing import Annotated, Callable, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ._common import check_images, check_maps
 from ..options import PositiveInt, Range
+from ._common import check_choice, check_images, check_maps, minmax
 from .base import EvalBatch, Metric, register_metric
+
+NORMALISATIONS = ("none", "minmax", "max")
 
 
 def sensitivity_noise(n_samples: int, shape: tuple[int, ...], radius: float, seed: int) -> Tensor:
@@ -38,32 +52,62 @@ def sensitivity_noise(n_samples: int, shape: tuple[int, ...], radius: float, see
     return torch.empty((n_samples, *shape)).uniform_(-radius, radius, generator=generator)
 
 
-def max_sensitivity(explain: Callable[[Tensor, Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
-                    n_samples: int = 10, radius: float = 0.02, seed: int = 0) -> Tensor:
+def sample_seeds(seed: int, n_samples: int) -> list[int]:
+    """The method's seed for each perturbed call: numpy's ``SeedSequence((seed, s))``, s = 0 … n-1, as a
+    32-bit integer — independent streams for every (base seed, sample), the same on every run."""
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"reseed needs a non-negative integer seed, got {seed!r}")
+    return [int(np.random.SeedSequence((seed, sample)).generate_state(1)[0]) for sample in range(n_samples)]
+
+
+def normalise_maps(maps: Tensor, normalise: str) -> Tensor:
+    """Maps [B, h, w] rescaled per image: ``"minmax"`` (m - min) / (max - min), 0 for a constant map;
+    ``"max"`` m / max, unchanged where the maximum is 0; ``"none"`` as they are."""
+    check_choice("normalise", normalise, NORMALISATIONS)
+    if normalise == "none":
+        return maps
+    if normalise == "minmax":
+        return torch.nan_to_num(minmax(maps), nan=0.0)
+    high = maps.flatten(1).max(1).values.view(-1, 1, 1)
+    return maps / torch.where(high == 0, torch.ones_like(high), high)
+
+
+def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
+                    n_samples: int = 10, radius: float = 0.02, seed: int = 0, normalise: str = "none",
+                    reseed: bool = False) -> Tensor:
     """Max-sensitivity of each image's explanation [B].
 
     Args:
-        explain: (images, targets) -> maps [B, h, w], the method under test.
+        explain: (images, targets) -> maps [B, h, w], the method under test; with ``reseed`` it is
+            called as (images, targets, seed=...) and must run the method with that seed.
         images: preprocessed images [B, C, H, W].
         maps: the method's maps of ``images`` for ``targets`` [B, h, w].
         targets: explained class per image [B].
         n_samples: perturbed copies per image (TIS: 10).
         radius: L-infinity radius of the perturbations (TIS: 0.02).
-        seed: seed of the perturbations.
+        seed: seed of the perturbations, and base of the per-call seeds under ``reseed``.
+        normalise: ``"none"`` (Captum's definition), ``"minmax"`` or ``"max"``: every map rescaled
+            per image before the norms, as the wrapper of the method in the TIS authors' pipeline does.
+        reseed: give perturbed call s its own method seed, :func:`sample_seeds` (seed, s)
+            (randomised methods, as the TIS authors' pipeline draws fresh randomness per call).
     """
     check_images(images)
+    check_choice("normalise", normalise, NORMALISATIONS)
+    if not isinstance(reseed, bool):
+        raise TypeError(f"reseed must be a bool, got {reseed!r}")
     maps = check_maps(maps.to(images.device), images.shape[0])
     noise = sensitivity_noise(n_samples, tuple(images.shape[1:]), radius, seed).to(images)
-    reference = maps.flatten(1)
+    seeds = sample_seeds(seed, n_samples) if reseed else [None] * n_samples
+    reference = normalise_maps(maps, normalise).flatten(1)
     scale = reference.norm(dim=1)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     changes = []
-    for delta in noise:
-        perturbed = check_maps(explain(images + delta, targets).to(images.device), images.shape[0],
-                               what="explanation map of a perturbed image")
+    for delta, call_seed in zip(noise, seeds):
+        found = explain(images + delta, targets) if call_seed is None else explain(images + delta, targets, seed=call_seed)
+        perturbed = check_maps(found.to(images.device), images.shape[0], what="explanation map of a perturbed image")
         if perturbed.shape != maps.shape:
             raise ValueError(f"explain returned maps of shape {tuple(perturbed.shape)}, expected {tuple(maps.shape)}")
-        changes.append((reference - perturbed.flatten(1)).norm(dim=1) / scale)
+        changes.append((reference - normalise_maps(perturbed, normalise).flatten(1)).norm(dim=1) / scale)
     return torch.stack(changes).max(0).values
 
 
@@ -72,9 +116,11 @@ def reduce_max_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
 
 
 def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 10,
-             radius: Annotated[float, Range(low=0, low_open=True)] = 0.02, seed: int = 0) -> dict[str, Tensor]:
+             radius: Annotated[float, Range(low=0, low_open=True)] = 0.02, seed: int = 0,
+             normalise: Literal["none", "minmax", "max"] = "none", reseed: bool = False) -> dict[str, Tensor]:
     return {"max_sensitivity": max_sensitivity(batch.explain, batch.images, batch.maps, batch.targets,
-                                               n_samples=n_samples, radius=radius, seed=seed)}
+                                               n_samples=n_samples, radius=radius, seed=seed, normalise=normalise,
+                                               reseed=reseed)}
 
 
 register_metric(Metric(

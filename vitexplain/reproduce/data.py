@@ -18,16 +18,17 @@ def preprocess_for(protocol: str, data_config: dict[str, Any], source: str) -> P
     """The preprocessing of a protocol for a model with timm data config ``data_config``, loaded from ``source``.
 
     ``"chefer"``: ``Resize((size, size))`` without crop, bilinear (torchvision's default), the model's
-    mean/std, as Chefer et al.'s evaluation code. ``"tis"``: ``Resize(256, 256)`` + ``CenterCrop(224)``
-    (scaled with the model's input size), bilinear (albumentations' default), ImageNet mean/std
-    whatever the model, as the TIS authors' transform. ``"tokenizer"``: the model directory, whose
-    tokenizer the text loader reads.
+    mean/std, as Chefer et al.'s evaluation code. ``"tis"``: the TIS authors' albumentations transform
+    (``ilsvrc2012_albumentations.yaml``): ImageNet mean/std whatever the model, then ``Resize(256, 256)``
+    of the normalised float image with OpenCV's ``INTER_LINEAR`` (albumentations' default; bilinear
+    without antialiasing), then ``CenterCrop(224)``, scaled with the model's input size. ``"tokenizer"``:
+    the model directory, whose tokenizer the text loader reads.
     """
     if protocol == "chefer":
         return Preprocess.from_data_config(data_config, crop_mode="squash", crop_pct=1.0, interpolation="bilinear")
     if protocol == "tis":
         return Preprocess.from_data_config(data_config, crop_mode="squash", crop_pct=224 / 256, interpolation="bilinear",
-                                           mean=IMAGENET_MEAN, std=IMAGENET_STD)
+                                           mean=IMAGENET_MEAN, std=IMAGENET_STD, antialias=False)
     if protocol == "tokenizer":
         return source
     raise ValueError(f"unknown preprocessing protocol {protocol!r}; choose one of {PROTOCOLS}")

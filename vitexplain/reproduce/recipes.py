@@ -51,8 +51,9 @@ class DataSpec:
         input: key of :data:`DATA_INPUTS` (the user's path).
         dataset: registered dataset name (:func:`vitexplain.datasets.get_dataset`).
         preprocess: ``"chefer"`` (``Resize((224, 224))``, bilinear, the model's mean/std: Chefer et
-            al.'s evaluation code), ``"tis"`` (``Resize(256, 256)`` + ``CenterCrop(224)``, bilinear,
-            ImageNet mean/std for every model: the TIS authors' transform) or ``"tokenizer"`` (text:
+            al.'s evaluation code), ``"tis"`` (ImageNet mean/std for every model, then ``Resize(256, 256)``
+            of the normalised image, bilinear without antialiasing (OpenCV's ``INTER_LINEAR``), then
+            ``CenterCrop(224)``: the TIS authors' albumentations transform) or ``"tokenizer"`` (text:
             the tokenizer of the model's directory).
         size: images in the paper's run (for the notes and the GPU estimate).
         options: further loader options (split, boxes).
@@ -201,16 +202,23 @@ PERTURBATION = (MetricUse("perturbation", "perturbation", {"direction": "both", 
 # ------------------------------------------------------------------------------------------- TokenTM
 
 TOKENTM = "TokenTM (Wu et al., CVPR 2024)"
+#: the LRP baselines as Chefer et al.'s ViT_orig_LRP computes them
+CHEFER_LRP = {"linear_rule": "separate"}
+CHEFER_LRP_NOTE = ("LRP and partial LRP run with the Linear rule of Chefer et al.'s layers_lrp.py "
+                   "(linear_rule='separate': the x+ and x- parts normalised separately), the code behind the "
+                   "ViT_orig_LRP baselines whose numbers the papers report; vitexplain's default is the "
+                   "shared-denominator rule (docs/decisions/lrp.md).")
 CHEFER_NOTES = (
     "Protocol of Chefer et al. (CVPR 2021, hila-chefer/Transformer-Explainability), which the paper follows: "
     "images resized to 224 x 224 without crop (bilinear), maps upsampled bilinearly and min-max normalised; "
     "rollout and transformer attribution start at block 1 (start_layer=1), as in that code.",
     "Grad-CAM is Chefer et al.'s Grad-CAM on the last block's attention (attn_gradcam), the one their "
     "protocol evaluates; LRP is full LRP to the pixels, Cons. LRP the conservative LRP of Ali et al. (2022).",
+    CHEFER_LRP_NOTE,
 )
 TOKENTM_ROWS = (
     Row("Grad-CAM", "attn_gradcam"),
-    Row("LRP", "lrp"),
+    Row("LRP", "lrp", CHEFER_LRP),
     Row("Cons. LRP", "conservative_lrp"),
     Row("Trans. Attr.", "transformer_attribution", {"start_layer": 1}),
     Row("Raw Att.", "raw_attention"),
@@ -315,28 +323,47 @@ TOKENTM_RECIPES += (
 
 GRADTOKEN = "GradToken (Cheng et al., Neural Networks 2024)"
 GRADTOKEN_LITERATURE = ("Rollout", "RawAtten", "GradCAM", "LRP", "PLRP", "TransAttrib")
-GRADTOKEN_ROWS = (
+TRANSPOSED = " (transposed)"
+
+
+def _with_transposed(rows: tuple[Row, ...]) -> tuple[Row, ...]:
+    """Each GradToken row with matrix propagation, followed by its twin under vitexplain's transposed reading."""
+    twins = []
+    for row in rows:
+        twins.append(row)
+        if row.method == "gradtoken" and row.options.get("propagation", "matmul") == "matmul":
+            twins.append(Row(row.label + TRANSPOSED, row.method, {**row.options, "transpose": True}))
+    return tuple(twins)
+
+
+GRADTOKEN_ROWS = _with_transposed((
     Row("Rollout", "rollout", {"start_layer": 1}),
     Row("RawAtten", "raw_attention"),
     Row("GradCAM", "attn_gradcam"),
-    Row("LRP", "lrp"),
-    Row("PLRP", "partial_lrp"),
+    Row("LRP", "lrp", CHEFER_LRP),
+    Row("PLRP", "partial_lrp", CHEFER_LRP),
     Row("TransAttrib", "transformer_attribution", {"start_layer": 1}),
     Row("AttCAT", "attcat"),
     Row("ViT-CX", "vitcx"),
     Row("absLRP", "abs_lrp"),
     Row("AGCAM", "agcam"),
     Row("GradToken", "gradtoken"),
-)
-GRADTOKEN_NOTES = CHEFER_NOTES[:1] + (
+))
+GRADTOKEN_NOTES = CHEFER_NOTES[:1] + (CHEFER_LRP_NOTE,) + (
     "Sec. 4.1.1: ViT-B/16 for vision = vit_base_patch16_224.orig_in21k_ft_in1k, the weights of Chefer et al.'s "
     "code, whose settings the paper follows.",
     "GradCAM is Chefer et al.'s attention Grad-CAM (attn_gradcam): Sec. 3.5.3 describes gradients with respect "
     "to the attention map, one weight per head.",
+    "GradToken rows are the method as printed (Eq. 13 / 16, Algorithm 1: M = A M, the rows of A as queries); the "
+    "rows marked '(transposed)' are vitexplain's variant M = A^T M (transpose=True, docs/decisions/gradtoken.md), "
+    "which the paper does not print: both are run so that the table shows which reading reproduces the published "
+    "numbers.",
 )
 GRADTOKEN_SEG_NOTE = ("Segmentation with GradToken's protocol (Sec. 4.2.1): predicted class explained, maps "
-                      "normalised and binarised at the best threshold of 0, 0.1, ..., 0.9, chosen per dataset, "
-                      "separately for PAcc and mIoU.")
+                      "normalised and binarised at the best threshold of 0, 0.1, ..., 0.9 'for each method': one "
+                      "threshold per method and dataset, the one with the highest mIoU, PAcc and mIoU both "
+                      "reported at it (a footnote names it); metric_options={'segmentation': {'threshold': "
+                      "'best_per_metric'}} picks PAcc's own best threshold instead.")
 IMAGENET_SEG_COLUMNS = (
     Column("imagenet_seg/pixel_accuracy", ("ImageNet-Segmentation", "PAcc"), "imagenet_seg", "segmentation", "pixel_accuracy"),
     Column("imagenet_seg/map", ("ImageNet-Segmentation", "mAP"), "imagenet_seg", "segmentation", "map"),
@@ -374,16 +401,18 @@ GRADTOKEN_RECIPES = (
                  for direction, title in (("positive", "Positive ↓"), ("negative", "Negative ↑"))
                  for group, name in (("predicted", "Label Unknown"), ("label", "Label Known"))),
            _perturbation_settings("vit_base", IMAGENET_CHEFER,
-                                  ("GradCAM", "LRP", "PLRP", "TransAttrib", "AttCAT", "ViT-CX", "GradToken")),
+                                  ("GradCAM", "LRP", "PLRP", "TransAttrib", "AttCAT", "ViT-CX", "GradToken",
+                                   "GradToken" + TRANSPOSED)),
            notes=GRADTOKEN_NOTES + (
                "Perturbation test of Chefer et al. on the 50,000 validation images: 10 % of the pixels removed "
                "per step, AUC in %; 'Label Unknown' explains the predicted class, 'Label Known' the ground "
                "truth. The paper omits Rollout and RawAtten under 'Label Known' (class-agnostic methods); "
                "those cells are not run.",)),
     Recipe("gradtoken-fig6", GRADTOKEN, "Fig. 6: Token-F1 scores on the Movie Reviews dataset (top-k tokens)",
-           (Row("GradToken", "gradtoken"), Row("RawAttn", "raw_attention"), Row("Rollout", "rollout"),
-            Row("GradCAM", "attn_gradcam"), Row("LRP", "lrp"), Row("PLRP", "partial_lrp"),
-            Row("TransAttrib", "transformer_attribution")),
+           _with_transposed((Row("GradToken", "gradtoken"), Row("RawAttn", "raw_attention"), Row("Rollout", "rollout"),
+                             Row("GradCAM", "attn_gradcam"), Row("LRP", "lrp", CHEFER_LRP),
+                             Row("PLRP", "partial_lrp", CHEFER_LRP),
+                             Row("TransAttrib", "transformer_attribution"))),
            tuple(Column(f"k={k}", (f"k = {k}",), "movie_reviews", "rationale_f1", f"f1@{k}") for k in range(10, 90, 10)),
            (Setting("movie_reviews", "movie_reviews", "bert_movies", MOVIE_REVIEWS, "predicted",
                     (MetricUse("rationale_f1", "rationale_f1", {"ks": tuple(range(10, 90, 10))}),)),),
@@ -396,22 +425,26 @@ GRADTOKEN_RECIPES = (
                "attention, rollout, GradCAM, LRP, partial LRP, transformer attribution). The predicted class "
                "is explained (the paper does not say). Reviews are tokenised word by word and truncated to 512 "
                "word pieces, as Chefer et al.'s pipeline.",
+               CHEFER_LRP_NOTE,
                "Fig. 6 is a line plot: its values are not printed, so no published number is stored.")),
     Recipe("gradtoken-table3", GRADTOKEN, "Table 3: Effect of different aggregation and propagation schemes on "
            "segmentation performance (%)",
-           (Row("GradToken-0", "gradtoken", {"propagation": "none"}),
-            Row("GradToken-1", "gradtoken", {"aggregation": "rollout", "propagation": "elementwise"}),
-            Row("GradToken-2", "gradtoken", {"aggregation": "rollout", "propagation": "matmul"}),
-            Row("GradToken-3", "gradtoken", {"aggregation": "average", "propagation": "elementwise"}),
-            Row("GradToken-4", "gradtoken", {"aggregation": "average", "propagation": "matmul"})),
+           _with_transposed((
+               Row("GradToken-0", "gradtoken", {"propagation": "none"}),
+               Row("GradToken-1", "gradtoken", {"aggregation": "rollout", "propagation": "elementwise"}),
+               Row("GradToken-2", "gradtoken", {"aggregation": "rollout", "propagation": "matmul"}),
+               Row("GradToken-3", "gradtoken", {"aggregation": "average", "propagation": "elementwise"}),
+               Row("GradToken-4", "gradtoken", {"aggregation": "average", "propagation": "matmul"}))),
            ABLATION_SEG_COLUMNS, ABLATION_SEG_SETTING, notes=ABLATION_NOTES),
     Recipe("gradtoken-table4", GRADTOKEN, "Table 4: Effect of different multi-head relevance integration schemes "
            "on segmentation performance (%)",
-           (Row("GradToken-i", "gradtoken", {"heads": "mean"}), Row("GradToken-ii", "gradtoken", {"heads": "relu_mean"})),
+           _with_transposed((Row("GradToken-i", "gradtoken", {"heads": "mean"}),
+                             Row("GradToken-ii", "gradtoken", {"heads": "relu_mean"}))),
            ABLATION_SEG_COLUMNS, ABLATION_SEG_SETTING, notes=ABLATION_NOTES),
     Recipe("gradtoken-fig11", GRADTOKEN, "Fig. 11: The effect of class relevance back-propagation depths on "
            "segmentation performances",
-           tuple(Row(str(layer), "gradtoken", {"depth": layer - 1}) for layer in range(12, 0, -1)),
+           (Row("12", "gradtoken", {"depth": 11}),)    # no propagation: nothing to transpose
+           + _with_transposed(tuple(Row(str(layer), "gradtoken", {"depth": layer - 1}) for layer in range(11, 0, -1))),
            ABLATION_SEG_COLUMNS, ABLATION_SEG_SETTING,
            notes=ABLATION_NOTES + (
                "Rows are the paper's 1-based layer numbers: relevance propagated down to layer n = depth n - 1; "
@@ -441,8 +474,9 @@ TIS_ROWS = tuple(Row(label, method, options) for label, method, options in TIS_M
 TIS_ROWS_LONG = tuple(Row(TIS_LONG_NAMES.get(r.label, r.label), r.method, r.options) for r in TIS_ROWS)
 TIS_NOTES = (
     "Sec. 4: 5,000 random ImageNet validation images; the authors' code (aenglebert/Transformer_Input_Sampling) "
-    "explains the dataset label, seeds 12345, resizes to 256 x 256, centre-crops 224 and normalises with the "
-    "ImageNet mean/std for both models. Without --tis-indices the subset is our own seeded draw (seed 12345), "
+    "explains the dataset label, seeds 12345, normalises with the ImageNet mean/std for both models, resizes the "
+    "normalised image to 256 x 256 with OpenCV's INTER_LINEAR (albumentations; bilinear, no antialiasing) and "
+    "centre-crops 224. Without --tis-indices the subset is our own seeded draw (seed 12345), "
     "not the authors' list.",
     "Models as the authors' configs: ViT = vit_base_patch16_224.orig_in21k_ft_in1k, DeiT = deit_base_patch16_224 "
     "(fb_in1k; the paper's text mentions a distillation token, its code loads the plain DeiT-B).",
@@ -450,6 +484,16 @@ TIS_NOTES = (
     "block 0 (their start_layer=1); Chefer1 = transformer attribution, Chefer2 = GAE; rollout with head mean and "
     "discard ratio 0.9 (vit-explain); RISE 4000 masks, s = 8, p1 = 0.1 on logits; IG 50 steps; SmoothGrad 50 "
     "samples (the paper's number).",
+)
+
+
+#: Table 4's rows by how the authors' wrapper hands the map to Captum: (setting key suffix, max_sensitivity
+#: options, rows). Rows not named in the first three get the plain metric.
+TIS_SENSITIVITY_PROTOCOLS = (
+    ("/minmax_reseed", {"normalise": "minmax", "reseed": True}, ("TIS",)),
+    ("/max", {"normalise": "max"}, ("Attention Rollout",)),
+    ("/reseed", {"reseed": True}, ("ViT-CX", "SmoothGrad")),
+    ("", {}, ("Chefer1", "Chefer2", "TAM", "BT H", "BT T", "RISE", "Integrated Gradient")),
 )
 
 
@@ -485,10 +529,18 @@ TIS_RECIPES = (
     Recipe("tis-table4", TIS, "Table 4: Results of the Max Sensitivity metric for the ViT and DeiT model", TIS_ROWS_LONG,
            (Column("deit", ("DeiT",), "deit_base", "max_sensitivity", "max_sensitivity"),
             Column("vit", ("ViT",), "vit_base", "max_sensitivity", "max_sensitivity")),
-           _tis_model_settings((MetricUse("max_sensitivity", "max_sensitivity", {"n_samples": 10, "radius": 0.02}),),
-                               IMAGENET_TIS),
-           seed=12345, notes=TIS_NOTES + ("Max-sensitivity as Captum's sensitivity_max: 10 samples of uniform "
-                                          "noise of radius 0.02.",)),
+           tuple(Setting(f"{model}{suffix}", model, model, IMAGENET_TIS, "label",
+                         (MetricUse("max_sensitivity", "max_sensitivity",
+                                    {"n_samples": 10, "radius": 0.02, **options}),), rows)
+                 for model in ("deit_base", "vit_base") for suffix, options, rows in TIS_SENSITIVITY_PROTOCOLS),
+           seed=12345, notes=TIS_NOTES + (
+               "Max-sensitivity as the authors' pipeline computes it: Captum's sensitivity_max, 10 samples of "
+               "uniform noise of radius 0.02, on what each method's wrapper returns. TIS's wrapper min-max "
+               "normalises its maps (normalise='minmax') and vit-explain's rollout divides by the maximum "
+               "(normalise='max'); the other wrappers return raw maps. TIS (k-means from new random points), "
+               "ViT-CX and SmoothGrad (new noise) draw fresh randomness on every call, so each perturbed call "
+               "gets its own seed (reseed); RISE's masks are drawn once per run, so it keeps one seed. The plain "
+               "Captum definition stays the metric's default (docs/decisions/metrics.md).",)),
 )
 
 RECIPES: Registry[Recipe] = Registry("recipe", sort=False)

@@ -225,7 +225,11 @@ def _cell(recipe: Recipe, plans: dict[str, SettingPlan], results: dict[str, Benc
         cell.reason = f"not run: {reason}"
         return cell
     result = results[setting.key]
-    cell.reproduced = result.scores.get(setting.model, {}).get(row, {}).get(column.metric, {}).get(column.number)
+    numbers = result.scores.get(setting.model, {}).get(row, {}).get(column.metric, {})
+    cell.reproduced = numbers.get(column.number)
+    threshold = numbers.get(f"{column.number}_threshold")       # the segmentation threshold chosen for this number
+    if threshold is not None:
+        cell.note = f"binarised at threshold {threshold:g}"
     cell.images = result.images.get(setting.model, {}).get(row, {}).get(column.metric, 0)
     errors = [e for e in result.errors
               if e["model"] == setting.model and e["method"] == row and e["metric"] in (None, column.metric)]

@@ -25,6 +25,7 @@ class Cell:
         failed: images of this cell that failed (the number covers the others).
         reason: why ``reproduced`` is missing.
         source: where ``published`` comes from.
+        note: how the reproduced number was taken where the protocol chooses (the segmentation threshold).
     """
 
     row: str
@@ -35,6 +36,7 @@ class Cell:
     images: int = 0
     failed: int = 0
     reason: str | None = None
+    note: str | None = None
 
     @property
     def difference(self) -> float | None:
@@ -81,7 +83,8 @@ class ReproducedTable:
         return f"{value:+.{self.decimals}f}" if signed else f"{value:.{self.decimals}f}"
 
     def footnotes(self) -> list[str]:
-        """Distinct remarks on cells (why a number is missing or partial), numbered from 1 in table order."""
+        """Distinct remarks on cells (why a number is missing or partial, how it was taken), numbered from 1 in
+        table order."""
         found: list[str] = []
         for row in self.rows:
             for key, _ in self.columns:
@@ -94,9 +97,9 @@ class ReproducedTable:
     def _remark(cell: Cell) -> str | None:
         if cell.reason:
             return cell.reason
-        if cell.failed:
-            return f"{cell.failed} image(s) failed; the number is over the other {cell.images}"
-        return None
+        remarks = [f"{cell.failed} image(s) failed; the number is over the other {cell.images}"] if cell.failed else []
+        remarks += [cell.note] if cell.note else []
+        return "; ".join(remarks) or None
 
     def _cell_texts(self, cell: Cell, notes: list[str]) -> tuple[str, str, str, int | None]:
         """(reproduced, published, difference, footnote number or None) of a cell."""
@@ -143,13 +146,13 @@ class ReproducedTable:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(["recipe", "row", "column", "header", "reproduced", "published", "difference", "images",
-                         "failed_images", "reason", "source"])
+                         "failed_images", "reason", "source", "note"])
         for row in self.rows:
             for key, header in self.columns:
                 cell = self.cells[row, key]
                 writer.writerow([self.recipe, row, key, " · ".join(header),
                                  *("" if v is None else repr(v) for v in (cell.reproduced, cell.published, cell.difference)),
-                                 cell.images, cell.failed, cell.reason or "", cell.source])
+                                 cell.images, cell.failed, cell.reason or "", cell.source, cell.note or ""])
         return buffer.getvalue()
 
     def html(self) -> str:

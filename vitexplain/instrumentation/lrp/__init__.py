@@ -28,7 +28,7 @@ from ..families.base import UnsupportedModelError
 from ..patching import ModelPatch
 from ..targets import resolve_target
 from . import rules as r
-from .composites import RULE_SETS, RuleSet, other_classes, resolve_rules
+from .composites import RULE_SETS, RuleSet, lrp_baseline, other_classes, resolve_rules
 
 #: what :func:`relevance` can return
 STAGES = ("attn", "residuals", "patches", "pixels")
@@ -303,5 +303,5 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
         class_token_index=adapter.class_token_index, readout=adapter.readout_weights(trace.residuals[0].shape[1], logits.shape[0], trace.readout_attn).weights)
 
 
-__all__ = ["RULE_SETS", "Relevance", "RuleArithmetic", "RuleSet", "STAGES", "Trace", "lrp_rules", "other_classes",
-           "relevance", "resolve_rules"]
+__all__ = ["RULE_SETS", "Relevance", "RuleArithmetic", "RuleSet", "STAGES", "Trace", "lrp_baseline", "lrp_rules",
+           "other_classes", "relevance", "resolve_rules"]

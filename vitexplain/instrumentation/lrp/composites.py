@@ -8,7 +8,9 @@
   renormalised (Eq. 7), and the z^B rule with the image's min / max as bounds at the patch
   embedding convolution.
 * ``"lrp"`` — the same rules with the plain z-rule at the residual adds: Chefer et al.'s "LRP"
-  baseline (``modules/layers_lrp.py``), also behind their partial-LRP baseline.
+  baseline (``modules/layers_lrp.py``), also behind their partial-LRP baseline. That file's Linear rule
+  normalises the x⁺ and x⁻ parts separately; :func:`lrp_baseline` with ``"separate"`` reproduces it,
+  the rule set keeps the shared denominator (docs/decisions/lrp.md).
 * ``"conservative"`` — Ali et al., "XAI for Transformers: Better Explanations through Conservative
   Propagation", ICML 2022, Sec. 4: attention probabilities held constant (AH-rule) and LayerNorm's
   standard deviation held constant (LN-rule); everything else is Gradient×Input (LRP-0, biases
@@ -30,7 +32,7 @@ uses the z-rule. Gating products (GLU feed-forwards) hold the gate constant in e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch.nn.functional as F
@@ -121,6 +123,16 @@ RULE_SETS: dict[str, RuleSet] = {
 }
 
 
+#: the LRP-αβ Linear rules of Chefer et al.'s two files: one denominator (``layers_ours.py``, conservative)
+#: or the x⁺ and x⁻ parts each normalised by its own sum (``layers_lrp.py``'s ``Linear.relprop``)
+LINEAR_RULES = {"shared": r.AlphaBeta, "separate": r.AlphaBetaSeparate}
+
+
+def lrp_baseline(linear_rule: str = "shared") -> RuleSet:
+    """Rule set ``"lrp"`` with the Linear rule of :data:`LINEAR_RULES` ``linear_rule`` names."""
+    return replace(RULE_SETS["lrp"], linear=LINEAR_RULES[linear_rule])
+
+
 def resolve_rules(rules: str | RuleSet) -> RuleSet:
     if isinstance(rules, RuleSet):
         return rules
@@ -130,5 +142,5 @@ def resolve_rules(rules: str | RuleSet) -> RuleSet:
         raise ValueError(f"unknown LRP rule set {rules!r}; choose one of {sorted(RULE_SETS)} or pass a RuleSet") from None
 
 
-__all__ = ["RULE_SETS", "RuleSet", "absolute_position", "one_on_target", "other_classes", "resolve_rules",
-           "target_logit"]
+__all__ = ["LINEAR_RULES", "RULE_SETS", "RuleSet", "absolute_position", "lrp_baseline", "one_on_target",
+           "other_classes", "resolve_rules", "target_logit"]

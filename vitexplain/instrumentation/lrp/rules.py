@@ -173,6 +173,19 @@ class AlphaBeta(ModuleRule):
         return proportional(output, contributions)
 
 
+class AlphaBetaSeparate(ModuleRule):
+    """LRP-αβ, α=1, β=0 as ``Linear.relprop`` of Chefer et al.'s ``modules/layers_lrp.py`` (their LRP and
+    partial-LRP baselines): R_i = x_i⁺ Σ_j w_ji⁺ R_j / (W⁺x⁺)_j + x_i⁻ Σ_j w_ji⁻ R_j / (W⁻x⁻)_j — each part
+    normalised by its own sum, so each passes on the whole R_j (not conservative; docs/decisions/lrp.md)."""
+
+    def output(self, linear: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        weight = linear.weight.detach()
+        positive = F.linear(x.clamp(min=0), weight.clamp(min=0))
+        negative = F.linear(x.clamp(max=0), weight.clamp(max=0))
+        scale_positive, scale_negative = safe_divide(output, positive).detach(), safe_divide(output, negative).detach()
+        return with_gradient_of(output, positive * scale_positive + negative * scale_negative)
+
+
 class Gradient(ModuleRule):
     """Gradient×Input (LRP-0): the module is left as it is."""
 
