@@ -1,102 +1,128 @@
-"""Cost of explanation methods relative to one forward+backward of the same model on the same batch.
+"""Time of explanation methods relative to one forward+backward of the same model on the same batch.
 
-    python benchmarks/method_cost.py                       # the foundation's attention methods
-    python benchmarks/method_cost.py --methods tokentm gradtoken --batch 16
-    python benchmarks/method_cost.py --methods all --model vit_base_patch16_224
+    python benchmarks/method_cost.py                                    # ViT-B/16, batch 16
+    python benchmarks/method_cost.py --batch 1 --methods gae transformer_attribution
+    python benchmarks/method_cost.py --model vit_large_patch16_384 --batch 2 --methods all
+    python benchmarks/method_cost.py --families --batch 4               # every family beside plain ViT
 
-The model is built with random weights (nothing is downloaded). The reference is the plain model:
-one forward of the batch and one backward of the summed predicted-class logits to the images (the
-model's parameters frozen, as a user explaining a model has them). A second reference, a training
-step's forward+backward (parameter gradients too), is printed beside it. Prints, per method, seconds
-per image and the ratios method time / reference time, all measured in this run (median of --repeats).
+Models are built with random weights (nothing is downloaded), 1,000 classes, parameters frozen. The
+reference is the plain model: one forward of the batch and one backward of the summed predicted-class
+logits to the images; a training step (parameter gradients too) is printed beside it. The reference and
+the methods run in interleaved rounds (after a warm-up round), so a slow spell of a shared machine
+touches them alike; a ratio is the median over the rounds of method time / that round's reference time
+(the lowest and highest beside it). ``--flops`` adds the ratio of floating-point operations (matrix
+products, convolutions, attention; element-wise work not counted), which does not depend on the machine's load.
+
+``--families`` builds the ViT-B-sized model of every family in ``common.FAMILIES`` and prints each
+method's ratio per family, and each family's relative difference to plain ViT (target: within 20 %).
 """
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
-import time
+import ast
 
-import timm
 import torch
 
 import vitexplain
 
-ATTENTION_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae"]
+from common import (BATCH1_TIME_TARGETS, FAMILIES, FAMILY_TOLERANCE, TIME_TARGETS, build_model, describe_machine, flops,
+                    forward_backward, image_batch, interleaved, ratios)
+
+#: the default: the recording methods with a target, and GAE's and transformer attribution's
+DEFAULT_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken", "tokentm", "transformer_attribution"]
+REFERENCE = "forward+backward"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def measure(model_name: str, methods: list[str], batch: int, repeats: int, device: torch.device,
+            img_size: int | None, options: dict[str, dict], count_flops: bool, training: bool = True) -> dict:
+    """{case: (median ratio, lowest, highest, seconds per image, flop ratio or None)} for one model."""
+    model = build_model(model_name, img_size=img_size, device=device)
+    images = image_batch(model, batch, device)
+    cases = {REFERENCE: forward_backward(model, images)}
+    if training:
+        cases["training step"] = forward_backward(model, images, parameters=True)
+    for method in methods:
+        cases[method] = lambda method=method: vitexplain.explain(model, images, method, **options.get(method, {}))
+    times = interleaved(cases, device, repeats)
+    reference_flops = flops(cases[REFERENCE]) if count_flops else None
+    found = {}
+    for name, seconds in times.items():
+        median, low, high = ratios(seconds, times[REFERENCE])
+        per_image = sorted(seconds)[len(seconds) // 2] / batch
+        flop_ratio = flops(cases[name]) / reference_flops if count_flops else None
+        found[name] = (median, low, high, per_image, flop_ratio)
+    return found
 
 
-def timed(fn, device, repeats: int) -> float:
-    fn()  # warm-up
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _target(method: str, batch: int) -> str:
+    targets = BATCH1_TIME_TARGETS if batch == 1 and method in BATCH1_TIME_TARGETS else TIME_TARGETS
+    return f"<= {targets[method]}" if method in targets else ""
 
 
-def forward_backward(model, images, parameters: bool = False):
-    """One forward and one backward of the predicted-class logits: to the images, or (``parameters``)
-    to the parameters as a training step does."""
-    def run():
-        x = images.detach().requires_grad_(not parameters)
-        with torch.enable_grad():
-            for parameter in model.parameters():
-                parameter.requires_grad_(parameters)
-            logits = model(x)
-            logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
-            for parameter in model.parameters():
-                parameter.requires_grad_(False)
-                parameter.grad = None
-    return run
+def print_model(found: dict, batch: int, count_flops: bool) -> None:
+    header = f"{'':26s} {'ms/image':>9s} {'ratio':>6s} {'(lowest-highest)':>17s}" + (f" {'flops':>6s}" if count_flops else "")
+    print(header + "   target")
+    for name, (median, low, high, per_image, flop_ratio) in found.items():
+        line = f"{name:26s} {per_image * 1e3:9.1f} {median:6.2f} {f'({low:.2f}-{high:.2f})':>17s}"
+        if count_flops:
+            line += f" {flop_ratio:6.2f}"
+        print(f"{line}   {_target(name, batch) if name != REFERENCE else ''}")
+
+
+def print_families(found: dict[str, dict], batch: int) -> None:
+    """Each method's ratio per family, then each family's relative difference to plain ViT's ratio."""
+    labels = list(found)
+    plain = labels[0]
+    width = max(12, *(len(label) for label in labels)) + 1
+    print(f"{'ratio':26s}" + "".join(f"{label:>{width}s}" for label in labels) + "   target")
+    for name in found[plain]:
+        print(f"{name:26s}" + "".join(f"{found[label][name][0]:{width}.2f}" for label in labels)
+              + f"   {_target(name, batch) if name != REFERENCE else ''}")
+    print(f"\n{'vs ' + plain + ' (relative)':26s}" + "".join(f"{label:>{width}s}" for label in labels[1:])
+          + f"   target: within {FAMILY_TOLERANCE:.0%}")
+    for name in found[plain]:
+        if name == REFERENCE:
+            continue
+        base = found[plain][name][0]
+        print(f"{name:26s}" + "".join(f"{found[label][name][0] / base - 1:+{width}.0%}" for label in labels[1:]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="vit_base_patch16_224")
-    parser.add_argument("--methods", nargs="+", default=ATTENTION_METHODS, help="method names or 'all'")
+    parser.add_argument("--model", default="vit_base_patch16_224", help="any timm model name")
+    parser.add_argument("--img-size", type=int, default=None, help="image size the model is built for (default: its own)")
+    parser.add_argument("--families", action="store_true", help="every family of common.FAMILIES beside plain ViT")
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="method names, or 'all'")
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds measured after the warm-up round")
+    parser.add_argument("--flops", action="store_true", help="also the ratio of floating-point operations")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     parser.add_argument("--option", action="append", default=[], metavar="METHOD.KEY=VALUE",
-                        help="method option, e.g. tis.n_masks=256 (value parsed as Python literal)")
+                        help="method option, e.g. tis.n_masks=256 (value parsed as a Python literal)")
     args = parser.parse_args()
-
-    import ast
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     options: dict[str, dict] = {}
     for item in args.option:
         key, value = item.split("=", 1)
         method, name = key.split(".", 1)
         options.setdefault(method, {})[name] = ast.literal_eval(value)
-    methods = vitexplain.available_methods() if args.methods == ["all"] else args.methods
-
+    methods = vitexplain.available_methods("image") if args.methods == ["all"] else args.methods
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    model = timm.create_model(args.model, pretrained=False).to(device).eval()
-    size = model.patch_embed.img_size
-    images = torch.randn(args.batch, 3, *size, device=device)
-    for p in model.parameters():
-        p.requires_grad_(False)  # as a user explaining a frozen model; the reference backward goes to the images
-
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    print(f"model {args.model}, batch {args.batch}, device {device} ({machine}), torch {torch.__version__}, timm {timm.__version__}")
-    reference = timed(forward_backward(model, images), device, args.repeats)
-    training = timed(forward_backward(model, images, parameters=True), device, args.repeats)
-    print(f"{'forward+backward':24s} {reference / args.batch * 1e3:9.2f} ms/image   ratio 1.00   "
-          f"(training step: {training / args.batch * 1e3:.2f} ms/image)")
-    for method in methods:
-        kwargs = options.get(method, {})
-        seconds = timed(lambda: vitexplain.explain(model, images, method, **kwargs), device, args.repeats)
-        print(f"{method:24s} {seconds / args.batch * 1e3:9.2f} ms/image   ratio {seconds / reference:.2f}   "
-              f"(/ training step {seconds / training:.2f})")
+    models = FAMILIES if args.families else {args.model: args.model}
+    print(f"batch {args.batch}, {args.repeats} rounds; {describe_machine(device)}")
+    found = {}
+    for label, name in models.items():
+        found[label] = measure(name, methods, args.batch, args.repeats, device, args.img_size, options, args.flops,
+                               training=not args.families)
+        if not args.families:
+            print(f"model {name}" + (f" at {args.img_size} px" if args.img_size else ""))
+            print_model(found[label], args.batch, args.flops)
+    if args.families:
+        print_families(found, args.batch)
+    print(f"after: {describe_machine(device).split('; ')[1]}")
 
 
 if __name__ == "__main__":

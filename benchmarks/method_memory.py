@@ -1,26 +1,30 @@
 """Peak memory of explanation methods relative to one forward+backward of the same model and batch.
 
-    python benchmarks/method_memory.py                               # ViT-B/16, batch 16, single-pass methods
-    python benchmarks/method_memory.py --model vit_large_patch16_384 --batch 4 --methods gae tokentm
+    python benchmarks/method_memory.py                                           # ViT-B/16, batch 16
+    python benchmarks/method_memory.py --model vit_large_patch16_384 --batch 4
+    python benchmarks/method_memory.py --families --batch 8                      # every family beside plain ViT
 
 Each measurement runs in a fresh subprocess (so allocator caches of earlier runs cannot hide or add
-memory): the model (random weights, nothing downloaded) and the batch are built, then the process's
-memory is read, the work runs once, and the peak is read again. On a GPU the figures are
-``torch.cuda.max_memory_allocated`` above the memory held before the work; on the CPU the peak
-resident set size (``VmHWM``) above the resident set before it. The reference is the plain model:
-one forward of the batch and one backward of the summed predicted-class logits to the images.
-Prints, per method, the extra memory in MiB and the ratio method / reference (target: <= 1.5 for
-methods that run one forward and one backward).
+memory): the model (random weights, nothing downloaded, 1,000 classes, parameters frozen) and the batch
+are built, then the process's memory is read, the work runs once, and the peak is read again. On a GPU
+the figures are ``torch.cuda.max_memory_allocated`` above the memory held before the work; on the CPU
+the peak resident set size (``VmHWM``) above the resident set before it. The reference is the plain
+model: one forward of the batch and one backward of the summed predicted-class logits to the images.
+Prints, per method, the extra memory in MiB (median of ``--repeats`` subprocesses) and the ratio
+method / reference (target: <= 1.5 for methods that run one forward and at most one backward);
+``--families`` prints the ratios of every family of ``common.FAMILIES`` beside plain ViT's.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 
 #: methods that run one instrumented forward (and at most one backward)
 SINGLE_PASS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradcam", "tokentm", "gradtoken", "attcat", "agcam"]
+REFERENCE = "forward+backward"
 
 
 def _resident(key: str) -> int:
@@ -32,26 +36,16 @@ def _resident(key: str) -> int:
     raise RuntimeError(f"no {key} in /proc/self/status")
 
 
-def child(model_name: str, method: str, batch: int, device: str) -> None:
+def child(model_name: str, img_size: int | None, method: str, batch: int, device: str) -> None:
     """Run one measurement and print {"extra": bytes} as JSON."""
-    import timm
     import torch
 
     import vitexplain
+    from common import build_model, forward_backward, image_batch
 
-    torch.manual_seed(0)
-    model = timm.create_model(model_name, pretrained=False).to(device).eval()
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    images = torch.randn(batch, 3, *model.patch_embed.img_size, device=device)
-    if method == "forward+backward":
-        def work():
-            x = images.detach().requires_grad_(True)
-            logits = model(x)
-            logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
-    else:
-        def work():
-            vitexplain.explain(model, images, method)
+    model = build_model(model_name, img_size=img_size, device=device)
+    images = image_batch(model, batch, device)
+    work = forward_backward(model, images) if method == REFERENCE else lambda: vitexplain.explain(model, images, method)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -66,17 +60,25 @@ def child(model_name: str, method: str, batch: int, device: str) -> None:
     print(json.dumps({"extra": extra}))
 
 
-def measure(model_name: str, method: str, batch: int, device: str) -> int:
-    command = [sys.executable, __file__, "--child", method, "--model", model_name, "--batch", str(batch), "--device", device]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(output.strip().splitlines()[-1])["extra"]
+def measure(model_name: str, img_size: int | None, method: str, batch: int, device: str, repeats: int) -> float:
+    """Median extra bytes over ``repeats`` fresh subprocesses."""
+    command = [sys.executable, __file__, "--child", method, "--model", model_name, "--batch", str(batch),
+               "--device", device] + (["--img-size", str(img_size)] if img_size else [])
+    found = []
+    for _ in range(repeats):
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        found.append(json.loads(output.strip().splitlines()[-1])["extra"])
+    return statistics.median(found)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="vit_base_patch16_224")
+    parser.add_argument("--model", default="vit_base_patch16_224", help="any timm model name")
+    parser.add_argument("--img-size", type=int, default=None, help="image size the model is built for (default: its own)")
+    parser.add_argument("--families", action="store_true", help="every family of common.FAMILIES beside plain ViT")
     parser.add_argument("--methods", nargs="+", default=SINGLE_PASS)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=1, help="subprocesses per measurement (the median is shown)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -85,14 +87,37 @@ def main() -> None:
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.child:
-        child(args.model, args.child, args.batch, args.device)
+        child(args.model, args.img_size, args.child, args.batch, args.device)
         return
-    reference = measure(args.model, "forward+backward", args.batch, args.device)
-    print(f"model {args.model}, batch {args.batch}, device {args.device}; extra memory over the loaded model")
-    print(f"{'forward+backward':24s} {reference / 2**20:9.0f} MiB   ratio 1.00")
-    for method in args.methods:
-        extra = measure(args.model, method, args.batch, args.device)
-        print(f"{method:24s} {extra / 2**20:9.0f} MiB   ratio {extra / reference:.2f}")
+    from common import FAMILIES, FAMILY_TOLERANCE, MEMORY_TARGET
+
+    models = FAMILIES if args.families else {args.model: args.model}
+    found: dict[str, dict[str, float]] = {}
+    for label, name in models.items():
+        found[label] = {case: measure(name, args.img_size, case, args.batch, args.device, args.repeats)
+                        for case in [REFERENCE, *args.methods]}
+    size = f" at {args.img_size} px" if args.img_size else ""
+    print(f"batch {args.batch}{size}, device {args.device}, median of {args.repeats} subprocess(es); "
+          "extra memory over the loaded model")
+    if not args.families:
+        extra = found[args.model]
+        print(f"model {args.model}")
+        for case, value in extra.items():
+            target = f"<= {MEMORY_TARGET}" if case in SINGLE_PASS else ""
+            print(f"{case:24s} {value / 2**20:9.0f} MiB   ratio {value / extra[REFERENCE]:5.2f}   {target}")
+        return
+    labels = list(found)
+    width = max(12, *(len(label) for label in labels)) + 1
+    ratio = {label: {case: value / found[label][REFERENCE] for case, value in found[label].items()} for label in labels}
+    print(f"{'ratio':24s}" + "".join(f"{label:>{width}s}" for label in labels) + "   target")
+    for case in ratio[labels[0]]:
+        print(f"{case:24s}" + "".join(f"{ratio[label][case]:{width}.2f}" for label in labels)
+              + (f"   <= {MEMORY_TARGET}" if case in SINGLE_PASS else ""))
+    print(f"\n{'vs ' + labels[0] + ' (relative)':24s}" + "".join(f"{label:>{width}s}" for label in labels[1:])
+          + f"   target: within {FAMILY_TOLERANCE:.0%}")
+    for case in args.methods:
+        print(f"{case:24s}" + "".join(f"{ratio[label][case] / ratio[labels[0]][case] - 1:+{width}.0%}"
+                                      for label in labels[1:]))
 
 
 if __name__ == "__main__":

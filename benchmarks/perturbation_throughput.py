@@ -18,7 +18,7 @@ from vitexplain.metrics.aopc import aopc_log_odds
 from vitexplain.metrics.insertion_deletion import insertion_deletion
 from vitexplain.metrics.perturbation import perturbation_test
 
-from method_cost import timed
+from common import timed
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import torch
 import vitexplain
 from vitexplain.instrumentation import adapter_for
 
-from method_cost import timed
+from common import timed
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp import relevance
 from ..registry import register_method
 from ._heads import block_index
-from ._products import readout_map
+from ._products import push_rows
 
 
 @register_method("transformer_attribution", cost=6, score_targets=False)
@@ -19,7 +19,8 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     row over the patches. R^{A_b} is the LRP relevance of block b's attention probabilities under
     their rules (Sec. 3.1-3.2; rule set ``"chefer"`` of :mod:`vitexplain.instrumentation.lrp`,
     propagated from relevance 1 on the target logit); ∇A_b is the plain gradient of the target
-    logit. As in hila-chefer/Transformer-Explainability (``compute_rollout_attention`` of
+    logit, taken through the same forward as the relevance (docs/decisions/performance.md). As in
+    hila-chefer/Transformer-Explainability (``compute_rollout_attention`` of
     ``ViT_LRP.py``), the rows of Ā_b are not renormalised. Pooled readouts: docs/decisions/readouts.md.
 
     Options:
@@ -27,9 +28,8 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
             perturbation tests use 1).
     """
     start = block_index("start_layer", start_layer, adapter.num_blocks)
-    chosen = range(start, adapter.num_blocks)
-    record = adapter.record(images, target, fields=(), grads={"attn": chosen})
-    relevances = relevance(adapter, images, record.targets, rules="chefer", at=("attn",), blocks=chosen)
-    cams = [(block.grads["attn"] * attn_relevance).clamp(min=0).mean(1)
-            for block, attn_relevance in zip(record.blocks[start:], relevances.attn[start:])]
-    return readout_map(record, cams)
+    relevances = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=range(start, adapter.num_blocks),
+                           gradients=True)
+    cams = [(gradient * attn_relevance).clamp(min=0).mean(1)
+            for gradient, attn_relevance in zip(relevances.attn_grads[start:], relevances.attn[start:])]
+    return relevances.patch_map(push_rows(relevances.readout.to(cams[0].dtype), cams))

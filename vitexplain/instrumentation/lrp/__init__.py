@@ -28,7 +28,7 @@ from ..families.base import UnsupportedModelError
 from ..patching import ModelPatch
 from ..targets import resolve_target
 from . import rules as r
-from .composites import RULE_SETS, RuleSet, lrp_baseline, other_classes, resolve_rules
+from .composites import RULE_SETS, RuleSet, lrp_baseline, one_on_target, other_classes, resolve_rules
 
 #: what :func:`relevance` can return
 STAGES = ("attn", "residuals", "patches", "pixels")
@@ -54,11 +54,14 @@ class Trace:
 
 
 class _TraceSink(Sink):
-    def __init__(self, trace: Trace):
+    """Keeps the attention and the residual stream of the blocks from ``first`` on (and the pooling head's)."""
+
+    def __init__(self, trace: Trace, first: int = 0):
         self.trace = trace
+        self.first = first
 
     def wants(self, block: int, name: str) -> bool:
-        return name in ("attn", "residual")
+        return name in ("attn", "residual") and (block == READOUT or block >= self.first)
 
     def put(self, block: int, **tensors: Tensor) -> None:
         if block == READOUT:
@@ -73,10 +76,13 @@ class _TraceSink(Sink):
 class RuleArithmetic(Arithmetic):
     """The written-out blocks' operations under a rule set."""
 
-    explicit = True
-
     def __init__(self, rules: RuleSet):
         self.rules = rules
+
+    @property
+    def explicit(self) -> bool:
+        """The attention is written out wherever a gradient will pass it (the rules act on its parts)."""
+        return torch.is_grad_enabled()
 
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return self.rules.residual(a, b)
@@ -174,20 +180,24 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
 
 
 @contextlib.contextmanager
-def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels: bool = True) -> Iterator[Trace]:
+def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels: bool = True,
+              gradient_from: int | None = None) -> Iterator[Trace]:
     """Within the block, the model's backward propagates relevance under ``rules``; yields the :class:`Trace`.
 
     Forward values are unchanged (up to rounding in the attention, which is computed unfused). The model
     comes back exactly as it was — hooks removed, patched ``forward`` methods restored — also when an
     exception is raised inside. ``pixels=False`` leaves the patch convolution's rule out (for callers
-    that do not read the pixels' relevance).
+    that do not read the pixels' relevance). ``gradient_from``: blocks below this index run plainly
+    without gradients and this block's input starts the graph (the backward stops there; the trace
+    holds the attention and residuals from there on).
     """
     if not isinstance(adapter, ModelAdapter):
         raise TypeError(f"lrp_rules takes a ModelAdapter (vitexplain.adapter_for(model)), got {type(adapter).__name__}")
     rules = resolve_rules(rules)
     _check_covered(adapter)
     trace = Trace()
-    with adapter.instrumented(arithmetic=RuleArithmetic(rules), sink=_TraceSink(trace)) as patch:
+    with adapter.instrumented(arithmetic=RuleArithmetic(rules), sink=_TraceSink(trace, gradient_from or 0),
+                              gradient_from=gradient_from) as patch:
         _place(adapter, rules, trace, patch, pixels)
         yield trace
 
@@ -211,6 +221,8 @@ class Relevance:
         class_token_index: position of the class token, or None.
         readout: what the output takes from each last-block token [B, N] (see
             :class:`~vitexplain.instrumentation.recording.Readout`).
+        attn_grads: with ``gradients=True``, the plain gradient of the target logit at the attention
+            probabilities of the blocks asked for [B, H, N, N] (None elsewhere).
     """
 
     logits: Tensor
@@ -224,6 +236,7 @@ class Relevance:
     num_prefix_tokens: int
     class_token_index: int | None
     readout: Tensor | None = None
+    attn_grads: list[Tensor | None] | None = None
 
     @property
     def tokens(self) -> Tensor:
@@ -241,7 +254,7 @@ class Relevance:
 
 
 def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | RuleSet = "chefer", *,
-              at: Collection[str] = STAGES, blocks: Collection[int] | None = None) -> Relevance:
+              at: Collection[str] = STAGES, blocks: Collection[int] | None = None, gradients: bool = False) -> Relevance:
     """One forward and one backward under ``rules``; the relevance at the stages asked for.
 
     Args:
@@ -250,20 +263,29 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
         targets: None (each image's predicted class), an int, or one class per image.
         rules: a name from :data:`RULE_SETS` or a :class:`RuleSet`.
         at: which of ``attn``, ``residuals``, ``patches``, ``pixels`` to return; the backward stops
-            at the lowest one asked for.
+            at the lowest one asked for, and the blocks below it run plainly, without gradients.
         blocks: for ``attn``, the blocks whose attention relevance is wanted (None: all).
+        gradients: also the plain gradient of the target logit at that attention (``attn_grads``), taken
+            by a second backward through the same forward (:func:`~.rules.both_gradients`).
     """
     if not isinstance(adapter, ModelAdapter):
         raise TypeError(f"relevance takes a ModelAdapter (vitexplain.adapter_for(model)), got {type(adapter).__name__}")
     unknown = set(at) - set(STAGES)
     if unknown:
         raise ValueError(f"cannot return relevance at {sorted(unknown)}; choose from {STAGES}")
+    if gradients and "attn" not in at:
+        raise ValueError("gradients are taken at the attention: ask for relevance at 'attn' too")
     rules = resolve_rules(rules)
-    images = adapter.check_images(images).detach().requires_grad_("pixels" in at)
+    below_blocks = "pixels" in at or "patches" in at
+    images = adapter.check_images(images).detach().requires_grad_(below_blocks)
     num_blocks = adapter.num_blocks
     chosen = range(num_blocks) if blocks is None else sorted({b % num_blocks for b in blocks})
-    with evaluation_mode(adapter.model), torch.enable_grad():
-        with lrp_rules(adapter, rules, pixels="pixels" in at) as trace:
+    # the graph starts where the lowest relevance asked for is (the images' own gradient is never taken
+    # unless the pixels are asked for: autograd stops at the tensors asked for)
+    gradient_from = None if below_blocks else 0 if "residuals" in at else min(chosen)
+    with evaluation_mode(adapter.model), torch.enable_grad(), \
+            (r.both_gradients() if gradients else contextlib.nullcontext()) as phase:
+        with lrp_rules(adapter, rules, pixels="pixels" in at, gradient_from=gradient_from) as trace:
             logits = adapter.forward(images)
         resolved = resolve_target(targets, logits.detach(), has_classes=adapter.family.has_classes)
         if not resolved.is_class:
@@ -278,6 +300,15 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
             "pixels": [images, *(trace.pixel_rule.bounds or ())] if "pixels" in at and isinstance(
                 trace.pixel_rule, r.ZBox) else ([images] if "pixels" in at else []),
         }
+        attn_grads = None
+        if gradients:
+            phase.plain = True
+            plain = torch.autograd.grad(logits, wanted["attn"], grad_outputs=one_on_target(logits, classes),
+                                        retain_graph=True, allow_unused=True)
+            phase.plain = False
+            attn_grads = [None] * num_blocks
+            for block, tensor, gradient in zip(chosen, wanted["attn"], plain):
+                attn_grads[block] = torch.zeros_like(tensor) if gradient is None else gradient
         tensors = [t for stage in STAGES for t in wanted[stage]]
         differentiable = [t for t in tensors if t.requires_grad]
         found = iter(torch.autograd.grad(logits, differentiable, grad_outputs=seed, allow_unused=True)
@@ -295,12 +326,14 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
         for bound in bounds:  # z^B's bound terms; cropped in case the patch embedding padded the image
             pixels = pixels + bound[..., :height, :width]
     patches = taken["patches"][0] if taken["patches"] else None
+    tokens = trace.residuals[num_blocks].shape[1]
     return Relevance(
         logits=logits.detach(), targets=classes, output=start.gather(1, classes[:, None])[:, 0], attn=attn,
         residuals=taken["residuals"] or [None] * (num_blocks + 1),
         patches=None if patches is None else patches.reshape(patches.shape[0], -1, patches.shape[-1]),
         pixels=pixels, grid=adapter.grid_size(images), num_prefix_tokens=adapter.num_prefix_tokens,
-        class_token_index=adapter.class_token_index, readout=adapter.readout_weights(trace.residuals[0].shape[1], logits.shape[0], trace.readout_attn).weights)
+        class_token_index=adapter.class_token_index,
+        readout=adapter.readout_weights(tokens, logits.shape[0], trace.readout_attn).weights, attn_grads=attn_grads)
 
 
 __all__ = ["RULE_SETS", "Relevance", "RuleArithmetic", "RuleSet", "STAGES", "Trace", "lrp_baseline", "lrp_rules",

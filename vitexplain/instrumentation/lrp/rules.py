@@ -2,10 +2,13 @@
 
 Every rule is written in Gradient×Input form: under the rules, the relevance of any tensor ``t`` of
 the forward is ``t * dscore/dt``. A layer gets its rule by the "gradient trick" — its output keeps
-its value but takes the gradient of a surrogate ``z`` (``value.detach() + z - z.detach()``) — or, for
-the normalised residual add and the relevance renormalisation, by a small autograd Function. Linear
-maps without a bias (reshapes, token selection, rotary embeddings, average pooling, the distilled
-head's average) need no rule: Gradient×Input through them is already the z-rule.
+its value but hands its gradient to a surrogate ``z`` (:func:`with_gradient_of`; :func:`proportional`
+scales it on the way) — or, for the attention products, the normalised residual add and the relevance
+renormalisation, by a small autograd Function. Linear maps without a bias (reshapes, token selection,
+rotary embeddings, average pooling, the distilled head's average) need no rule: Gradient×Input through
+them is already the z-rule. Where no gradient is taken (blocks below the lowest one a caller reads) the
+rules compute nothing beyond the forward. Within :func:`both_gradients` one forward serves a plain
+gradient and the relevance.
 
 Module rules (:class:`ModuleRule`) are placed on modules; operation rules (:class:`AddRule`,
 :class:`AttentionRule`, ...) are the operations of the written-out blocks and attention. The rule
@@ -15,8 +18,11 @@ absolute rule divides by |y| + 1e-9, as Vukadin et al.'s code, and by Σ|R| move
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import operator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -27,18 +33,84 @@ from ..patching import ModelPatch
 STABILISER = 1e-9
 
 
+# -- the plain gradient beside the relevance ----------------------------------------------------
+class Phase:
+    """Which gradient the next backward computes through a forward that kept both graphs (:func:`both_gradients`):
+    the plain gradient while ``plain`` is True, the rules' (relevance) otherwise."""
+
+    def __init__(self) -> None:
+        self.plain = False
+
+
+_PHASE: contextvars.ContextVar[Phase | None] = contextvars.ContextVar("lrp_phase", default=None)
+
+
+@contextlib.contextmanager
+def both_gradients() -> Iterator[Phase]:
+    """Within the block, a forward under rules keeps the plain graph beside the rules' graph.
+
+    Each rule's output then holds its value with both graphs, and a backward through it follows the
+    plain graph or the rule's as the yielded :class:`Phase` says at the time of that backward — so one
+    forward serves a plain gradient and the relevance (transformer attribution needs both). Without
+    it, the plain graph of a rule's output is dropped as soon as the rule is applied.
+    """
+    phase = Phase()
+    token = _PHASE.set(phase)
+    try:
+        yield phase
+    finally:
+        _PHASE.reset(token)
+
+
+def _plain_phase(phase: Phase | None) -> bool:
+    return phase is not None and phase.plain
+
+
 # -- the gradient trick and its helpers ---------------------------------------------------------
 def safe_divide(numerator: Tensor, denominator: Tensor, stabiliser: float | None = None) -> Tensor:
     """numerator / denominator, the denominator moved ``stabiliser`` (default :data:`STABILISER`) away
     from zero; 0 where it is 0."""
     stabiliser = STABILISER if stabiliser is None else stabiliser
-    shifted = denominator + torch.where(denominator >= 0, stabiliser, -stabiliser)
-    return torch.where(denominator == 0, torch.zeros_like(numerator), numerator / shifted)
+    shift = torch.copysign(torch.tensor(stabiliser, dtype=denominator.dtype), denominator)  # -0.0 is masked below
+    return (numerator / (denominator + shift)).masked_fill_(denominator == 0, 0)
+
+
+class _RuleGradient(torch.autograd.Function):
+    """``value`` in the forward; in the backward the incoming gradient, times ``scale`` when one is given, goes
+    to ``surrogate`` — or, in the plain phase of :func:`both_gradients`, unchanged to ``value``."""
+
+    @staticmethod
+    def forward(ctx, value: Tensor, surrogate: Tensor, scale: Tensor | None, phase: Phase | None) -> Tensor:
+        ctx.phase = phase
+        ctx.save_for_backward(scale)
+        return value.view_as(value)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        if _plain_phase(ctx.phase):
+            return grad if ctx.needs_input_grad[0] else None, None, None, None
+        if not ctx.needs_input_grad[1]:
+            return None, None, None, None
+        (scale,) = ctx.saved_tensors
+        return None, grad if scale is None else grad * scale, None, None
+
+
+def _rule_gradient(value: Tensor, surrogate: Tensor, scale: Tensor | None) -> Tensor:
+    phase = _PHASE.get()
+    return _RuleGradient.apply(value if phase is not None else value.detach(), surrogate, scale, phase)
 
 
 def with_gradient_of(value: Tensor, surrogate: Tensor) -> Tensor:
     """``value`` in the forward, the gradient of ``surrogate`` in the backward."""
-    return value.detach() + (surrogate - surrogate.detach())
+    if not torch.is_grad_enabled():
+        return value
+    return _rule_gradient(value, surrogate, None)
+
+
+def held_constant(value: Tensor) -> Tensor:
+    """``value`` with no gradient under the rules (a plain gradient still passes it in :func:`both_gradients`)."""
+    return with_gradient_of(value, value.detach())
 
 
 def proportional(value: Tensor, contributions: Tensor, stabiliser: float | None = None) -> Tensor:
@@ -48,8 +120,11 @@ def proportional(value: Tensor, contributions: Tensor, stabiliser: float | None 
     receive relevance (e.g. W⁺x⁺ + W⁻x⁻ for LRP-αβ); each output's relevance is shared among its
     inputs as their contributions are shared in ``contributions``.
     """
-    scale = safe_divide(value, contributions, stabiliser).detach()
-    return with_gradient_of(value, contributions * scale)
+    if not torch.is_grad_enabled():
+        return value
+    with torch.no_grad():
+        scale = safe_divide(value, contributions, stabiliser)
+    return _rule_gradient(value, contributions, scale)
 
 
 def passes_unchanged(value: Tensor, given: Tensor) -> Tensor:
@@ -58,9 +133,30 @@ def passes_unchanged(value: Tensor, given: Tensor) -> Tensor:
     return proportional(value, given, stabiliser=0.0)
 
 
+class _HalvedProduct(torch.autograd.Function):
+    """left @ right; the backward gives each operand half its gradient (the whole in the plain phase)."""
+
+    @staticmethod
+    def forward(ctx, left: Tensor, right: Tensor, phase: Phase | None) -> Tensor:
+        ctx.phase = phase
+        ctx.save_for_backward(left, right)
+        return left @ right
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        left, right = ctx.saved_tensors
+        grad = grad if _plain_phase(ctx.phase) else grad / 2
+        grad_left = (grad @ right.transpose(-2, -1)).sum_to_size(left.shape) if ctx.needs_input_grad[0] else None
+        grad_right = (left.transpose(-2, -1) @ grad).sum_to_size(right.shape) if ctx.needs_input_grad[1] else None
+        return grad_left, grad_right, None
+
+
 def halved_product(left: Tensor, right: Tensor) -> Tensor:
     """left @ right, giving each operand half of the z-rule relevance (Chefer et al., Eq. 5 and code)."""
-    return (left @ right.detach() + left.detach() @ right) / 2
+    if not torch.is_grad_enabled():
+        return left @ right
+    return _HalvedProduct.apply(left, right, _PHASE.get())
 
 
 class _NormalisedAdd(torch.autograd.Function):
@@ -71,13 +167,16 @@ class _NormalisedAdd(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
+    def forward(ctx, a: Tensor, b: Tensor, phase: Phase | None) -> Tensor:
+        ctx.phase = phase
         ctx.save_for_backward(a, b)
         return a + b
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        if _plain_phase(ctx.phase):
+            return grad, grad, None
         a, b = ctx.saved_tensors
         dims = tuple(range(1, grad.ndim))
         share_a = (a * grad).sum(dims, keepdim=True)
@@ -86,7 +185,7 @@ class _NormalisedAdd(torch.autograd.Function):
         magnitude = share_a.abs() + share_b.abs()
         factor_a = safe_divide(safe_divide(share_a.abs(), magnitude) * total, share_a)
         factor_b = safe_divide(safe_divide(share_b.abs(), magnitude) * total, share_b)
-        return grad * factor_a, grad * factor_b
+        return grad * factor_a, grad * factor_b, None
 
 
 class _RelevanceNormalisation(torch.autograd.Function):
@@ -97,20 +196,25 @@ class _RelevanceNormalisation(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, t: Tensor) -> Tensor:
+    def forward(ctx, t: Tensor, phase: Phase | None) -> Tensor:
+        ctx.phase = phase
         ctx.save_for_backward(t)
         return t.view_as(t)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        if _plain_phase(ctx.phase):
+            return grad, None
         (t,) = ctx.saved_tensors
         total = (t * grad).abs().sum(tuple(range(1, grad.ndim)), keepdim=True)
-        return grad * safe_divide(torch.ones_like(total), total)
+        return grad * safe_divide(torch.ones_like(total), total), None
 
 
 def normalise_relevance(t: Tensor) -> Tensor:
-    return _RelevanceNormalisation.apply(t)
+    if not torch.is_grad_enabled():
+        return t
+    return _RelevanceNormalisation.apply(t, _PHASE.get())
 
 
 def absolute_rule(output: Tensor, linear_part: Tensor, absolute_part: Tensor) -> Tensor:
@@ -124,8 +228,11 @@ def absolute_rule(output: Tensor, linear_part: Tensor, absolute_part: Tensor) ->
     R_i = Σ_j (x_i w_ji + |x_i w_ji|) / |y_j| · R_j — positive contributions only, divided by the
     absolute output. The layer's inputs go through :func:`normalise_relevance` first.
     """
-    scale = (output / (output.abs() + STABILISER)).detach()
-    return with_gradient_of(output, (linear_part + absolute_part) * scale)
+    if not torch.is_grad_enabled():
+        return output
+    with torch.no_grad():
+        scale = output / (output.abs() + STABILISER)
+    return _rule_gradient(output, linear_part + absolute_part, scale)
 
 
 def absolute_passthrough(x: Tensor) -> Tensor:
@@ -151,7 +258,8 @@ class ModuleRule:
     def place(self, module: nn.Module, patch: ModelPatch, renormalise_input: bool = True) -> None:
         if self.renormalise and renormalise_input:
             patch.hook(module.register_forward_pre_hook(lambda module, args: (normalise_relevance(args[0]), *args[1:])))
-        patch.hook(module.register_forward_hook(lambda module, args, output: self.output(module, args[0], output)))
+        patch.hook(module.register_forward_hook(
+            lambda module, args, output: self.output(module, args[0], output) if torch.is_grad_enabled() else None))
 
 
 class AlphaBeta(ModuleRule):
@@ -167,6 +275,8 @@ class AlphaBeta(ModuleRule):
     @staticmethod
     def _forward(linear: nn.Linear, x: Tensor) -> Tensor:
         weight = linear.weight
+        if not torch.is_grad_enabled():
+            return F.linear(x, weight, linear.bias)
         unbiased = F.linear(x, weight)
         output = unbiased if linear.bias is None else unbiased + linear.bias
         contributions = (unbiased + F.linear(x.abs(), weight.detach().abs())) / 2
@@ -301,7 +411,9 @@ class NormalisedAdd(AddRule):
     """Chefer et al.'s Eq. 7: the z-rule, then each side rescaled to its share |ΣR_a| / (|ΣR_a| + |ΣR_b|) of ΣR."""
 
     def __call__(self, a: Tensor, b: Tensor) -> Tensor:
-        return _NormalisedAdd.apply(a, b)
+        if not torch.is_grad_enabled():
+            return a + b
+        return _NormalisedAdd.apply(a, b, _PHASE.get())
 
 
 class AbsoluteAdd(AddRule):
@@ -350,13 +462,13 @@ class ConstantAttention(AttentionRule):
     """Ali et al.'s AH-rule: the attention probabilities are constants, so A·v sends all relevance to v."""
 
     def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
-        return (q @ k.transpose(-2, -1)).detach()
+        return held_constant(q @ k.transpose(-2, -1))
 
     def offset(self, x: Tensor, constant: Tensor) -> Tensor:
         return x + constant
 
     def softmax(self, scores: Tensor) -> Tensor:
-        return scores.softmax(dim=-1).detach()
+        return held_constant(scores.softmax(dim=-1))
 
     def mix(self, attn: Tensor, v: Tensor) -> Tensor:
         return attn @ v
@@ -419,4 +531,6 @@ class GateRule:
     value takes all relevance (the "signal-take-all" rule of Arras et al., 2017, for LSTM gates)."""
 
     def __call__(self, value: Tensor, gate: Tensor) -> Tensor:
+        if _PHASE.get() is not None:  # the plain gradient reaches the gate too
+            return with_gradient_of(value * gate, value * gate.detach())
         return value * gate.detach()
