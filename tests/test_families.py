@@ -173,3 +173,18 @@ def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
     for relevance in found.residuals:
         torch.testing.assert_close(relevance.sum((1, 2)), torch.ones(2, dtype=torch.float64))
     torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+@pytest.mark.parametrize("rules", sorted(lrp.RULE_SETS))
+def test_plain_gradient_beside_the_relevance_equals_the_recorded_gradient(name, rules):
+    """One forward under the rules gives the attention's plain gradient too, as a recording's backward does,
+    and the same relevance as a forward that keeps the rules' graph alone."""
+    model = build(name).double()
+    adapter, x, targets = adapter_for(model), images(2).double(), torch.tensor([3, 8])
+    both = lrp.relevance(adapter, x, targets, rules, at=("attn",), blocks=(1,), gradients=True)
+    alone = lrp.relevance(adapter, x, targets, rules, at=("attn",), blocks=(1,))
+    recorded = adapter.record(x, targets, fields=(), grads={"attn": (1,)})
+    assert both.attn_grads[0] is None and recorded.blocks[1].grads["attn"].abs().sum() > 0
+    torch.testing.assert_close(both.attn_grads[1], recorded.blocks[1].grads["attn"], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(both.attn[1], alone.attn[1], rtol=1e-12, atol=1e-15)

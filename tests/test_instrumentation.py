@@ -116,6 +116,32 @@ def test_fused_and_unfused_attention_give_the_same_maps():
         torch.testing.assert_close(results[0][method], results[1][method], rtol=1e-5, atol=1e-6)
 
 
+def test_each_field_is_kept_in_its_own_blocks_and_queries_alone_keep_the_attention_fused(monkeypatch):
+    """GradToken's recording: the lower blocks' attention, the last block's keys and query gradient. The last
+    attention stays fused, and what it records equals what the written-out attention records."""
+    import torch.nn.functional as F
+
+    from vitexplain.instrumentation import BLOCK_FIELDS, attention
+
+    model, images = make_vit(depth=3), _images_for("vit")
+    adapter = adapter_for(model)
+    fused_calls = []
+    fused = F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: fused_calls.append(1) or fused(*args, **kwargs))
+    record = adapter.record(images, 4, fields={"attn": (0, 1), "k": (-1,)}, grads={"q": (-1,)})
+    kept = [{name for name in BLOCK_FIELDS if getattr(block, name) is not None} for block in record.blocks]
+    assert kept == [{"attn"}, {"attn"}, {"k", "q"}] and len(fused_calls) == 1
+    written_out = adapter.record(images, 4, fields=("attn", "k"), grads={"q": (-1,)})
+    assert len(fused_calls) == 1
+    for found, expected in zip(record.blocks, written_out.blocks):
+        for name in ("attn", "k"):
+            if getattr(found, name) is not None:
+                torch.testing.assert_close(getattr(found, name), getattr(expected, name))
+    torch.testing.assert_close(record.blocks[-1].grads["q"], written_out.blocks[-1].grads["q"], rtol=1e-5, atol=1e-7)
+    assert record.blocks[-1].grads["q"].abs().sum() > 0
+
+
 def test_logits_on_all_tokens_equal_the_model_and_subsets_equal_a_manual_run():
     model = make_vit(distilled=True)
     adapter = adapter_for(model)

@@ -307,6 +307,22 @@ def test_batch_of_four_equals_one_at_a_time(tiny, method):
     assert together.shape == (4, *size) and together.isfinite().all()
 
 
+@pytest.mark.parametrize("method", LRP_METHODS + ("abs_lrp",))
+def test_maps_do_not_depend_on_whether_the_parameters_are_frozen(tiny, method):
+    """A user explaining a trained model often freezes it; the relevance must not need parameter gradients."""
+    images, targets = images_like(2), torch.tensor([1, 6])
+    trainable = explain(tiny, images, method, targets)
+    for parameter in tiny.parameters():
+        parameter.requires_grad_(False)
+    try:
+        frozen = explain(tiny, images, method, targets)
+    finally:
+        for parameter in tiny.parameters():
+            parameter.requires_grad_(True)
+    assert trainable.abs().sum() > 0
+    torch.testing.assert_close(frozen, trainable)
+
+
 @pytest.mark.parametrize("method", LRP_METHODS)
 def test_maps_depend_on_the_target_class(tiny, method):
     images = images_like(2)

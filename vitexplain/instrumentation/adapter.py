@@ -216,7 +216,7 @@ class ModelAdapter:
         inputs: Any,
         target: TargetLike = None,
         *,
-        fields: Collection[str] | None = None,
+        fields: Collection[str] | Mapping[str, Collection[int] | None] | None = None,
         blocks: Collection[int] | None = None,
         grads: Collection[str] | Mapping[str, Collection[int] | None] = (),
         score: str | Callable[[Tensor, Tensor], Tensor] = "logit",
@@ -230,7 +230,8 @@ class ModelAdapter:
             inputs: preprocessed images [B, C, H, W], or tokenised text for text families.
             target: what to explain (see :mod:`.targets`): None (each input's predicted class), classes, an
                 embedding direction or a score function of the output.
-            fields: names from :data:`~vitexplain.instrumentation.recording.BLOCK_FIELDS` to keep (None: all).
+            fields: names from :data:`~vitexplain.instrumentation.recording.BLOCK_FIELDS` to keep (None: all),
+                or a mapping from names to the blocks each is kept in (None: ``blocks``).
             blocks: the blocks whose fields are kept (None: all; negative indices count from the end).
             grads: fields whose gradient is wanted — names (every block) or a mapping from names to the
                 blocks they are wanted in — and/or ``"input"``, the gradient with respect to the images.

@@ -257,15 +257,15 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
     """The attention's output for tokens ``x`` [B, N, C], as the module computes it.
 
     Hands ``q``, ``k``, ``v``, ``attn_logits`` and ``attn`` of block ``block`` to ``sink`` when it wants
-    them; when it wants none and the arithmetic is plain, the scores are never materialised (PyTorch's
-    fused attention runs instead).
+    them; when it wants neither the scores nor the probabilities and the arithmetic is plain, they are
+    never materialised (PyTorch's fused attention runs instead).
     """
     q, k, v = project(parts, arithmetic.attention_input(x), extra, arithmetic)
     biases = [cut_bias(b, extra.positions) for b in (parts.position_bias and parts.position_bias(), extra.bias)
               if b is not None]
     bias = sum(biases[1:], biases[0]) if biases else None
     mask = additive_mask(extra.mask, q.dtype)
-    explicit = arithmetic.explicit or any(sink.wants(block, name) for name in ("q", "k", "v", "attn_logits", "attn"))
+    explicit = arithmetic.explicit or sink.wants(block, "attn_logits") or sink.wants(block, "attn")
     if parts.logit_scale is not None:
         q_scaled, k = arithmetic.normalize(q) * parts.logit_scale(), arithmetic.normalize(k)
     else:
@@ -280,6 +280,8 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
         sink.put(block, q=q, k=k, v=v, attn_logits=logits, attn=attn)
         mixed = arithmetic.mix(attn, v)
     else:
+        if any(sink.wants(block, name) for name in ("q", "k", "v")):
+            sink.put(block, q=q, k=k, v=v)
         both = bias if mask is None else (mask if bias is None else bias + mask)
         mixed = F.scaled_dot_product_attention(q_scaled, k, v, attn_mask=both, scale=1.0)
     out = mixed.transpose(1, 2).reshape(x.shape[0], mixed.shape[2], -1)

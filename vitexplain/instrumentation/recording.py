@@ -158,17 +158,21 @@ class Recorder(Sink):
 
     Args:
         num_blocks: blocks of the model.
-        fields: the fields to keep (None: all of :data:`BLOCK_FIELDS`).
+        fields: the fields to keep (None: all of :data:`BLOCK_FIELDS`), or a mapping from fields to the
+            blocks each is kept in (None: ``blocks``).
         blocks: the blocks whose fields are kept (None: all); negative indices count from the end.
         grads: fields whose gradient is wanted, each with the blocks it is wanted in (None: all).
     """
 
-    def __init__(self, num_blocks: int, fields: Collection[str] | None = None, blocks: Collection[int] | None = None,
-                 grads: Mapping[str, Collection[int] | None] | None = None):
+    def __init__(self, num_blocks: int, fields: Collection[str] | Mapping[str, Collection[int] | None] | None = None,
+                 blocks: Collection[int] | None = None, grads: Mapping[str, Collection[int] | None] | None = None):
         everything = range(num_blocks)
         resolve = lambda chosen: set(everything) if chosen is None else {i % num_blocks for i in chosen}  # noqa: E731
-        self.fields = set(BLOCK_FIELDS if fields is None else fields)
-        self.blocks = resolve(blocks)
+        default = resolve(blocks)
+        if not isinstance(fields, Mapping):
+            fields = dict.fromkeys(BLOCK_FIELDS if fields is None else fields)
+        #: field -> blocks it is kept in
+        self.fields = {name: default if chosen is None else resolve(chosen) for name, chosen in fields.items()}
         self.grads = {name: resolve(chosen) for name, chosen in (grads or {}).items()}
         self.entries: list[dict[str, Tensor]] = [{} for _ in everything]
         #: tokens entering each block (filled whatever is kept)
@@ -177,7 +181,7 @@ class Recorder(Sink):
         self.readout_attn: Tensor | None = None
 
     def wants(self, block: int, name: str) -> bool:
-        return (name in self.fields and block in self.blocks) or block in self.grads.get(name, ())
+        return block in self.fields.get(name, ()) or block in self.grads.get(name, ())
 
     def put(self, block: int, **tensors: Tensor) -> None:
         if "residual" in tensors:

@@ -36,7 +36,7 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
     gradient_of = "residual" if tokens == "input" else "mlp_branch"
     record = adapter.record(images, target, grads=(gradient_of,),
                             fields=("attn", "residual") if tokens == "input" else ("attn", "residual", "attn_branch",
-                                                                                   "mlp_branch", "mlp_input"))
+                                                                                   "mlp_branch"))
     relevance = 0
     for block in record.blocks:
         # the MLP branch is added straight to the block output, so its gradient is the output's

@@ -87,7 +87,8 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
     lowest = block_index("depth", depth, num_blocks)
     if propagation == "none":  # the last block alone
         lowest = num_blocks - 1
-    record = adapter.record(images, target, fields=("attn", "k"), blocks=range(lowest, num_blocks),
+    # the lower blocks' attention, the last block's keys and its query gradient (its attention stays fused)
+    record = adapter.record(images, target, fields={"attn": range(lowest, num_blocks - 1), "k": (-1,)},
                             grads={"q": (-1,)}, score=score)
     last, prefix = record.blocks[-1], record.num_prefix_tokens
     reads = (record.readout.weights > 0).to(last.grads["q"].dtype)  # the positions the output reads

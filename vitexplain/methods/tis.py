@@ -104,7 +104,7 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
             (the mean colour) and the full sequence runs, instead of dropping tokens.
     """
     ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
-    record = adapter.record(images, target, fields=("residual", "attn_branch", "mlp_branch", "mlp_input"))
+    record = adapter.record(images, target, fields=("residual", "attn_branch", "mlp_branch"))  # the block outputs
     num_patches = record.grid[0] * record.grid[1]
     masks, scores = [], []
     for keep in kept_tokens(record, n_masks, ratios, seed):

@@ -95,10 +95,14 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         if depth > num_blocks:
             raise ValueError(f"depth must be a number of blocks from 1 to {num_blocks}, got {depth!r}")
     chosen = range(depth or num_blocks) if aggregate else (0,)
-    record = adapter.record(images, target, blocks=chosen, grads={"attn": chosen}, score=score,
-                            fields=("residual", "attn_input", "v", "attn", "attn_branch", "mlp_input", "mlp_branch"))
-    switches = dict(per_head=per_head, use_length=use_length, use_necc=use_necc)
     normalized = reference == "normalized"
+    # E of both sublayers: the LayerNorm outputs, or the residual streams (the MLP's is the residual plus the
+    # attention branch, or in post-norm blocks the MLP's input); block 0's residual gives C⁰
+    references = ("attn_input", "mlp_input") if normalized else ("residual", "attn_branch", "mlp_input")
+    fields = dict.fromkeys(references + ("attn", "mlp_branch") + (("v",) if use_length or use_necc else ()), chosen)
+    fields["residual"] = chosen if "residual" in references else (0,)
+    record = adapter.record(images, target, fields=fields, grads={"attn": chosen}, score=score)
+    switches = dict(per_head=per_head, use_length=use_length, use_necc=use_necc)
 
     if not aggregate:
         first = record.blocks[0]

@@ -154,8 +154,8 @@ def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1
         batch_size: images per forward (two per mask, so at least two); bounds memory.
         seed: seeds the noise.
     """
-    record = adapter.record(images, target, fields=("attn_input", "residual", "attn_branch", "mlp_branch", "mlp_input"),
-                            blocks=(layer,))
+    record = adapter.record(images, target, blocks=(layer,), fields=("attn_input",) if features == "attn_input" else (
+        "residual", "attn_branch", "mlp_branch"))
     maps = patch_feature_maps(record, layer, features)
     batch, channels, height, width = images.shape
     rows = interpolation_matrix(maps.shape[2], height, device=images.device)

@@ -133,12 +133,12 @@ def passes_unchanged(value: Tensor, given: Tensor) -> Tensor:
     return proportional(value, given, stabiliser=0.0)
 
 
-class _HalvedProduct(torch.autograd.Function):
-    """left @ right; the backward gives each operand half its gradient (the whole in the plain phase)."""
+class _Product(torch.autograd.Function):
+    """left @ right; the backward gives each operand its share of the gradient (the whole in the plain phase)."""
 
     @staticmethod
-    def forward(ctx, left: Tensor, right: Tensor, phase: Phase | None) -> Tensor:
-        ctx.phase = phase
+    def forward(ctx, left: Tensor, right: Tensor, shares: tuple[float, float], phase: Phase | None) -> Tensor:
+        ctx.rule_shares, ctx.phase = shares, phase
         ctx.save_for_backward(left, right)
         return left @ right
 
@@ -146,17 +146,25 @@ class _HalvedProduct(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         left, right = ctx.saved_tensors
-        grad = grad if _plain_phase(ctx.phase) else grad / 2
-        grad_left = (grad @ right.transpose(-2, -1)).sum_to_size(left.shape) if ctx.needs_input_grad[0] else None
-        grad_right = (left.transpose(-2, -1) @ grad).sum_to_size(right.shape) if ctx.needs_input_grad[1] else None
-        return grad_left, grad_right, None
+        share_left, share_right = (1.0, 1.0) if _plain_phase(ctx.phase) else ctx.rule_shares
+        grad_left = grad_right = None
+        if ctx.needs_input_grad[0] and share_left:
+            grad_left = ((grad if share_left == 1 else grad * share_left) @ right.transpose(-2, -1)).sum_to_size(left.shape)
+        if ctx.needs_input_grad[1] and share_right:
+            grad_right = (left.transpose(-2, -1) @ (grad if share_right == 1 else grad * share_right)).sum_to_size(right.shape)
+        return grad_left, grad_right, None, None
+
+
+def product(left: Tensor, right: Tensor, share_left: float, share_right: float) -> Tensor:
+    """left @ right, each operand receiving its share of the z-rule relevance (0: held constant)."""
+    if not torch.is_grad_enabled():
+        return left @ right
+    return _Product.apply(left, right, (share_left, share_right), _PHASE.get())
 
 
 def halved_product(left: Tensor, right: Tensor) -> Tensor:
     """left @ right, giving each operand half of the z-rule relevance (Chefer et al., Eq. 5 and code)."""
-    if not torch.is_grad_enabled():
-        return left @ right
-    return _HalvedProduct.apply(left, right, _PHASE.get())
+    return product(left, right, 0.5, 0.5)
 
 
 class _NormalisedAdd(torch.autograd.Function):
@@ -462,7 +470,7 @@ class ConstantAttention(AttentionRule):
     """Ali et al.'s AH-rule: the attention probabilities are constants, so A·v sends all relevance to v."""
 
     def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
-        return held_constant(q @ k.transpose(-2, -1))
+        return product(q, k.transpose(-2, -1), 0, 0)
 
     def offset(self, x: Tensor, constant: Tensor) -> Tensor:
         return x + constant
@@ -471,7 +479,7 @@ class ConstantAttention(AttentionRule):
         return held_constant(scores.softmax(dim=-1))
 
     def mix(self, attn: Tensor, v: Tensor) -> Tensor:
-        return attn @ v
+        return product(attn, v, 0, 1)
 
     def normalize(self, t: Tensor) -> Tensor:
         return F.normalize(t, dim=-1)
