@@ -17,8 +17,8 @@ from torch import Tensor
 from .attention import Sink
 
 #: Per-block tensors that can be recorded, and whose gradients can be asked for.
-BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_input",
-                "mlp_branch")
+BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_residual",
+                "mlp_input", "mlp_branch")
 
 
 @dataclass
@@ -35,6 +35,8 @@ class BlockRecord:
         attn_logits: attention scores before the softmax, q kᵀ / √D plus any bias and mask [B, H, N, N].
         attn: attention probabilities [B, H, N, N] (row = query token).
         attn_branch: what the attention sublayer adds to the residual stream [B, N, C].
+        mlp_residual: the residual stream the feed-forward branch is added to [B, N, C]: residual +
+            attn_branch, or in ``post_norm`` blocks ``mlp_input`` (a tensor the backward keeps anyway).
         mlp_input: the input the feed-forward sublayer reads [B, N, C].
         mlp_branch: what the feed-forward sublayer adds [B, N, C].
         head_projection: per-head output projection [H, D, C] (LayerScale folded in), so that
@@ -55,6 +57,7 @@ class BlockRecord:
     attn_logits: Tensor | None = None
     attn: Tensor | None = None
     attn_branch: Tensor | None = None
+    mlp_residual: Tensor | None = None
     mlp_input: Tensor | None = None
     mlp_branch: Tensor | None = None
     head_projection: Tensor | None = None
@@ -62,11 +65,6 @@ class BlockRecord:
     block_output: Tensor | None = None
     windows: Any = None
     grads: dict[str, Tensor] = field(default_factory=dict)
-
-    @property
-    def mlp_residual(self) -> Tensor:
-        """The residual stream the feed-forward branch is added to [B, N, C]."""
-        return self.mlp_input if self.layout == "post_norm" else self.residual + self.attn_branch
 
     @property
     def output(self) -> Tensor:

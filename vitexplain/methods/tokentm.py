@@ -96,9 +96,8 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
             raise ValueError(f"depth must be a number of blocks from 1 to {num_blocks}, got {depth!r}")
     chosen = range(depth or num_blocks) if aggregate else (0,)
     normalized = reference == "normalized"
-    # E of both sublayers: the LayerNorm outputs, or the residual streams (the MLP's is the residual plus the
-    # attention branch, or in post-norm blocks the MLP's input); block 0's residual gives C⁰
-    references = ("attn_input", "mlp_input") if normalized else ("residual", "attn_branch", "mlp_input")
+    # E of both sublayers: the LayerNorm outputs or the residual streams; block 0's residual gives C⁰
+    references = ("attn_input", "mlp_input") if normalized else ("residual", "mlp_residual")
     fields = dict.fromkeys(references + ("attn", "mlp_branch") + (("v",) if use_length or use_necc else ()), chosen)
     fields["residual"] = chosen if "residual" in references else (0,)
     record = adapter.record(images, target, fields=fields, grads={"attn": chosen}, score=score)
