@@ -16,16 +16,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-#: ViT-B-sized models of each family vitexplain describes (16 px patches at 224 px, 196 patches), plain ViT first:
-#: the families' ratios are compared with its ratios.
+#: ViT-B-sized models of each family vitexplain describes, all with 196 patches (EVA-02's 14 px patches at
+#: 196 px), plain ViT first: the families' ratios are compared with its ratios. Label -> (timm name, options).
 FAMILIES = {
-    "ViT": "vit_base_patch16_224",
-    "ViT avg-pool": "vit_base_patch16_gap_224",
-    "ViT MAP (SigLIP)": "vit_base_patch16_siglip_224",
-    "EVA-02": "eva02_base_patch16_clip_224",
-    "RoPE ViT": "vit_base_patch16_rope_224",
-    "BEiT": "beit_base_patch16_224",
-    "ViT relpos": "vit_relpos_base_patch16_224",
+    "ViT": ("vit_base_patch16_224", {}),
+    "ViT avg-pool": ("vit_base_patch16_gap_224", {}),
+    "ViT MAP (SigLIP)": ("vit_base_patch16_siglip_224", {}),
+    "EVA-02": ("eva02_base_patch14_224", {"img_size": 196}),
+    "RoPE ViT": ("vit_base_patch16_rope_224", {}),
+    "BEiT": ("beit_base_patch16_224", {}),
+    "ViT relpos": ("vit_relpos_base_patch16_224", {}),
 }
 
 #: targets of issue 13 (and the earlier ones for the attention methods): method time / one forward+backward
@@ -39,11 +39,12 @@ MEMORY_TARGET = 1.5
 FAMILY_TOLERANCE = 0.2
 
 
-def build_model(name: str, *, img_size: int | None = None, device: str | torch.device = "cpu") -> torch.nn.Module:
+def build_model(name: str, *, img_size: int | None = None, device: str | torch.device = "cpu",
+                **options) -> torch.nn.Module:
     """A timm model with random weights (nothing downloaded), 1,000 classes, in eval mode, parameters frozen
-    (as a user explaining a trained model has them)."""
+    (as a user explaining a trained model has them); ``options`` go to its constructor."""
     torch.manual_seed(0)
-    options = {"pretrained": False, "num_classes": 1000}
+    options = {"pretrained": False, "num_classes": 1000, **options}
     if img_size is not None:
         options["img_size"] = img_size
     model = timm.create_model(name, **options).to(device).eval()

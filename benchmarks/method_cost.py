@@ -24,6 +24,7 @@ import ast
 import torch
 
 import vitexplain
+from vitexplain.instrumentation import UnsupportedModelError
 
 from common import (BATCH1_TIME_TARGETS, FAMILIES, FAMILY_TOLERANCE, TIME_TARGETS, build_model, describe_machine, flops,
                     forward_backward, image_batch, interleaved, ratios)
@@ -33,15 +34,23 @@ DEFAULT_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken
 REFERENCE = "forward+backward"
 
 
-def measure(model_name: str, methods: list[str], batch: int, repeats: int, device: torch.device,
-            img_size: int | None, options: dict[str, dict], count_flops: bool, training: bool = True) -> dict:
-    """{case: (median ratio, lowest, highest, seconds per image, flop ratio or None)} for one model."""
-    model = build_model(model_name, img_size=img_size, device=device)
+def measure(model_name: str, model_options: dict, methods: list[str], batch: int, repeats: int, device: torch.device,
+            options: dict[str, dict], count_flops: bool, training: bool = True) -> dict:
+    """{case: (median ratio, lowest, highest, seconds per image, flop ratio or None)} for one model (built with
+    ``model_options``); a method that refuses the model gets None."""
+    model = build_model(model_name, device=device, **model_options)
     images = image_batch(model, batch, device)
     cases = {REFERENCE: forward_backward(model, images)}
     if training:
         cases["training step"] = forward_backward(model, images, parameters=True)
+    refused = {}
     for method in methods:
+        try:
+            vitexplain.explain(model, images[:1], method, **options.get(method, {}))
+        except UnsupportedModelError as error:
+            refused[method] = None
+            print(f"  {model_name}: {method} refused ({error})")
+            continue
         cases[method] = lambda method=method: vitexplain.explain(model, images, method, **options.get(method, {}))
     times = interleaved(cases, device, repeats)
     reference_flops = flops(cases[REFERENCE]) if count_flops else None
@@ -51,7 +60,7 @@ def measure(model_name: str, methods: list[str], batch: int, repeats: int, devic
         per_image = sorted(seconds)[len(seconds) // 2] / batch
         flop_ratio = flops(cases[name]) / reference_flops if count_flops else None
         found[name] = (median, low, high, per_image, flop_ratio)
-    return found
+    return {name: found.get(name) for name in [*cases, *refused] if name in found or name in refused}
 
 
 def _target(method: str, batch: int) -> str:
@@ -62,7 +71,11 @@ def _target(method: str, batch: int) -> str:
 def print_model(found: dict, batch: int, count_flops: bool) -> None:
     header = f"{'':26s} {'ms/image':>9s} {'ratio':>6s} {'(lowest-highest)':>17s}" + (f" {'flops':>6s}" if count_flops else "")
     print(header + "   target")
-    for name, (median, low, high, per_image, flop_ratio) in found.items():
+    for name, values in found.items():
+        if values is None:
+            print(f"{name:26s} refused")
+            continue
+        median, low, high, per_image, flop_ratio = values
         line = f"{name:26s} {per_image * 1e3:9.1f} {median:6.2f} {f'({low:.2f}-{high:.2f})':>17s}"
         if count_flops:
             line += f" {flop_ratio:6.2f}"
@@ -75,16 +88,21 @@ def print_families(found: dict[str, dict], batch: int) -> None:
     plain = labels[0]
     width = max(12, *(len(label) for label in labels)) + 1
     print(f"{'ratio':26s}" + "".join(f"{label:>{width}s}" for label in labels) + "   target")
+    def cell(label: str, name: str, relative: bool = False) -> str:
+        values, base = found[label].get(name), found[plain].get(name)
+        if values is None or (relative and base is None):
+            return f"{'—':>{width}s}"
+        return f"{values[0] / base[0] - 1:+{width}.0%}" if relative else f"{values[0]:{width}.2f}"
+
     for name in found[plain]:
-        print(f"{name:26s}" + "".join(f"{found[label][name][0]:{width}.2f}" for label in labels)
+        print(f"{name:26s}" + "".join(cell(label, name) for label in labels)
               + f"   {_target(name, batch) if name != REFERENCE else ''}")
     print(f"\n{'vs ' + plain + ' (relative)':26s}" + "".join(f"{label:>{width}s}" for label in labels[1:])
           + f"   target: within {FAMILY_TOLERANCE:.0%}")
     for name in found[plain]:
         if name == REFERENCE:
             continue
-        base = found[plain][name][0]
-        print(f"{name:26s}" + "".join(f"{found[label][name][0] / base - 1:+{width}.0%}" for label in labels[1:]))
+        print(f"{name:26s}" + "".join(cell(label, name, relative=True) for label in labels[1:]))
 
 
 def main() -> None:
@@ -111,11 +129,13 @@ def main() -> None:
         options.setdefault(method, {})[name] = ast.literal_eval(value)
     methods = vitexplain.available_methods("image") if args.methods == ["all"] else args.methods
     device = torch.device(args.device)
-    models = FAMILIES if args.families else {args.model: args.model}
+    models = FAMILIES if args.families else {args.model: (args.model, {})}
     print(f"batch {args.batch}, {args.repeats} rounds; {describe_machine(device)}")
     found = {}
-    for label, name in models.items():
-        found[label] = measure(name, methods, args.batch, args.repeats, device, args.img_size, options, args.flops,
+    for label, (name, model_options) in models.items():
+        if args.img_size:
+            model_options = {**model_options, "img_size": args.img_size}
+        found[label] = measure(name, model_options, methods, args.batch, args.repeats, device, options, args.flops,
                                training=not args.families)
         if not args.families:
             print(f"model {name}" + (f" at {args.img_size} px" if args.img_size else ""))

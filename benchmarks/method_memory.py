@@ -36,38 +36,46 @@ def _resident(key: str) -> int:
     raise RuntimeError(f"no {key} in /proc/self/status")
 
 
-def child(model_name: str, img_size: int | None, method: str, batch: int, device: str) -> None:
-    """Run one measurement and print {"extra": bytes} as JSON."""
+def child(model_name: str, img_size: int | None, method: str, batch: int, device: str, options: dict) -> None:
+    """Run one measurement and print {"extra": bytes} as JSON ({"refused": reason} when the method refuses the model)."""
     import torch
 
     import vitexplain
     from common import build_model, forward_backward, image_batch
+    from vitexplain.instrumentation import UnsupportedModelError
 
-    model = build_model(model_name, img_size=img_size, device=device)
+    model = build_model(model_name, device=device, **{**options, **({"img_size": img_size} if img_size else {})})
     images = image_batch(model, batch, device)
     work = forward_backward(model, images) if method == REFERENCE else lambda: vitexplain.explain(model, images, method)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        work()
-        torch.cuda.synchronize()
-        extra = torch.cuda.max_memory_allocated() - before
-    else:
-        before = _resident("VmRSS")
-        work()
-        extra = _resident("VmHWM") - before
+    try:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            work()
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - before
+        else:
+            before = _resident("VmRSS")
+            work()
+            extra = _resident("VmHWM") - before
+    except UnsupportedModelError as error:
+        print(json.dumps({"refused": str(error)}))
+        return
     print(json.dumps({"extra": extra}))
 
 
-def measure(model_name: str, img_size: int | None, method: str, batch: int, device: str, repeats: int) -> float:
-    """Median extra bytes over ``repeats`` fresh subprocesses."""
+def measure(model_name: str, img_size: int | None, method: str, batch: int, device: str, repeats: int,
+            options: dict) -> float | None:
+    """Median extra bytes over ``repeats`` fresh subprocesses (None: the method refuses the model)."""
     command = [sys.executable, __file__, "--child", method, "--model", model_name, "--batch", str(batch),
-               "--device", device] + (["--img-size", str(img_size)] if img_size else [])
+               "--device", device, "--model-options", json.dumps(options)] + (["--img-size", str(img_size)] if img_size else [])
     found = []
     for _ in range(repeats):
-        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        found.append(json.loads(output.strip().splitlines()[-1])["extra"])
+        output = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        if "refused" in output:
+            return None
+        found.append(output["extra"])
     return statistics.median(found)
 
 
@@ -81,20 +89,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="subprocesses per measurement (the median is shown)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--model-options", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.child:
-        child(args.model, args.img_size, args.child, args.batch, args.device)
+        child(args.model, args.img_size, args.child, args.batch, args.device, json.loads(args.model_options))
         return
     from common import FAMILIES, FAMILY_TOLERANCE, MEMORY_TARGET
 
-    models = FAMILIES if args.families else {args.model: args.model}
-    found: dict[str, dict[str, float]] = {}
-    for label, name in models.items():
-        found[label] = {case: measure(name, args.img_size, case, args.batch, args.device, args.repeats)
+    models = FAMILIES if args.families else {args.model: (args.model, {})}
+    found: dict[str, dict[str, float | None]] = {}
+    for label, (name, options) in models.items():
+        found[label] = {case: measure(name, args.img_size, case, args.batch, args.device, args.repeats, options)
                         for case in [REFERENCE, *args.methods]}
     size = f" at {args.img_size} px" if args.img_size else ""
     print(f"batch {args.batch}{size}, device {args.device}, median of {args.repeats} subprocess(es); "
@@ -104,20 +113,30 @@ def main() -> None:
         print(f"model {args.model}")
         for case, value in extra.items():
             target = f"<= {MEMORY_TARGET}" if case in SINGLE_PASS else ""
-            print(f"{case:24s} {value / 2**20:9.0f} MiB   ratio {value / extra[REFERENCE]:5.2f}   {target}")
+            if value is None:
+                print(f"{case:24s} refused")
+            else:
+                print(f"{case:24s} {value / 2**20:9.0f} MiB   ratio {value / extra[REFERENCE]:5.2f}   {target}")
         return
     labels = list(found)
     width = max(12, *(len(label) for label in labels)) + 1
-    ratio = {label: {case: value / found[label][REFERENCE] for case, value in found[label].items()} for label in labels}
+    ratio = {label: {case: None if value is None else value / found[label][REFERENCE] for case, value in found[label].items()}
+             for label in labels}
+
+    def cell(label: str, case: str, relative: bool = False) -> str:
+        value, base = ratio[label][case], ratio[labels[0]][case]
+        if value is None or (relative and base is None):
+            return f"{'—':>{width}s}"
+        return f"{value / base - 1:+{width}.0%}" if relative else f"{value:{width}.2f}"
+
     print(f"{'ratio':24s}" + "".join(f"{label:>{width}s}" for label in labels) + "   target")
     for case in ratio[labels[0]]:
-        print(f"{case:24s}" + "".join(f"{ratio[label][case]:{width}.2f}" for label in labels)
+        print(f"{case:24s}" + "".join(cell(label, case) for label in labels)
               + (f"   <= {MEMORY_TARGET}" if case in SINGLE_PASS else ""))
     print(f"\n{'vs ' + labels[0] + ' (relative)':24s}" + "".join(f"{label:>{width}s}" for label in labels[1:])
           + f"   target: within {FAMILY_TOLERANCE:.0%}")
     for case in args.methods:
-        print(f"{case:24s}" + "".join(f"{ratio[label][case] / ratio[labels[0]][case] - 1:+{width}.0%}"
-                                      for label in labels[1:]))
+        print(f"{case:24s}" + "".join(cell(label, case, relative=True) for label in labels[1:]))
 
 
 if __name__ == "__main__":
