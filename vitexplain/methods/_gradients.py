@@ -49,6 +49,7 @@ def integrated_gradient_weights(adapter: ModelAdapter, images: Tensor, target: T
         index = torch.arange(start, min(start + batch_size, total), device=images.device)
         scaled = images[index % batch] * alphas[index // batch, None, None, None]
         record = adapter.record(scaled, target.select(index % batch), fields=(), grads={"attn": (-1,)})
-        rows.append(readout_rows(record, record.blocks[-1].grads["attn"]))
+        last = record.blocks[-1]
+        rows.append(readout_rows(record, last.mixing(last.grads["attn"])))
     integrated = torch.cat(rows).reshape(steps, batch, *rows[0].shape[1:]).mean(0)
     return integrated.clamp(min=0).mean(1)

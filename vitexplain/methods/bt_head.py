@@ -34,7 +34,8 @@ def bt_head(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
 
     Formulas follow the authors' ``generate_ours`` (jiaminchen-1031/transformerinterp), y_c the
     target logit, gradients at the attention probabilities. Their head weights are normalised over
-    the whole batch (they ran one image at a time); here they are normalised per image.
+    the whole batch (they ran one image at a time); here they are normalised per image. Hierarchical
+    models: docs/decisions/families.md.
 
     Options:
         start_layer: lowest block of the attention perception (0-based, negative counts from the
@@ -50,9 +51,12 @@ def bt_head(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
     fused = []
     for block in record.blocks[start:]:
         attn, grad = block.attn, block.grads["attn"]
-        importance = (attn.transpose(-1, -2) @ grad).abs().mean((-1, -2))  # [B, H]
-        importance = importance / importance.sum(1, keepdim=True)
-        fused.append(torch.einsum("bh,bhij->bij", importance, attn))
-    perception = push_rows(record.readout.weights.to(fused[0].dtype), fused)
+        # mean over the matrix (windowed: over its windows' blocks, a per-block factor the normalisation cancels)
+        importance = (attn.transpose(-1, -2) @ grad).abs().flatten(2).mean(-1)  # [B, H]
+        # (a block whose attention does not reach the output, e.g. a zero-initialised res-post norm: no weight)
+        importance = importance / importance.sum(1, keepdim=True).clamp_min(torch.finfo(importance.dtype).tiny)
+        fused.append(block.mixing(torch.einsum("bh,bh...->b...", importance, attn)))
+    perception = push_rows(record.readout.weights.to(fused[0].dtype), fused, stages=record.stages)
     feedback = integrated_gradient_weights(adapter, images, record.target, steps=steps, batch_size=batch_size)
-    return record.patch_grid((perception * feedback)[:, record.num_prefix_tokens:])
+    prefix = record.num_prefix_tokens
+    return record.patch_grid(perception[:, prefix:]) * record.patch_grid(feedback[:, prefix:])

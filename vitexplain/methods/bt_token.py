@@ -37,6 +37,7 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
     Formulas follow the authors' ``generate_ours_c`` (jiaminchen-1031/transformerinterp), y_c the
     target logit, gradients at the attention probabilities. With LayerScale the projection includes
     the scale (the adapter folds it into ``head_projection``), so m measures what the sublayer adds.
+    Hierarchical models: docs/decisions/families.md.
 
     Options:
         start_layer: lowest block of the attention perception (0-based, negative counts from the
@@ -52,10 +53,11 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
     for block in record.blocks[start:]:
         if block.head_projection is None:
             raise UnsupportedModelError("bt_token needs attention sublayers that are a sum over heads "
-                                        "(no output norm or gating)")
+                                        "(no output norm, gating, or norm after the branch as res-post-norm blocks have)")
         projected = torch.einsum("bhnd,hdc->bnc", block.v, block.head_projection)
         lengths = projected.norm(dim=-1) / block.residual.norm(dim=-1)  # [B, N]
-        scaled.append(block.attn.mean(1) * lengths[:, None, :])
-    perception = push_rows(record.readout.weights.to(scaled[0].dtype), scaled)
+        scaled.append(block.mixing(block.attn.mean(1) * block.per_key(lengths)))
+    perception = push_rows(record.readout.weights.to(scaled[0].dtype), scaled, stages=record.stages)
     feedback = integrated_gradient_weights(adapter, images, record.target, steps=steps, batch_size=batch_size)
-    return record.patch_grid((perception.abs() * feedback)[:, record.num_prefix_tokens:])
+    prefix = record.num_prefix_tokens
+    return record.patch_grid(perception[:, prefix:].abs()) * record.patch_grid(feedback[:, prefix:])

@@ -7,36 +7,39 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter
+from ..instrumentation import ModelAdapter, UnsupportedModelError
+from ..instrumentation.windows import to_tokens, tokens_in
 from ..registry import register_method
 from ._heads import block_index
 from ._products import push_columns, push_rows
 
 
-def propagate(relevance: Tensor, readout: Tensor, fused: list[Tensor], aggregation: str, propagation: str,
-              transpose: bool, prefix: int) -> Tensor:
+def propagate(relevance: Tensor, readout: Tensor, fused: list, aggregation: str, propagation: str,
+              transpose: bool, prefix: int, stages=()) -> Tensor:
     """M̂_h [B, H, patches] from M_h through the lower blocks' head-averaged attention ``fused`` (Sec. 3.3).
 
     The aggregated matrix Ā is never formed: ``average`` is Ā = 1/B Σ_b Ā_b (Eq. 14, B counting the
     lower blocks and the last one), ``rollout`` the product of L^(b) = I + Ā_b (Eq. 9) — top-down
     L^(B-1)⋯L^(1) for element-wise propagation (Eq. 10) and for the transposed reading, bottom-up
-    L^(1)⋯L^(B-1) for the printed matrix propagation (Eq. 12) — applied to vectors block by block.
-    Element-wise (Eq. 11 / 15): Ā's readout row (the class token's) times M_h; matrix (Eq. 13 / 16):
-    Ā[spatial, spatial] M_h, or Āᵀ M_h with ``transpose``.
+    L^(1)⋯L^(B-1) for the printed matrix propagation (Eq. 12) — applied to vectors block by block
+    (across a hierarchical model's patch merges, ``stages``). Element-wise (Eq. 11 / 15): Ā's readout
+    row (the class token's) times M_h; matrix (Eq. 13 / 16): Ā[spatial, spatial] M_h, or Āᵀ M_h with
+    ``transpose``. The result lies on the lowest block's tokens.
     """
     if propagation == "elementwise":
         rows = readout[:, None].to(fused[0].dtype)
-        aggregated = (sum(torch.matmul(rows, a) for a in fused) / (len(fused) + 1) if aggregation == "average"
-                      else push_rows(rows, fused))
-        return aggregated[:, :, prefix:] * relevance
+        aggregated = (sum(push_rows(rows, [a], residual=False) for a in fused) / (len(fused) + 1)
+                      if aggregation == "average" else push_rows(rows, fused, stages=stages))
+        return aggregated[:, :, prefix:] * to_tokens(relevance, aggregated.shape[-1] - prefix, stages)
     padded = F.pad(relevance, (prefix, 0))  # M_h on the whole sequence, zero at the prefix: Ā[s, s] M = (Ā (0; M))_s
     if aggregation == "average":
-        mixed = sum(torch.matmul(padded, a) if transpose else torch.matmul(a, padded.transpose(1, 2)).transpose(1, 2)
+        mixed = sum(push_rows(padded, [a], residual=False) if transpose
+                    else push_columns(padded.transpose(1, 2), [a], residual=False).transpose(1, 2)
                     for a in fused) / (len(fused) + 1)
     elif transpose:
-        mixed = push_rows(padded, fused)
+        mixed = push_rows(padded, fused, stages=stages)
     else:
-        mixed = push_columns(padded.transpose(1, 2), fused).transpose(1, 2)
+        mixed = push_columns(padded.transpose(1, 2), fused, stages=stages).transpose(1, 2)
     return mixed[:, :, prefix:]
 
 
@@ -56,7 +59,8 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
     (Eq. 18 by default). Spatial tokens are those after the prefix tokens (class, distillation and
     register tokens); the class row is the class token's. With a pooled readout the class-aware
     gradient is summed over the queries the output reads and the class row is the readout's row
-    (docs/decisions/readouts.md).
+    (docs/decisions/readouts.md); with windowed attention each key meets the queries of its window
+    (hierarchical models: docs/decisions/families.md).
 
     Options:
         aggregation: ``"average"`` (Eq. 14) | ``"rollout"`` (Eq. 9-10 / 12) of the lower blocks.
@@ -91,11 +95,19 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
                             grads={"q": (-1,)}, score=score)
     last, prefix = record.blocks[-1], record.num_prefix_tokens
     reads = (record.readout.weights > 0).to(last.grads["q"].dtype)  # the positions the output reads
-    query_grad = torch.einsum("bhnd,bn->bhd", last.grads["q"], reads)  # Eq. (6)-(7), summed over read queries
-    relevance = torch.einsum("bhsd,bhd->bhs", last.k[:, :, prefix:], query_grad)  # M_h, Eq. (8)
-    fused = [block.attn.mean(1) for block in record.blocks[lowest:-1]]
+    query_grad = last.grads["q"] * reads[:, None, :, None]  # Eq. (6)-(7): the read queries' gradients
+    # M_h, Eq. (8): each key against the summed gradients of the read queries that attend to it
+    relevance = (last.k * last.attended_by(query_grad)).sum(-1)[:, :, prefix:]
+    fused = [block.mixing(block.attn.mean(1)) for block in record.blocks[lowest:-1]]
     if propagation != "none" and fused:
-        relevance = propagate(relevance, record.readout.weights, fused, aggregation, propagation, transpose, prefix)
+        if aggregation == "average" and len({tokens_in(a) for a in fused} | {last.k.shape[2]}) > 1:
+            raise UnsupportedModelError(
+                "gradtoken's average aggregation (Eq. 14) averages the attention matrices of blocks depth … B-1, "
+                "but here they belong to stages with different tokens (patch merging between them), so there is "
+                "no average; use aggregation='rollout' (a product, which crosses the merges), propagation='none', "
+                "or a depth within the last stage")
+        relevance = propagate(relevance, record.readout.weights, fused, aggregation, propagation, transpose, prefix,
+                              record.stages)
     if heads == "relu_mean":
         relevance = relevance.clamp(min=0)
     return record.patch_grid(relevance.mean(1))

@@ -31,7 +31,8 @@ def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int 
     The formulas, the transition matrices without row renormalisation, the gradient of the target
     logit at the softmax output and the integration path (zero image to the image, both ends,
     ``np.linspace(0, 1, steps)``) follow the authors' ``transition_attention_maps``
-    (XianrenYty/Transition_Attention_Maps); blocks are 0-based here, L is the last block.
+    (XianrenYty/Transition_Attention_Maps); blocks are 0-based here, L is the last block. Hierarchical
+    models: docs/decisions/families.md.
 
     Options:
         start_layer: lowest block whose attention enters the chain (0-based, negative counts from
@@ -44,11 +45,12 @@ def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int 
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
     record = adapter.record(images, target, fields=("attn",), blocks=range(start, adapter.num_blocks),
                             grads={} if integrated else {"attn": (-1,)})
-    last = record.blocks[-1]
-    lower = [block.attn.mean(1) for block in record.blocks[start:-1]]
-    states = push_rows(readout_rows(record, last.attn.mean(1)), lower)
+    last, prefix = record.blocks[-1], record.num_prefix_tokens
+    lower = [block.mixing(block.attn.mean(1)) for block in record.blocks[start:-1]]
+    states = push_rows(readout_rows(record, last.mixing(last.attn.mean(1))), lower, stages=record.stages)
     if integrated:
         weights = integrated_gradient_weights(adapter, images, record.target, steps=steps, batch_size=batch_size)
     else:
-        weights = readout_rows(record, last.grads["attn"]).clamp(min=0).mean(1)
-    return record.patch_grid((states * weights)[:, record.num_prefix_tokens:])
+        weights = readout_rows(record, last.mixing(last.grads["attn"])).clamp(min=0).mean(1)
+    # on a hierarchical model the two factors lie on different stages: they meet on the map's grid
+    return record.patch_grid(states[:, prefix:]) * record.patch_grid(weights[:, prefix:])

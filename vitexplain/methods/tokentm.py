@@ -42,7 +42,7 @@ def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use
     if projection is None:
         raise UnsupportedModelError(
             f"tokentm needs each head's output projection, but block {index}'s attention is not a plain "
-            "sum over heads (it has an output norm or a gate)")
+            "sum over heads (it has an output norm, a gate, or a norm after the branch as res-post-norm blocks do)")
     reference_norm = reference.norm(dim=-1)[:, None]  # [B, 1, N]
     if per_head:
         gram = projection @ projection.transpose(1, 2)  # [H, D, D]
@@ -55,9 +55,10 @@ def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use
     return transformation_weights(reference_norm, transformed_norm, dot, use_length, use_necc)
 
 
-def attention_update(block: BlockRecord, weights: Tensor) -> Tensor:
-    """E_h[(∇_A p(c))⁺ ⊙ (A · W)] of U = I + E_h[...] (Eq. 14-15); W scales the columns (input tokens) [B, N, N]."""
-    return (block.grads["attn"].clamp(min=0) * block.attn * weights[:, :, None, :]).mean(1)
+def attention_update(block: BlockRecord, weights: Tensor):
+    """E_h[(∇_A p(c))⁺ ⊙ (A · W)] of U = I + E_h[...] (Eq. 14-15); W scales the columns (input tokens): a
+    product factor [B, N, N] (windowed attention: per window, see :meth:`BlockRecord.mixing`)."""
+    return block.mixing((block.grads["attn"].clamp(min=0) * block.attn * block.per_key(weights)).mean(1))
 
 
 @register_method("tokentm", modalities=("image", "text"))
@@ -72,7 +73,8 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
     NECC Eq. 12 = softmax over the tokens of cos(E_j, Ẽ_j)); MHSA update U = I + E_h[(∇_A p(c))⁺ ⊙ (A·W)]
     (Eq. 14-15); FFN update U = I + W (Eq. 16-17); C⁰ = diag(L(E⁰)) (Eq. 18); Cˡ = Uˡ Cˡ⁻¹ over the
     MHSA and the FFN of every block in order (Eq. 19-20); the class token's row over the patches (the
-    readout's row for pooled readouts, docs/decisions/readouts.md).
+    readout's row for pooled readouts, docs/decisions/readouts.md; hierarchical models,
+    docs/decisions/families.md).
 
     Where the paper is silent (E is the residual stream a sublayer adds to, Ẽ per head, p(c) the
     softmax probability, ...) the decisions and their reasons are in docs/decisions/tokentm.md.

@@ -20,7 +20,8 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     their rules (Sec. 3.1-3.2; rule set ``"chefer"`` of :mod:`vitexplain.instrumentation.lrp`,
     propagated from relevance 1 on the target logit); ∇A_b is the plain gradient of the target
     logit. As in hila-chefer/Transformer-Explainability (``compute_rollout_attention`` of
-    ``ViT_LRP.py``), the rows of Ā_b are not renormalised. Pooled readouts: docs/decisions/readouts.md.
+    ``ViT_LRP.py``), the rows of Ā_b are not renormalised. Pooled readouts: docs/decisions/readouts.md;
+    hierarchical models: docs/decisions/families.md.
 
     Options:
         start_layer: first block included (0, the default of their code; their segmentation and
@@ -30,6 +31,6 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     chosen = range(start, adapter.num_blocks)
     record = adapter.record(images, target, fields=(), grads={"attn": chosen})
     relevances = relevance(adapter, images, record.targets, rules="chefer", at=("attn",), blocks=chosen)
-    cams = [(block.grads["attn"] * attn_relevance).clamp(min=0).mean(1)
+    cams = [block.mixing((block.grads["attn"] * attn_relevance).clamp(min=0).mean(1))
             for block, attn_relevance in zip(record.blocks[start:], relevances.attn[start:])]
     return readout_map(record, cams)
