@@ -47,7 +47,11 @@ def build(name: str, seed: int = 0, **overrides) -> torch.nn.Module:
     architecture, arguments, _ = ZOO[name]
     size = SWIN_SIZE if architecture.startswith("swin") else SIZE
     torch.manual_seed(seed)
-    model = timm.create_model(architecture, pretrained=False, **{**size, **arguments, **overrides})
+    return randomise(timm.create_model(architecture, pretrained=False, **{**size, **arguments, **overrides}))
+
+
+def randomise(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in eval mode with the parameters its constructor sets to constants drawn at random."""
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
             if any(part in parameter_name for part in RANDOMISED):

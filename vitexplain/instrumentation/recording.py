@@ -164,17 +164,17 @@ class Recording:
     def batch_size(self) -> int:
         return self.logits.shape[0]
 
-    def patch_grid(self, per_patch: Tensor, *, share: bool = True) -> Tensor:
+    def patch_grid(self, per_patch: Tensor) -> Tensor:
         """Per-patch values [..., h*w] on the patch grid [..., h, w]; for text, per-token values after the
         prefix [B, T - prefix] as [B, T], with the prefix and padding 0.
 
         Values over a later stage's tokens of a hierarchical model come to the first stage's grid through
-        the patch merges, each merged token's value shared among its inputs (``share=False``: copied).
+        the patch merges, each merged token's value shared equally among its inputs.
         """
         if self.token_mask is not None:
             prefix = per_patch.new_zeros(per_patch.shape[0], self.num_prefix_tokens)
             return torch.cat([prefix, per_patch], 1).masked_fill(~self.token_mask, 0)
-        per_patch = to_tokens(per_patch, math.prod(self.grid), self.stages, share=share)
+        per_patch = to_tokens(per_patch, math.prod(self.grid), self.stages)
         return per_patch.reshape(*per_patch.shape[:-1], *self.grid)
 
     def grid_of(self, patches: int) -> Grid:

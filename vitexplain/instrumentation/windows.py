@@ -88,6 +88,11 @@ class WindowLayout:
         return self.slots.shape[1]
 
     @property
+    def padding(self) -> bool:
+        """Whether the windows hold padding slots (the grid is not a multiple of the window)."""
+        return self.slots.numel() > self.tokens
+
+    @property
     def padded_grid(self) -> Grid:
         return tuple(math.ceil(size / window) * window for size, window in zip(self.grid, self.window))
 
@@ -102,16 +107,16 @@ class WindowLayout:
     # -- tokens <-> window slots ------------------------------------------------------------------
     def windows_of(self, values: Tensor, dim: int = -1) -> Tensor:
         """Per-token values (tokens along ``dim``) in window slots: that axis becomes [windows, T]; 0 at padding."""
-        values = values.movedim(dim, -1)
-        padded = torch.cat([values, values.new_zeros(*values.shape[:-1], 1)], -1)
-        index = torch.where(self.slots >= 0, self.slots, self.tokens).flatten()
-        found = padded.index_select(-1, index).unflatten(-1, self.slots.shape)
-        return found.movedim((-2, -1), (dim - 1, dim) if dim < 0 else (dim, dim + 1))
+        dim = dim % values.ndim
+        if self.padding:
+            values = torch.cat([values, values.new_zeros(*values.shape[:dim], 1, *values.shape[dim + 1:])], dim)
+        index = torch.where(self.slots >= 0, self.slots, self.tokens).flatten()  # padding: the zero appended
+        return values.index_select(dim, index).unflatten(dim, self.slots.shape)
 
     def tokens_of(self, values: Tensor, dim: int = -2) -> Tensor:
         """Per-slot values (windows at ``dim``, slots at ``dim`` + 1) -> per-token values along ``dim``."""
-        values = values.movedim((dim, dim + 1 if dim != -1 else -1), (-2, -1)).flatten(-2)
-        return values.index_select(-1, self.token_slots).movedim(-1, dim if dim >= 0 else dim + 1)
+        dim = dim % values.ndim
+        return values.flatten(dim, dim + 1).index_select(dim, self.token_slots)
 
     def partition(self, x: Tensor) -> Tensor:
         """Tokens [B, N, C] -> windows [B·windows, T, C] (padding slots zero)."""
@@ -171,7 +176,7 @@ class WindowedMatrix:
     """A token-by-token matrix that is block-diagonal over a block's windows, for the token products.
 
     ``matrix`` is [B, ..., windows, T, T] (a windowed attention, fused or per head); the N×N matrix it
-    stands for is never built. Padding slots are not tokens: what reaches them is dropped.
+    stands for, over the token slots (padding slots are not tokens), is never built.
     """
 
     def __init__(self, matrix: Tensor, layout: WindowLayout):
