@@ -71,9 +71,9 @@ def runs(tmp_path_factory):
                  *(arg for key, value in RISE.items() for arg in ("-O", f"{key}={value}")),
                  "--target", "3", "--batch-size", "2", "-o", "main"],
         "all": ["rgb.png", *model_args, "--method", "all", "-O", "n_masks=8", "-O", "seed=1",
-                "-O", "samples=2", "-O", "steps=2", "--no-progress", "-o", "all"],
-        "html": ["rgb.png", "gray.jpg", *model_args, "--method", "all", "-O", "n_masks=4", "-O", "samples=2",
-                 "-O", "steps=2", "--html", "-o", "html"],
+                "-O", "n_samples=2", "-O", "n_steps=2", "--no-progress", "-o", "all"],
+        "html": ["rgb.png", "gray.jpg", *model_args, "--method", "all", "-O", "n_masks=4", "-O", "n_samples=2",
+                 "-O", "n_steps=2", "--html", "-o", "html"],
         "memory_few": ["large0.png", "large1.png", *model_args, "--method", "gae", "--batch-size", "2", "-o", "few"],
         "memory_many": [*(f"large{i}.png" for i in range(12)), *model_args, "--method", "gae", "--batch-size", "2",
                         "-o", "many"],
@@ -153,7 +153,7 @@ def test_method_all_skips_controls_applies_options_to_every_method_that_has_them
     model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
     image = make_transform(config)(load_image(folder / "rgb.png"))[None]
     for method, options in (("rise", dict(n_masks=8, seed=1)), ("tis", dict(n_masks=8, seed=1)),
-                            ("integrated_gradients", dict(steps=2)), ("smoothgrad", dict(samples=2, seed=1))):
+                            ("integrated_gradients", dict(n_steps=2)), ("smoothgrad", dict(n_samples=2, seed=1))):
         np.testing.assert_allclose(np.load(out / f"rgb.{method}.npy"),
                                    vitexplain.explain(model, image, method, **options)[0].numpy(), rtol=1e-4, atol=1e-6)
 
