@@ -83,6 +83,8 @@ def runs(tmp_path_factory):
         "device_absent": ["rgb.png", "--model", "tiny.safetensors", "--method", "gae", "--device", no_gpu],
         "options": [*one, "--method", "all", "-O", "n_mask=8", "-O", "n_masks=many"],
         "method_unknown": [*one, "--method", "nope"],
+        "method_list": [*one, "--method", "tokentm, gae,tokentm", "--no-progress", "-o", "list"],
+        "method_list_unknown": [*one, "--method", "gae,nope"],
         "checkpoint": ["rgb.png", "--model", "other.pth", "--arch", "vit_tiny_patch16_224", "--method", "gae"],
         "batch_zero": [*one, "--method", "gae", "--batch-size", "0"],
         "batch_negative": [*one, "--method", "gae", "--batch-size", "-3"],
@@ -158,6 +160,18 @@ def test_method_all_skips_controls_applies_options_to_every_method_that_has_them
                                    vitexplain.explain(model, image, method, **options)[0].numpy(), rtol=1e-4, atol=1e-6)
 
 
+def test_a_list_of_methods_gives_each_map_once_and_one_grid(runs):
+    folder, done = runs
+    result = done["method_list"]
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    out = folder / "list"
+    assert sorted(p.name for p in out.iterdir()) == ["rgb.all.png", "rgb.gae.npy", "rgb.tokentm.npy"]
+    model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
+    image = make_transform(config)(load_image(folder / "rgb.png"))[None]
+    np.testing.assert_allclose(np.load(out / "rgb.gae.npy"), vitexplain.explain(model, image, "gae")[0].numpy(),
+                               rtol=1e-4, atol=1e-6)
+
+
 def test_html_writes_one_offline_explorer_page_of_every_image_and_method(runs):
     folder, done = runs
     result = done["html"]
@@ -189,6 +203,7 @@ def test_memory_follows_the_batch_size_not_the_number_of_files(runs):
     ("options", "; -O n_masks=many: option n_masks of method 'rise' must be an integer >= 1, got 'many'; "),
     ("options", "; -O n_masks=many: option n_masks of method 'tis' must be an integer >= 1, got 'many'"),
     ("method_unknown", "unknown explanation method 'nope'"),
+    ("method_list_unknown", "unknown explanation method 'nope'"),
     ("checkpoint", "1 shape mismatch (head.weight: checkpoint [3, 3], model [3, 192])"),
     ("batch_zero", "argument --batch-size: expected an integer >= 1, got 0"),
     ("batch_negative", "argument --batch-size: expected an integer >= 1, got -3"),
