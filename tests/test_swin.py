@@ -310,11 +310,11 @@ def test_methods_without_a_reading_are_refused_with_the_reason(name):
     with pytest.raises(UnsupportedModelError, match="stages with different tokens"):
         explain(model, x, "gradtoken")
     assert explain(model, x, "gradtoken", aggregation="rollout").shape == (1, 4, 4)
-    assert explain(model, x, "gradtoken", depth=2).shape == (1, 4, 4)  # the last stage alone: an average exists
+    assert explain(model, x, "gradtoken", start_layer=2).shape == (1, 4, 4)  # the last stage alone: an average exists
     if name == "swinv2":
         for method in ("tokentm", "bt_token"):
             with pytest.raises(UnsupportedModelError, match="res-post-norm"):
-                explain(model, x, method, **({"steps": 2} if method == "bt_token" else {}))
+                explain(model, x, method, **({"n_steps": 2} if method == "bt_token" else {}))
 
 
 def test_a_head_that_pools_by_maximum_is_refused():
