@@ -62,8 +62,7 @@ class WindowLayout:
         object.__setattr__(self, "token_slots", where)
 
     @classmethod
-    def build(cls, grid: Grid, window: Grid, shift: Grid, mask: Tensor | None = None,
-              device: torch.device | None = None) -> WindowLayout:
+    def build(cls, grid: Grid, window: Grid, shift: Grid, device: torch.device | None = None) -> WindowLayout:
         """The layout of a grid rolled by -``shift``, padded at the bottom / right to whole windows and cut."""
         height, width = grid
         rows = math.ceil(height / window[0]) * window[0]
@@ -73,7 +72,7 @@ class WindowLayout:
         tokens = ((i + shift[0]) % height) * width + (j + shift[1]) % width
         tokens = torch.where((i < height) & (j < width), tokens, -1)
         slots = tokens.reshape(rows // window[0], window[0], cols // window[1], window[1]).permute(0, 2, 1, 3)
-        return cls(tuple(grid), tuple(window), tuple(shift), slots.reshape(-1, window[0] * window[1]), mask)
+        return cls(tuple(grid), tuple(window), tuple(shift), slots.reshape(-1, window[0] * window[1]))
 
     @property
     def tokens(self) -> int:
