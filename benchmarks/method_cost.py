@@ -3,8 +3,6 @@
     python benchmarks/method_cost.py                       # the foundation's attention methods
     python benchmarks/method_cost.py --methods tokentm gradtoken --batch 16
     python benchmarks/method_cost.py --methods all --model vit_base_patch16_224
-    python benchmarks/method_cost.py --model swin_tiny_patch4_window7_224 --batch 4 \
-        --option "gradtoken.aggregation='rollout'"                  # any timm name
 
 The model is built with random weights (nothing is downloaded). The reference is the plain model:
 one forward of the batch and one backward of the summed predicted-class logits to the images (the
@@ -23,7 +21,6 @@ import timm
 import torch
 
 import vitexplain
-from _options import add_option_argument, method_options
 
 ATTENTION_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae"]
 
@@ -68,9 +65,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    add_option_argument(parser)
+    parser.add_argument("--option", action="append", default=[], metavar="METHOD.KEY=VALUE",
+                        help="method option, e.g. tis.n_masks=256 (value parsed as Python literal)")
     args = parser.parse_args()
-    options = method_options(args.option)
+
+    import ast
+
+    options: dict[str, dict] = {}
+    for item in args.option:
+        key, value = item.split("=", 1)
+        method, name = key.split(".", 1)
+        options.setdefault(method, {})[name] = ast.literal_eval(value)
     methods = vitexplain.available_methods() if args.methods == ["all"] else args.methods
 
     device = torch.device(args.device)

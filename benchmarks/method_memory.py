@@ -2,8 +2,6 @@
 
     python benchmarks/method_memory.py                               # ViT-B/16, batch 16, single-pass methods
     python benchmarks/method_memory.py --model vit_large_patch16_384 --batch 4 --methods gae tokentm
-    python benchmarks/method_memory.py --model swin_tiny_patch4_window7_224 --batch 4 \
-        --option "gradtoken.aggregation='rollout'"                  # any timm name, method options
 
 Each measurement runs in a fresh subprocess (so allocator caches of earlier runs cannot hide or add
 memory): the model (random weights, nothing downloaded) and the batch are built, then the process's
@@ -21,8 +19,6 @@ import json
 import subprocess
 import sys
 
-from _options import add_option_argument, method_options
-
 #: methods that run one instrumented forward (and at most one backward)
 SINGLE_PASS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradcam", "tokentm", "gradtoken", "attcat", "agcam"]
 
@@ -36,7 +32,7 @@ def _resident(key: str) -> int:
     raise RuntimeError(f"no {key} in /proc/self/status")
 
 
-def child(model_name: str, method: str, batch: int, device: str, options: dict) -> None:
+def child(model_name: str, method: str, batch: int, device: str) -> None:
     """Run one measurement and print {"extra": bytes} as JSON."""
     import timm
     import torch
@@ -55,7 +51,7 @@ def child(model_name: str, method: str, batch: int, device: str, options: dict) 
             logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
     else:
         def work():
-            vitexplain.explain(model, images, method, **options)
+            vitexplain.explain(model, images, method)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -70,9 +66,8 @@ def child(model_name: str, method: str, batch: int, device: str, options: dict) 
     print(json.dumps({"extra": extra}))
 
 
-def measure(model_name: str, method: str, batch: int, device: str, options: list[str]) -> int:
-    command = [sys.executable, __file__, "--child", method, "--model", model_name, "--batch", str(batch), "--device", device,
-               *(part for item in options for part in ("--option", item))]
+def measure(model_name: str, method: str, batch: int, device: str) -> int:
+    command = [sys.executable, __file__, "--child", method, "--model", model_name, "--batch", str(batch), "--device", device]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])["extra"]
 
@@ -84,20 +79,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--device", default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    add_option_argument(parser)
     args = parser.parse_args()
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.child:
-        child(args.model, args.child, args.batch, args.device, method_options(args.option).get(args.child, {}))
+        child(args.model, args.child, args.batch, args.device)
         return
-    reference = measure(args.model, "forward+backward", args.batch, args.device, [])
+    reference = measure(args.model, "forward+backward", args.batch, args.device)
     print(f"model {args.model}, batch {args.batch}, device {args.device}; extra memory over the loaded model")
     print(f"{'forward+backward':24s} {reference / 2**20:9.0f} MiB   ratio 1.00")
     for method in args.methods:
-        extra = measure(args.model, method, args.batch, args.device, args.option)
+        extra = measure(args.model, method, args.batch, args.device)
         print(f"{method:24s} {extra / 2**20:9.0f} MiB   ratio {extra / reference:.2f}")
 
 
