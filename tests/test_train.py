@@ -14,9 +14,8 @@ from vitexplain.cli.main import build_parser, main
 from vitexplain.datasets import Digits
 from vitexplain.image_files import load_image, make_transform
 from vitexplain.models import ASSETS, load_model
-import vitexplain.train as train_module
-from vitexplain.train import (Recipe, build_model, digit_windows, digits_labels, distillation_loss, focused, jitter,
-                              learning_rate, train_digits)
+from vitexplain.training import (Recipe, build_model, digit_windows, digits_labels, distillation_loss, focused, jitter,
+                                 learning_rate, loop, train_digits)
 
 # patch 16 on the 112 px canvases: a 7 x 7 grid keeps the training runs here fast
 TINY = dict(patch_size=16, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0)
@@ -132,7 +131,7 @@ def test_an_interrupted_run_resumes_from_its_snapshot_bit_for_bit(tmp_path, monk
     options = dict(steps=8, train_size=8, focus=0.5, focus_window=5, snapshot_every=3, **FAST)
     straight = train_digits("vit_tiny_patch16_224", TINY, out=tmp_path / "straight.safetensors", **options)
     out = tmp_path / "cut.safetensors"
-    real_labels, train_batches = train_module.digits_labels, []
+    real_labels, train_batches = loop.digits_labels, []
 
     def interrupted(dataset, indices):
         train_batches.append(dataset.split == "train")
@@ -140,7 +139,7 @@ def test_an_interrupted_run_resumes_from_its_snapshot_bit_for_bit(tmp_path, monk
             raise KeyboardInterrupt
         return real_labels(dataset, indices)
 
-    monkeypatch.setattr(train_module, "digits_labels", interrupted)
+    monkeypatch.setattr(loop, "digits_labels", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train_digits("vit_tiny_patch16_224", TINY, out=out, **options)
     monkeypatch.undo()

@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from ..models import ModelLoadError
-from ..train import DISTILLATIONS, Recipe, train_digits
+from ..training import DISTILLATIONS, Recipe, train_digits
 
 #: model-shape options passed to timm when given (None: the architecture's own value)
 SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
@@ -27,7 +27,7 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--depth", type=int)
     shape.add_argument("--num-heads", type=int)
     shape.add_argument("--mlp-ratio", type=float)
-    recipe = parser.add_argument_group("training (see vitexplain.train.Recipe)")
+    recipe = parser.add_argument_group("training (see vitexplain.training.Recipe)")
     recipe.add_argument("--steps", type=int, required=True, help="optimiser steps")
     for name, kind, text in (
             ("batch_size", int, "canvases per step"), ("lr", float, "peak learning rate"),
