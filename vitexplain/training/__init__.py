@@ -11,7 +11,7 @@ model card that :func:`vitexplain.models.load_model` reads. Decisions: docs/deci
 ``loop``          :func:`train_digits`, its steps, and the reported accuracy
 ``checkpoint``    the checkpoint, its model card, and the snapshots a run resumes from
 """
-from .augmentation import jitter
+from .augmentation import jitter, photometric, rendering_styles
 from .checkpoint import save_checkpoint
 from .focus import digit_windows, focused
 from .loop import digits_labels, evaluate, train_digits
@@ -20,4 +20,4 @@ from .recipe import (CLASS_NAMES, DISTILLATIONS, PREPROCESSING, Recipe, build_mo
 
 __all__ = ["CLASS_NAMES", "DISTILLATIONS", "PREPROCESSING", "Recipe", "build_model", "digit_windows",
            "digits_labels", "digits_model_kwargs", "distillation_loss", "evaluate", "focused", "jitter",
-           "learning_rate", "save_checkpoint", "train_digits"]
+           "learning_rate", "photometric", "rendering_styles", "save_checkpoint", "train_digits"]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..datasets.digits import CANVAS, DIGIT_SIZES, MEAN, STD, Digits
-from .augmentation import jitter
+from .augmentation import jitter, photometric, rendering_styles
 from .checkpoint import model_card, resume, save_checkpoint, save_snapshot
 from .focus import digit_windows, focused
 from .recipe import Recipe, build_model, digits_model_kwargs, distillation_loss, learning_rate
@@ -114,16 +114,17 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
     """Train a timm Vision Transformer from scratch on ``digits`` and measure it on the held-out test split.
 
     Each step renders ``batch_size`` canvases of the train split (digits and clutter from the train
-    scans only) and takes one AdamW step on cross-entropy with label smoothing. With a ``teacher``
-    the model must have a distillation token (e.g. ``deit_tiny_distilled_patch16_224``) and learns
-    DeiT's :func:`distillation_loss`; the teacher sees exactly what the model sees (in the focus
-    steps, the same tokens). The reported accuracy is that of timm's inference output (for DeiT the
+    scans only), augments them as the recipe asks (:mod:`.augmentation`) and takes one AdamW step on
+    cross-entropy with label smoothing. With a ``teacher`` the model must have a distillation token
+    (e.g. ``deit_tiny_distilled_patch16_224``) and learns DeiT's :func:`distillation_loss`; the
+    teacher sees exactly what the model sees (in the focus steps, the same tokens). The reported accuracy is that of timm's inference output (for DeiT the
     mean of both heads, as in DeiT).
 
     Deterministic given the recipe's ``seed`` and the thread count: the initialisation is drawn under
     ``seed`` inside :func:`torch.random.fork_rng` (the caller's global RNG state is left as it was),
-    the canvases are a pure function of ``data_seed`` and their order and focus windows come from a
-    ``torch.Generator`` seeded with ``seed``.
+    the canvases are a pure function of ``data_seed`` and their order, focus windows and augmentation
+    come from a ``torch.Generator`` seeded with ``seed`` (saved in snapshots, so a resumed run draws
+    the same).
 
     Args:
         arch: a timm architecture name; ``model_kwargs`` override its shape (``embed_dim``, ``depth``,
@@ -221,9 +222,14 @@ def _fit(model: nn.Module, teacher: nn.Module | None, recipe: Recipe, train_set:
             if step >= recipe.focus_steps:
                 focus.close()  # once closed, closing again does nothing
             indices = batches[step]
-            images, labels = train_set.render(indices)[0], digits_labels(train_set, indices)
+            styles = rendering_styles(recipe, len(indices), generator)
+            images, labels = train_set.render(indices, **styles)[0], digits_labels(train_set, indices)
             if recipe.rotation or recipe.shear:
                 images = jitter(images, train_set, indices, recipe.rotation, recipe.shear, generator)
+            if recipe.contrast or recipe.gradient or recipe.noise:
+                images = photometric(images, train_set.preprocess.mean, train_set.preprocess.std,
+                                     contrast=recipe.contrast, gradient=recipe.gradient, noise=recipe.noise,
+                                     generator=generator)
             if step < recipe.focus_steps:
                 keep(digit_windows(train_set, indices, recipe.focus_window, grid, generator))
             rate = learning_rate(step, steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps,

@@ -35,6 +35,13 @@ class Recipe:
         rotation, shear: shape jitter of the training canvases (:func:`jitter`): each canvas turned
             by up to ``rotation`` degrees and sheared by up to ``shear`` about its digit's centre
             (0: none). The test canvases are never jittered.
+        nearest, stroke: rendering augmentation (:func:`rendering_styles`): a ``nearest`` share of the
+            training canvases have their scans scaled by nearest neighbour instead of bilinearly, and
+            each canvas's strokes are thickened or thinned by a whole number of pixels up to ``stroke``.
+        contrast, gradient, noise: photometric augmentation (:func:`photometric`) of every training
+            canvas: its grey range squeezed by up to ``contrast`` (a share) and lifted, a linear
+            brightness ramp of up to ``gradient`` added in a random direction, and per-pixel Gaussian
+            noise of standard deviation up to ``noise`` (0: none). Test canvases are never augmented.
         distillation, tau: DeiT's objective when there is a teacher (:func:`distillation_loss`).
         seed: the initialisation, the order of the canvases and the focus windows.
         train_size: canvases in the training set; None: ``steps * batch_size`` distinct canvases, each
@@ -56,6 +63,11 @@ class Recipe:
     focus_window: int = 8
     rotation: float = 0.0
     shear: float = 0.0
+    nearest: float = 0.0
+    stroke: int = 0
+    contrast: float = 0.0
+    gradient: float = 0.0
+    noise: float = 0.0
     distillation: str = "hard"
     tau: float = 1.0
     seed: int = 0
@@ -73,10 +85,15 @@ class Recipe:
         checks = {"lr": self.lr > 0, "min_lr": 0 <= self.min_lr <= self.lr, "weight_decay": self.weight_decay >= 0,
                   "warmup_steps": 0 <= self.warmup_steps <= self.steps, "label_smoothing": 0 <= self.label_smoothing < 1,
                   "clip_grad": self.clip_grad is None or self.clip_grad > 0, "focus": 0 <= self.focus <= 1,
-                  "tau": self.tau > 0, "rotation": 0 <= self.rotation <= 45, "shear": 0 <= self.shear <= 0.5}
+                  "tau": self.tau > 0, "rotation": 0 <= self.rotation <= 45, "shear": 0 <= self.shear <= 0.5,
+                  "nearest": 0 <= self.nearest <= 1,
+                  "stroke": isinstance(self.stroke, int) and not isinstance(self.stroke, bool) and 0 <= self.stroke <= 3,
+                  "contrast": 0 <= self.contrast < 1, "gradient": 0 <= self.gradient <= 1, "noise": 0 <= self.noise <= 0.5}
         wanted = {"min_lr": "in [0, lr]", "warmup_steps": "in [0, steps]", "label_smoothing": "in [0, 1)",
                   "focus": "in [0, 1]",
-                  "rotation": "in [0, 45] degrees", "shear": "in [0, 0.5]"}
+                  "rotation": "in [0, 45] degrees", "shear": "in [0, 0.5]", "nearest": "in [0, 1]",
+                  "stroke": "a whole number of pixels in [0, 3]", "contrast": "in [0, 1)", "gradient": "in [0, 1]",
+                  "noise": "in [0, 0.5]"}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name} must be {wanted.get(name, 'positive')}, got {getattr(self, name)!r}")
