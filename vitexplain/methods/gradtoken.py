@@ -44,7 +44,7 @@ def propagate(relevance: Tensor, readout: Tensor, fused: list[Tensor], aggregati
 def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
               aggregation: Literal["average", "rollout"] = "average",
               propagation: Literal["matmul", "elementwise", "none"] = "matmul",
-              heads: Literal["relu_mean", "mean"] = "relu_mean", depth: int = 0,
+              heads: Literal["relu_mean", "mean"] = "relu_mean", start_layer: int = 0,
               score: Literal["logit", "probability"] = "logit", transpose: bool = False) -> Tensor:
     """GradToken: the target's gradient at the class token's query, matched against the keys.
 
@@ -64,8 +64,8 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
             M̂_h = Ā[cls, spatial] ⊙ M_h (Eq. 11 / 15); ``"none"``: the last block's M_h alone
             (GradToken-0 of Table 3).
         heads: ``"relu_mean"``: mean_h ReLU(M̂_h) (Eq. 18) | ``"mean"``: mean_h M̂_h (Eq. 17).
-        depth: lowest block (0-based, negative counts from the end) the relevance is propagated
-            to, through the attention of blocks depth … B-2 (Fig. 11); the last block's index means
+        start_layer: lowest block (0-based, negative counts from the end) the relevance is propagated
+            to, through the attention of blocks start_layer … B-2 (Fig. 11); the last block's index means
             no propagation.
         score: ``"logit"`` | ``"probability"``, the y_c that is differentiated.
         transpose: matrix propagation only. False (default): as printed in Eq. 13 / 16 and Algorithm 1
@@ -75,16 +75,12 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
             the transpose of Eq. 10's top-down product), each token handing its relevance to the tokens
             it attends to, as relevance flows in rollout and in Chefer et al.'s methods.
 
-    What we do where the paper is silent, and the evidence on both readings, is in
-    docs/decisions/gradtoken.md: y_c is the logit, "the score of the target category in the output
-    layer" (Sec. 3.2), as in Chefer et al.'s code that the evaluation follows; with ``depth`` > 0 the
-    1/B of Eq. (14) counts the blocks the relevance passes (depth … B-1), which is B at the paper's
-    full depth; the rollout of Eq. (9) is not row-normalised, as written. On the shipped digits models
-    the printed propagation ranks the background above the digit (mAP 37-39, below a random map's
-    55) while ``transpose=True`` localises (mAP 87-99.6); the default stays the printed method.
+    Decisions where the paper is silent (y_c is the logit; the 1/B of Eq. 14 with ``start_layer`` > 0;
+    the rollout of Eq. 9 not row-normalised) and the evidence on both readings of Eq. 13 / 16 are in
+    docs/decisions/gradtoken.md.
     """
     num_blocks = adapter.num_blocks
-    lowest = block_index("depth", depth, num_blocks)
+    lowest = block_index("start_layer", start_layer, num_blocks)
     if propagation == "none":  # the last block alone
         lowest = num_blocks - 1
     record = adapter.record(images, target, fields=("attn", "k"), blocks=range(lowest, num_blocks),

@@ -77,7 +77,7 @@ def _tokens_kept(ratio: float, num_patches: int) -> int:
 @register_method("tis", cost=lambda o: o["n_masks"] * (len(o["ratio"]) if isinstance(o["ratio"], (list, tuple)) else 1) + 1)
 def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: PositiveInt = 1024,
         ratio: Share | Sequence[Share] = 0.5, batch_size: PositiveInt = 128, seed: int = 0,
-        score: Literal["softmax", "logit"] = "softmax", input_space: bool = False) -> Tensor:
+        score: Literal["probability", "logit"] = "probability", input_space: bool = False) -> Tensor:
     """Transformer Input Sampling: score token subsets chosen by clustering the activations.
 
     Englebert et al., "Explaining through Transformer Input Sampling", ICCVW 2023, Sec. 3. One
@@ -98,7 +98,7 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
         ratio: share of the patch tokens each mask keeps, or a list of shares whose masks are pooled.
         batch_size: sequences per encoder call; bounds memory whatever ``n_masks`` is.
         seed: seeds the k-means initialisation (own generator; same seed -> same map).
-        score: ``softmax`` (the paper's w_{j,c}, Sec. 3.1) or ``logit`` (the raw class score,
+        score: ``probability`` (the softmax, the paper's w_{j,c}, Sec. 3.1) or ``logit`` (the raw class score,
             Sec. 5.1.2: follows the target class more, at the cost of class specificity).
         input_space: the ablation where the dropped patches' pixels are set to 0 in normalised space
             (the mean colour) and the full sequence runs, instead of dropping tokens.
@@ -116,6 +116,6 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
         flat = logits.float().flatten(0, 1)
         rows = torch.arange(logits.shape[0], device=flat.device).repeat_interleave(logits.shape[1])
         masks.append(ratio_masks)
-        scores.append(record.target.select(rows).score(flat, "probability" if score == "softmax" else "logit")
+        scores.append(record.target.select(rows).score(flat, score)
                       .reshape(logits.shape[:2]))
     return record.patch_grid(coverage_normalised_sum(torch.cat(masks, 1), torch.cat(scores, 1)))

@@ -7,8 +7,8 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, UnsupportedModelError
-from ..options import PositiveInt
 from ..registry import register_method
+from ._heads import block_index
 from ._products import readout_map
 
 def transformation_weights(reference_norm: Tensor, transformed_norm: Tensor, dot: Tensor,
@@ -62,7 +62,7 @@ def attention_update(block: BlockRecord, weights: Tensor) -> Tensor:
 
 @register_method("tokentm", modalities=("image", "text"))
 def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: bool = True,
-            use_necc: bool = True, aggregate: bool = True, depth: PositiveInt | None = None,
+            use_necc: bool = True, aggregate: bool = True, end_layer: int | None = None,
             reference: Literal["residual", "normalized"] = "residual", per_head: bool = True,
             score: Literal["probability", "logit"] = "probability") -> Tensor:
     """TokenTM: attention and token transformation effects aggregated over every sublayer.
@@ -82,19 +82,18 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         use_necc: the NECC factor in W ("+ AF + L" row when off).
         aggregate: the aggregation framework; off, the map is the first MHSA's update map alone, i.e.
             Eq. (8) applied to the input tokens with the default switches off ("Baseline" row).
-        depth: aggregate only the first ``depth`` blocks (Table 7); None = all.
+        end_layer: the highest block aggregated (0-based, negative counts from the end): blocks
+            0 … end_layer (Table 7's "n layers" is ``end_layer=n-1``); None = all.
         reference: ``"residual"`` (the stream the sublayer adds to) | ``"normalized"`` (the LayerNorm
             output it transforms): the tensor E.
         per_head: per-head Ẽ_h = v_h W^H_h, else one Ẽ = Σ_h Ẽ_h for all heads.
         score: ``"probability"`` | ``"logit"``, what ∇_A differentiates.
     """
     num_blocks = adapter.num_blocks
-    if depth is not None:
-        if not aggregate:
-            raise ValueError("depth counts aggregated blocks, so it needs aggregate=True")
-        if depth > num_blocks:
-            raise ValueError(f"depth must be a number of blocks from 1 to {num_blocks}, got {depth!r}")
-    chosen = range(depth or num_blocks) if aggregate else (0,)
+    if end_layer is not None and not aggregate:
+        raise ValueError("end_layer selects the aggregated blocks, so it needs aggregate=True")
+    last = num_blocks - 1 if end_layer is None else block_index("end_layer", end_layer, num_blocks)
+    chosen = range(last + 1) if aggregate else (0,)
     record = adapter.record(images, target, blocks=chosen, grads={"attn": chosen}, score=score,
                             fields=("residual", "attn_input", "v", "attn", "attn_branch", "mlp_input", "mlp_branch"))
     switches = dict(per_head=per_head, use_length=use_length, use_necc=use_necc)
