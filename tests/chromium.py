@@ -16,8 +16,9 @@ INSTALL = ("headless Chromium is needed to check the HTML pages: run `apt-get up
            "chromium-driver` and `pip install selenium`")
 
 
-def start_chromium(profile: Path, *, console: bool = False):
-    """A selenium driver for headless Chromium with its profile in ``profile``; ``console`` keeps the console log."""
+def start_chromium(profile: Path, *, console: bool = False, width: int = 1400):
+    """A selenium driver for headless Chromium with its profile in ``profile``, a window ``width`` pixels wide;
+    ``console`` keeps the console log."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -30,7 +31,7 @@ def start_chromium(profile: Path, *, console: bool = False):
     options.binary_location = shutil.which("chromium") or CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-                 f"--user-data-dir={profile}", "--window-size=1400,1000"):
+                 f"--user-data-dir={profile}", f"--window-size={width},1000"):
         options.add_argument(flag)
     if console:
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

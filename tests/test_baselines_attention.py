@@ -104,21 +104,21 @@ def agcam_reference(model, image, target, gradient_of="attn", head_fusion="sum",
     return to_grid(model, stacked.sum(0) if layer_fusion == "sum" else stacked.amax(0))
 
 
-def tam_reference(model, image, target, start_layer, steps, integrated=True):
+def tam_reference(model, image, target, start_layer, n_steps, integrated=True):
     logits, blocks = manual_forward(model, image)
     state = mean_heads(blocks[-1]["attn"])[0]
     eye = torch.eye(state.shape[0])
     for layer in range(len(blocks) - 2, start_layer - 1, -1):
         state = state @ (mean_heads(blocks[layer]["attn"]) + eye)
     if integrated:
-        weights = integrated_weights(model, image, target, steps)[0]
+        weights = integrated_weights(model, image, target, n_steps)[0]
     else:
         grads = torch.autograd.grad(logits[0, target], blocks[-1]["attn"])
         weights = torch.stack(grads)[:, 0].clamp(min=0).mean(0)
     return to_grid(model, state * weights)
 
 
-def bt_head_reference(model, image, target, start_layer, steps):
+def bt_head_reference(model, image, target, start_layer, n_steps):
     logits, blocks = manual_forward(model, image)
     grads = torch.autograd.grad(logits[0, target], [p for block in blocks for p in block["attn"]])
     heads = len(blocks[0]["attn"])
@@ -130,11 +130,11 @@ def bt_head_reference(model, image, target, start_layer, steps):
         importance = importance / importance.sum()
         fused = sum(importance[h] * attn[h] for h in range(heads))
         relevance = relevance + fused @ relevance
-    weights = integrated_weights(model, image, target, steps)
+    weights = integrated_weights(model, image, target, n_steps)
     return to_grid(model, (weights * relevance)[0])
 
 
-def bt_token_reference(model, image, target, start_layer, steps):
+def bt_token_reference(model, image, target, start_layer, n_steps):
     _, blocks = manual_forward(model, image)
     n = blocks[0]["attn"][0].shape[0]
     relevance = torch.eye(n)
@@ -144,13 +144,13 @@ def bt_token_reference(model, image, target, start_layer, steps):
         ratio = torch.stack([projected[j].norm() / block["input"][0, j].norm() for j in range(n)])
         scaled = mean_heads(block["attn"]) @ torch.diag(ratio)
         relevance = relevance + scaled @ relevance
-    weights = integrated_weights(model, image, target, steps)
+    weights = integrated_weights(model, image, target, n_steps)
     return to_grid(model, (weights * relevance.abs())[0])
 
 
-def gradcam_reference(model, image, target, block=-1):
+def gradcam_reference(model, image, target, layer=-1):
     logits, blocks = manual_forward(model, image)
-    normed = blocks[block]["normed"]
+    normed = blocks[layer]["normed"]
     grad = torch.autograd.grad(logits[0, target], normed)[0][0]
     prefix = model.num_prefix_tokens
     features, grad = normed[0, prefix:], grad[prefix:]
@@ -165,11 +165,11 @@ REFERENCES = {
                                   {"attention_row": "class", "tokens": "output"}]),
     "agcam": (agcam_reference, [{}, {"gradient_of": "attn_logits"}, {"head_fusion": "max", "layer_fusion": "max"},
                                 {"detach_attention_input": False}]),
-    "tam": (tam_reference, [{"start_layer": 1, "steps": STEPS}, {"start_layer": 0, "steps": STEPS},
-                            {"start_layer": 2, "steps": STEPS, "integrated": False}]),
-    "bt_head": (bt_head_reference, [{"start_layer": 0, "steps": STEPS}, {"start_layer": 1, "steps": STEPS}]),
-    "bt_token": (bt_token_reference, [{"start_layer": 0, "steps": STEPS}, {"start_layer": 2, "steps": STEPS}]),
-    "gradcam": (gradcam_reference, [{}, {"block": 0}]),
+    "tam": (tam_reference, [{"start_layer": 1, "n_steps": STEPS}, {"start_layer": 0, "n_steps": STEPS},
+                            {"start_layer": 2, "n_steps": STEPS, "integrated": False}]),
+    "bt_head": (bt_head_reference, [{"start_layer": 0, "n_steps": STEPS}, {"start_layer": 1, "n_steps": STEPS}]),
+    "bt_token": (bt_token_reference, [{"start_layer": 0, "n_steps": STEPS}, {"start_layer": 2, "n_steps": STEPS}]),
+    "gradcam": (gradcam_reference, [{}, {"layer": 0}]),
 }
 CASES = [(method, options) for method, (_, variants) in REFERENCES.items() for options in variants]
 CASE_IDS = [f"{method}-{'-'.join(map(str, options.values())) or 'default'}" for method, options in CASES]
@@ -207,17 +207,17 @@ def test_maps_depend_on_the_target_class(method, tiny_vit, images):
 
 def test_integration_batch_size_only_bounds_memory(tiny_vit, images):
     for method in ("tam", "bt_head", "bt_token"):
-        whole = vitexplain.explain(tiny_vit, images, method, TARGETS, steps=6, batch_size=1000)
-        pieces = vitexplain.explain(tiny_vit, images, method, TARGETS, steps=6, batch_size=5)
+        whole = vitexplain.explain(tiny_vit, images, method, TARGETS, n_steps=6, batch_size=1000)
+        pieces = vitexplain.explain(tiny_vit, images, method, TARGETS, n_steps=6, batch_size=5)
         torch.testing.assert_close(whole, pieces, rtol=1e-5, atol=1e-7)
 
 
 def test_default_start_layers_are_the_authors_on_a_twelve_block_vit(images):
     model = make_vit(depth=12)
     for method, authors in (("tam", 4), ("bt_head", 3), ("bt_token", 6)):
-        default = vitexplain.explain(model, images[:2], method, steps=3)
-        explicit = vitexplain.explain(model, images[:2], method, start_layer=authors, steps=3)
-        other = vitexplain.explain(model, images[:2], method, start_layer=authors + 1, steps=3)
+        default = vitexplain.explain(model, images[:2], method, n_steps=3)
+        explicit = vitexplain.explain(model, images[:2], method, start_layer=authors, n_steps=3)
+        other = vitexplain.explain(model, images[:2], method, start_layer=authors + 1, n_steps=3)
         torch.testing.assert_close(default, explicit)
         assert not torch.allclose(default, other)
 
@@ -240,18 +240,18 @@ def test_models_without_class_token(images):
     ("agcam", {"head_fusion": "prod"}, "head_fusion"),
     ("agcam", {"layer_fusion": "median"}, "layer_fusion"),
     ("agcam", {"gradient_of": "q"}, "gradient_of"),
-    ("tam", {"steps": 1}, "steps"),
-    ("tam", {"steps": 2.5}, "steps"),
+    ("tam", {"n_steps": 1}, "n_steps"),
+    ("tam", {"n_steps": 2.5}, "n_steps"),
     ("tam", {"batch_size": 0}, "batch_size"),
     ("tam", {"start_layer": 3}, "start_layer"),
     ("tam", {"start_layer": 1.0}, "start_layer"),
     ("tam", {"integrated": "yes"}, "integrated"),
     ("bt_head", {"start_layer": -4}, "start_layer"),
-    ("bt_head", {"steps": 0}, "steps"),
+    ("bt_head", {"n_steps": 0}, "n_steps"),
     ("bt_token", {"start_layer": 7}, "start_layer"),
     ("bt_token", {"batch_size": -1}, "batch_size"),
-    ("gradcam", {"block": 3}, "block"),
-    ("gradcam", {"block": True}, "block"),
+    ("gradcam", {"layer": 3}, "layer"),
+    ("gradcam", {"layer": True}, "layer"),
 ])
 def test_bad_options_are_refused_by_name(method, options, message, tiny_vit, images):
     with pytest.raises(ValueError, match=message):

@@ -16,8 +16,8 @@ from conftest import make_vit
 FAST = {
     "rise": dict(n_masks=24, grid_size=3),
     "vitcx": dict(),
-    "integrated_gradients": dict(steps=6),
-    "smoothgrad": dict(samples=4),
+    "integrated_gradients": dict(n_steps=6),
+    "smoothgrad": dict(n_samples=4),
 }
 RANDOMISED = ("rise", "vitcx", "smoothgrad")
 
@@ -162,7 +162,7 @@ def test_integrated_gradients_riemann_equals_plain_sum():
     model, images, targets, steps = make_vit(), make_images(3), torch.tensor([1, 4, 9]), 7
     alphas = [k / steps for k in range(1, steps + 1)]
     expected = plain_integrated_gradients(model, images, targets, alphas, [1 / steps] * steps, torch.zeros(()))
-    maps = vitexplain.explain(model, images, "integrated_gradients", targets, steps=steps, quadrature="riemann_right",
+    maps = vitexplain.explain(model, images, "integrated_gradients", targets, n_steps=steps, quadrature="riemann_right",
                               batch_size=5)
     torch.testing.assert_close(maps, expected, atol=1e-5, rtol=1e-4)
 
@@ -172,14 +172,14 @@ def test_integrated_gradients_gauss_legendre_with_baseline_equals_plain_quadratu
     nodes, weights = np.polynomial.legendre.leggauss(steps)
     baseline = torch.tensor([-1.0, 0.5, 2.0])[:, None, None]
     expected = plain_integrated_gradients(model, images, targets, (nodes + 1) / 2, weights / 2, baseline)
-    maps = vitexplain.explain(model, images, "integrated_gradients", targets, steps=steps, baseline=baseline)
+    maps = vitexplain.explain(model, images, "integrated_gradients", targets, n_steps=steps, baseline=baseline)
     torch.testing.assert_close(maps, expected, atol=1e-5, rtol=1e-4)
 
 
 def test_integrated_gradients_is_complete():
     """Sundararajan et al.'s completeness axiom: the attributions add up to F(x) - F(x')."""
     model, images, targets = make_vit(), make_images(2), torch.tensor([2, 3])
-    maps = vitexplain.explain(model, images, "integrated_gradients", targets, steps=64)
+    maps = vitexplain.explain(model, images, "integrated_gradients", targets, n_steps=64)
     at_image, _ = logit_and_probability(model, images, targets)
     at_baseline, _ = logit_and_probability(model, torch.zeros_like(images), targets)
     torch.testing.assert_close(maps.sum((1, 2)), at_image - at_baseline, atol=1e-3, rtol=1e-3)
@@ -187,9 +187,9 @@ def test_integrated_gradients_is_complete():
 
 def test_integrated_gradients_channel_reductions():
     model, images = make_vit(), make_images(2)
-    signed = vitexplain.explain(model, images, "integrated_gradients", steps=4)
-    absolute = vitexplain.explain(model, images, "integrated_gradients", steps=4, channel_reduction="abs_sum")
-    largest = vitexplain.explain(model, images, "integrated_gradients", steps=4, channel_reduction="max_abs")
+    signed = vitexplain.explain(model, images, "integrated_gradients", n_steps=4)
+    absolute = vitexplain.explain(model, images, "integrated_gradients", n_steps=4, channel_reduction="abs_sum")
+    largest = vitexplain.explain(model, images, "integrated_gradients", n_steps=4, channel_reduction="max_abs")
     assert (absolute >= signed.abs() - 1e-6).all() and (absolute >= largest - 1e-6).all()
     assert (largest * 3 >= absolute - 1e-6).all() and not torch.allclose(signed.abs(), absolute)
 
@@ -210,7 +210,7 @@ def test_smoothgrad_equals_plain_noise_loop(relative_to_range, absolute):
             gradient = torch.autograd.grad(model(noisy)[0, targets[b]], noisy)[0][0]
             total += gradient.abs() if absolute else gradient
         expected.append((total / samples).sum(0))
-    maps = vitexplain.explain(model, images, "smoothgrad", targets, samples=samples, stdev=stdev, seed=seed,
+    maps = vitexplain.explain(model, images, "smoothgrad", targets, n_samples=samples, stdev=stdev, seed=seed,
                               relative_to_range=relative_to_range, absolute=absolute, batch_size=5)
     torch.testing.assert_close(maps, torch.stack(expected), atol=1e-5, rtol=1e-4)
 

@@ -234,8 +234,8 @@ def test_config_from_yaml_and_its_checks(tmp_path):
     # option names and values are checked when the config is made, before any work
     with pytest.raises(TypeError, match="method 'rollout' has no option 'depth'"):
         _config(tmp_path, RandomImages(2), methods=[{"name": "rollout", "options": {"depth": 2}}])
-    with pytest.raises(TypeError, match="metric 'bench_stats' has no option 'steps'; its options are: none"):
-        _config(tmp_path, RandomImages(2), metrics=[{"name": "bench_stats", "options": {"steps": 2}}])
+    with pytest.raises(TypeError, match="metric 'bench_stats' has no option 'n_steps'; its options are: none"):
+        _config(tmp_path, RandomImages(2), metrics=[{"name": "bench_stats", "options": {"n_steps": 2}}])
     with pytest.raises(ValueError, match="option n_steps of metric 'insertion_deletion' must be an integer >= 2, got 1"):
         _config(tmp_path, RandomImages(2), metrics=[{"name": "insertion_deletion", "options": {"n_steps": 1}}])
     with pytest.raises(ValueError, match="highlight names method.*'tis'"):

@@ -71,9 +71,9 @@ def runs(tmp_path_factory):
                  *(arg for key, value in RISE.items() for arg in ("-O", f"{key}={value}")),
                  "--target", "3", "--batch-size", "2", "-o", "main"],
         "all": ["rgb.png", *model_args, "--method", "all", "-O", "n_masks=8", "-O", "seed=1",
-                "-O", "samples=2", "-O", "steps=2", "--no-progress", "-o", "all"],
-        "html": ["rgb.png", "gray.jpg", *model_args, "--method", "all", "-O", "n_masks=4", "-O", "samples=2",
-                 "-O", "steps=2", "--html", "-o", "html"],
+                "-O", "n_samples=2", "-O", "n_steps=2", "--no-progress", "-o", "all"],
+        "html": ["rgb.png", "gray.jpg", *model_args, "--method", "all", "-O", "n_masks=4", "-O", "n_samples=2",
+                 "-O", "n_steps=2", "--html", "-o", "html"],
         "memory_few": ["large0.png", "large1.png", *model_args, "--method", "gae", "--batch-size", "2", "-o", "few"],
         "memory_many": [*(f"large{i}.png" for i in range(12)), *model_args, "--method", "gae", "--batch-size", "2",
                         "-o", "many"],
@@ -83,6 +83,8 @@ def runs(tmp_path_factory):
         "device_absent": ["rgb.png", "--model", "tiny.safetensors", "--method", "gae", "--device", no_gpu],
         "options": [*one, "--method", "all", "-O", "n_mask=8", "-O", "n_masks=many"],
         "method_unknown": [*one, "--method", "nope"],
+        "method_list": [*one, "--method", "tokentm, gae,tokentm", "--no-progress", "-o", "list"],
+        "method_list_unknown": [*one, "--method", "gae,nope"],
         "checkpoint": ["rgb.png", "--model", "other.pth", "--arch", "vit_tiny_patch16_224", "--method", "gae"],
         "batch_zero": [*one, "--method", "gae", "--batch-size", "0"],
         "batch_negative": [*one, "--method", "gae", "--batch-size", "-3"],
@@ -153,9 +155,21 @@ def test_method_all_skips_controls_applies_options_to_every_method_that_has_them
     model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
     image = make_transform(config)(load_image(folder / "rgb.png"))[None]
     for method, options in (("rise", dict(n_masks=8, seed=1)), ("tis", dict(n_masks=8, seed=1)),
-                            ("integrated_gradients", dict(steps=2)), ("smoothgrad", dict(samples=2, seed=1))):
+                            ("integrated_gradients", dict(n_steps=2)), ("smoothgrad", dict(n_samples=2, seed=1))):
         np.testing.assert_allclose(np.load(out / f"rgb.{method}.npy"),
                                    vitexplain.explain(model, image, method, **options)[0].numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_list_of_methods_gives_each_map_once_and_one_grid(runs):
+    folder, done = runs
+    result = done["method_list"]
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    out = folder / "list"
+    assert sorted(p.name for p in out.iterdir()) == ["rgb.all.png", "rgb.gae.npy", "rgb.tokentm.npy"]
+    model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
+    image = make_transform(config)(load_image(folder / "rgb.png"))[None]
+    np.testing.assert_allclose(np.load(out / "rgb.gae.npy"), vitexplain.explain(model, image, "gae")[0].numpy(),
+                               rtol=1e-4, atol=1e-6)
 
 
 def test_html_writes_one_offline_explorer_page_of_every_image_and_method(runs):
@@ -189,6 +203,7 @@ def test_memory_follows_the_batch_size_not_the_number_of_files(runs):
     ("options", "; -O n_masks=many: option n_masks of method 'rise' must be an integer >= 1, got 'many'; "),
     ("options", "; -O n_masks=many: option n_masks of method 'tis' must be an integer >= 1, got 'many'"),
     ("method_unknown", "unknown explanation method 'nope'"),
+    ("method_list_unknown", "unknown explanation method 'nope'"),
     ("checkpoint", "1 shape mismatch (head.weight: checkpoint [3, 3], model [3, 192])"),
     ("batch_zero", "argument --batch-size: expected an integer >= 1, got 0"),
     ("batch_negative", "argument --batch-size: expected an integer >= 1, got -3"),

@@ -69,6 +69,80 @@ def test_masks_and_boxes_match_the_digit_pixels():
         assert torch.allclose(grey[0][on_digit], torch.from_numpy(contrast * ink).float()[on_digit], atol=1e-4)
 
 
+def reference_nearest_ink(scan: np.ndarray, x: int, y: int, size: int, canvas: int = 112):
+    """The scan scaled by nearest neighbour to a size x size square at (x, y), pixel by pixel, and the
+    pixels whose centre falls exactly halfway between two scan pixels (a tie, left out of the checks).
+
+    A pixel centre maps to scan coordinate u = (px + 0.5 - x) * 8 / size - 0.5, computed exactly;
+    nearest neighbour takes the scan pixel at the nearest integer.
+    """
+    from fractions import Fraction
+
+    out, tie = np.zeros((canvas, canvas)), np.zeros((canvas, canvas), bool)
+
+    def nearest(offset):
+        u = (Fraction(2 * offset + 1, 2) * 8 / size) - Fraction(1, 2)
+        return math.floor(u + Fraction(1, 2)), u - math.floor(u) == Fraction(1, 2)
+
+    for py in range(y, y + size):
+        for px in range(x, x + size):
+            (r, tie_r), (c, tie_c) = nearest(py - y), nearest(px - x)
+            out[py, px], tie[py, px] = scan[r, c], tie_r or tie_c
+    return out, tie
+
+
+def reference_stroke(mask: np.ndarray, x: int, y: int, size: int, width: int) -> np.ndarray:
+    """A digit's mask with its strokes thickened (``width`` > 0) or thinned (< 0) by |width| pixels, pixel
+    by pixel: each pass keeps a pixel of the square when any (thicken) / every (thin) pixel of its 3 x 3
+    neighbourhood is ink, pixels outside the square counting as no ink."""
+    def ink(m, r, c):
+        return y <= r < y + size and x <= c < x + size and m[r, c]
+
+    for _ in range(abs(width)):
+        new = np.zeros_like(mask)
+        for r in range(y, y + size):
+            for c in range(x, x + size):
+                around = [ink(mask, r + dr, c + dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1)]
+                new[r, c] = any(around) if width > 0 else all(around)
+        mask = new
+    return mask
+
+
+def test_nearest_neighbour_and_stroke_styles_draw_the_written_out_digit():
+    data = get_dataset("digits", n=12, seed=1)
+    nearest = torch.tensor([True] * 6 + [False] * 6)
+    stroke = torch.tensor([0, 1, -1, 2, -2, 0, 1, -1, 2, -2, 0, 0])
+    images, masks = data.render(range(12), nearest=nearest, stroke=stroke)
+    plain_images, plain_masks = data.render(range(12))
+    checked = 0
+    for i in range(12):
+        scan = int(data.layout["scans"][i, 0])
+        x, y, size = (int(data.layout[key][i, 0]) for key in ("x", "y", "sizes"))
+        if nearest[i]:
+            ink, tie = reference_nearest_ink(SCANS.images[scan] / 16.0, x, y, size)
+        else:
+            ink, tie = reference_ink(SCANS.images[scan] / 16.0, x, y, size), np.zeros((112, 112), bool)
+        expected = reference_stroke(ink >= INK_THRESHOLD, x, y, size, int(stroke[i]))
+        tie = reference_stroke(tie, x, y, size, abs(int(stroke[i]))) | tie  # what a tie pixel can reach
+        assert np.array_equal(masks[i, 0].numpy()[~tie], expected[~tie]), i
+        checked += 1 - tie.sum() / size ** 2  # the share of the digit's square checked
+        if nearest[i] and int(stroke[i]) == 0:  # on its mask the pixel is the digit's contrast times its ink
+            on = torch.from_numpy(expected & ~tie)
+            grey = images[i, 0] * 0.5 + 0.5
+            contrast = float(data.layout["contrast"][i, 0])
+            assert torch.allclose(grey[on], torch.from_numpy(contrast * ink).float()[on], atol=1e-4)
+        if int(stroke[i]) != 0:
+            assert not np.array_equal(expected, ink >= INK_THRESHOLD)  # the stroke style changed the digit
+    assert checked / 12 > 0.75  # ties (whole rows / columns at some sizes) fall either way in floating point
+    assert torch.equal(images[10:], plain_images[10:]) and torch.equal(masks[10:], plain_masks[10:])
+    # a canvas's style is its own: the same canvas alone, in another batch, is drawn the same
+    alone = data.render([3], nearest=nearest[3:4], stroke=stroke[3:4])
+    assert torch.equal(alone[0][0], images[3]) and torch.equal(alone[1][0], masks[3])
+    assert not torch.equal(images[3], plain_images[3])
+    with pytest.raises(ValueError, match=r"stroke must hold one value per canvas \(12\), got 3"):
+        data.render(range(12), stroke=torch.zeros(3, dtype=torch.long))
+
+
 def test_clutter_is_present_but_away_from_the_digit():
     data = get_dataset("digits", n=16, seed=2)
     images, masks = data.render(range(16))

@@ -1,5 +1,6 @@
 """Every timm family vitexplain describes: recognised, outputs unchanged, restored, attention written out
-exactly, recordings equal to hooks on the real modules, token subsets follow positions, LRP conserves."""
+exactly, recordings equal to hooks on the real modules, token subsets follow positions, LRP conserves.
+(Hierarchical Swin, whose blocks live in stages and attend in windows: tests/test_swin.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -44,7 +45,7 @@ def _extra(attn, kwargs):
 def test_family_and_readout_are_recognised(name):
     adapter = adapter_for(build(name))
     assert adapter.readout == ZOO[name][2]
-    assert adapter.num_blocks == 2 and adapter.grid_size(images()) == (4, 4)
+    assert adapter.num_blocks == (4 if name.startswith("swin") else 2) and adapter.grid_size(images()) == (4, 4)
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -93,21 +94,22 @@ def test_recorded_attention_and_values_equal_hooks_on_the_real_modules(name):
         torch.testing.assert_close(again, probabilities[index], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", NEW + ["swin", "swinv2"])
 def test_outputs_unchanged_and_model_restored_also_after_an_exception(name):
     model, x = build(name).train(), images()
     before = _snapshot(model)
     with torch.no_grad():
         expected = model.eval()(x)
     model.train()
-    for method in ("gae", "lrp", "tis"):
-        explain(model, x, method, **({"n_masks": 4} if method == "tis" else {}))
+    for method in ("gae", "lrp", "tis"):  # (Swin cannot drop tokens: TIS masks the image)
+        explain(model, x, method, **({"n_masks": 4, "input_space": name.startswith("swin")} if method == "tis" else {}))
     _assert_same(before, _snapshot(model))
 
     def explode(module, args, output):
         raise RuntimeError("injected")
 
-    handle = model.blocks[1].mlp.fc2.register_forward_hook(explode)
+    last = [module for module_name, module in model.named_modules() if module_name.endswith("mlp.fc2")][-1]
+    handle = last.register_forward_hook(explode)
     before["hooks"] = _snapshot(model)["hooks"]
     for method in ("gae", "transformer_attribution"):
         with pytest.raises(RuntimeError, match="injected"):

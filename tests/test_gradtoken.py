@@ -11,17 +11,17 @@ from vitexplain import explain
 
 
 def reference_gradtoken(model, images, targets, *, aggregation="average", propagation="matmul", heads="relu_mean",
-                        depth=0, score="logit", transpose=False):
+                        start_layer=0, score="logit", transpose=False):
     logits, blocks = manual_forward(model, images)
     (query_grad,) = torch.autograd.grad(target_score(logits, targets, score), [blocks[-1]["q"]])
     with torch.no_grad():
-        return gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, depth, transpose)
+        return gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, start_layer, transpose)
 
 
-def gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, depth, transpose=False):
+def gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, start_layer, transpose=False):
     prefix, cls = model.num_prefix_tokens, 0
     num_blocks = len(blocks)
-    lower = list(range(depth % num_blocks, num_blocks - 1))
+    lower = list(range(start_layer % num_blocks, num_blocks - 1))
     keys = blocks[-1]["k"]
     batch, num_heads, n, _ = keys.shape
     spatial = range(prefix, n)
@@ -31,7 +31,7 @@ def gradtoken_maps(model, blocks, query_grad, aggregation, propagation, heads, d
                      for h in range(num_heads)]
         fused = {b: sum(blocks[b]["attn"][i, h] for h in range(num_heads)) / num_heads for b in lower}
         if propagation != "none" and lower:
-            if aggregation == "average":  # Eq. (14): 1/B, B = the blocks from depth to the last
+            if aggregation == "average":  # Eq. (14): 1/B, B = the blocks from start_layer to the last
                 aggregated = sum(fused[b] for b in lower) / (len(lower) + 1)
             else:
                 layers = {b: torch.eye(n, dtype=keys.dtype) + fused[b] for b in lower}  # Eq. (9)
@@ -62,10 +62,10 @@ VARIANTS = [
     {"aggregation": "rollout", "propagation": "matmul"},         # GradToken-2
     {"aggregation": "average", "propagation": "elementwise"},    # GradToken-3
     {"heads": "mean"},                                           # GradToken-i
-    {"depth": 1},
-    {"depth": -2},
-    {"depth": 2},
-    {"aggregation": "rollout", "propagation": "elementwise", "depth": 1},
+    {"start_layer": 1},
+    {"start_layer": -2},
+    {"start_layer": 2},
+    {"aggregation": "rollout", "propagation": "elementwise", "start_layer": 1},
     {"score": "probability"},
     {"transpose": True},
     {"aggregation": "rollout", "propagation": "matmul", "transpose": True},
@@ -105,7 +105,7 @@ def test_last_block_as_depth_is_no_propagation():
     model = make_vit()
     images = images_like(model)
     no_propagation = explain(model, images, "gradtoken", propagation="none")
-    assert torch.equal(explain(model, images, "gradtoken", depth=2), no_propagation)
+    assert torch.equal(explain(model, images, "gradtoken", start_layer=2), no_propagation)
 
 
 def test_different_targets_give_different_maps():
@@ -127,9 +127,9 @@ def test_batch_equals_one_image_at_a_time():
     ({"propagation": "add"}, "option propagation of method .* must be one of"),
     ({"heads": "max"}, "option heads of method .* must be one of"),
     ({"score": "log_odds"}, "option score of method .* must be one of"),
-    ({"depth": 3}, "depth must index"),
-    ({"depth": -4}, "depth must index"),
-    ({"depth": 1.0}, "option depth of method .* must be an integer"),
+    ({"start_layer": 3}, "start_layer must index"),
+    ({"start_layer": -4}, "start_layer must index"),
+    ({"start_layer": 1.0}, "option start_layer of method .* must be an integer"),
 ])
 def test_bad_options_are_refused(options, message):
     model = make_vit()

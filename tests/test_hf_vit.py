@@ -14,8 +14,8 @@ from test_instrumentation import _assert_same, _snapshot
 
 HF_TINY = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
                intermediate_size=96, num_labels=10, layer_norm_eps=1e-6, qkv_bias=True)
-CHEAP = {"rise": dict(n_masks=16), "tis": dict(n_masks=8), "smoothgrad": dict(samples=3), "integrated_gradients": dict(steps=4),
-         "tam": dict(steps=3), "bt_head": dict(steps=3), "bt_token": dict(steps=3)}
+CHEAP = {"rise": dict(n_masks=16), "tis": dict(n_masks=8), "smoothgrad": dict(n_samples=3), "integrated_gradients": dict(n_steps=4),
+         "tam": dict(n_steps=3), "bt_head": dict(n_steps=3), "bt_token": dict(n_steps=3)}
 #: (timm distilled?, transformers attention): ViT with eager attention, DeiT with teacher with SDPA.
 VARIANTS = [(False, "eager"), (True, "sdpa")]
 

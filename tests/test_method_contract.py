@@ -4,8 +4,12 @@ Shape (patch grid or image size), finite values, a batch equal to its images one
 class-specific exactly as registered (class-agnostic methods give the same map for every class on
 every model; class-specific ones change with the class where the readout is a class token — with a
 pooled readout, methods that keep each token's self-contribution, TokenTM above all, are dominated by
-class-agnostic terms on these random models, see docs/decisions/readouts.md), the model left as it was, and for randomised methods: the same
+class-agnostic terms on these random models, see docs/decisions/readouts.md), the model left as it was
+(also when an injected error stops the method mid-way), and for randomised methods: the same
 seed gives the same map, another seed another map, and the caller's random state is untouched.
+Methods a family has no reading for are refused with UnsupportedModelError (hierarchical Swin:
+docs/decisions/families.md); where only their default options are refused, the contract runs the options
+that have one.
 """
 from __future__ import annotations
 
@@ -13,15 +17,21 @@ import pytest
 import torch
 
 from vitexplain import available_methods, explain, get_method
+from vitexplain.instrumentation import UnsupportedModelError
 
 from test_instrumentation import _assert_same, _snapshot
 from zoo import SIZE, ZOO, build, images
 
 #: one model per family description and per readout kind
-FAMILIES = ["vit", "vit_map", "vit_reg_avg", "eva02", "vit_rope_mixed", "beit_shared", "srelpos"]
+FAMILIES = ["vit", "vit_map", "vit_reg_avg", "eva02", "vit_rope_mixed", "beit_shared", "srelpos", "swin", "swinv2"]
 #: small settings of the sampling methods, to keep the suite fast
-QUICK = {"tis": {"n_masks": 8}, "rise": {"n_masks": 12, "batch_size": 16}, "integrated_gradients": {"steps": 4},
-         "smoothgrad": {"samples": 3}, "tam": {"steps": 3}, "bt_token": {"steps": 3}, "bt_head": {"steps": 3}}
+QUICK = {"tis": {"n_masks": 8}, "rise": {"n_masks": 12, "batch_size": 16}, "integrated_gradients": {"n_steps": 4},
+         "smoothgrad": {"n_samples": 3}, "tam": {"n_steps": 3}, "bt_token": {"n_steps": 3}, "bt_head": {"n_steps": 3}}
+#: options that have a reading on a hierarchical model, where the defaults are refused
+HIERARCHICAL = {"tis": {"input_space": True}, "gradtoken": {"aggregation": "rollout"}}
+#: (model, method) refused whatever the options: TokenTM and BT-T need per-head outputs, which a
+#: res-post-norm block (Swin V2) has not
+REFUSED = {("swinv2", "tokentm"), ("swinv2", "bt_token")}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -40,8 +50,13 @@ def _centred(maps):
 def test_method_contract(family, method):
     name, model, x, first, second = family
     spec = get_method(method)
-    options = QUICK.get(method, {})
+    options = {**QUICK.get(method, {}), **(HIERARCHICAL.get(method, {}) if name.startswith("swin") else {})}
     before = _snapshot(model)
+    if (name, method) in REFUSED:
+        with pytest.raises(UnsupportedModelError, match=r"\w+ \w+"):
+            explain(model, x, method, first, **options)
+        _assert_same(before, _snapshot(model))
+        return
     maps = explain(model, x, method, first, **options)
     size = (SIZE["img_size"],) * 2 if spec.resolution == "pixel" else (4, 4)
     assert maps.shape == (3, *size) and maps.dtype == torch.float32 and maps.isfinite().all()
@@ -61,3 +76,16 @@ def test_method_contract(family, method):
         assert torch.equal(torch.get_rng_state(), state)
         torch.testing.assert_close(again, maps)
         assert not torch.allclose(reseeded, maps) or spec.name == "constant_baseline"
+    if not spec.control:  # an error half-way through the model: raised, and the model restored
+        def explode(module, args, output):
+            raise RuntimeError("injected")
+
+        handle = next(module for module_name, module in model.named_modules()
+                      if module_name.endswith("mlp.fc2")).register_forward_hook(explode)
+        try:
+            before = _snapshot(model)
+            with pytest.raises(RuntimeError, match="injected"):
+                explain(model, x, method, first, **options)
+            _assert_same(before, _snapshot(model))
+        finally:
+            handle.remove()

@@ -80,5 +80,5 @@ def test_pixel_removal_goes_through_the_batch_forward(model):
     batch = make_batch(model, "gae")
     forward = batch.logits
     batch.logits = lambda images: calls.append(images.shape[0]) or forward(images)
-    get_metric("aopc").compute(batch, steps=3, batch_size=5)
+    get_metric("aopc").compute(batch, n_steps=3, batch_size=5)
     assert sum(calls) == 4 * 3                                   # every perturbed image, through the batch's forward

@@ -9,22 +9,18 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from chromium import start_chromium
 from conftest import make_vit
 from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, BenchResult, run_benchmark
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-INSTALL = ("headless Chromium is needed to check report.html: run `apt-get update && apt-get install -y chromium "
-           "chromium-driver` and `pip install selenium`")
 METHODS = ["gae", "lrp", "random_baseline"]          # lrp: signed maps, drawn grey (not highlighted)
 
 
@@ -73,30 +69,10 @@ def test_the_page_is_self_contained(tiny_report):
     assert "http" not in text.split("<h2>Settings</h2>")[0]                       # no URL, not even a namespace
 
 
-def _browser():
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.fail(f"selenium is not installed; {INSTALL}")
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not Path(path).exists() and shutil.which(Path(path).name) is None:
-            pytest.fail(f"{path} is missing; {INSTALL}")
-    return webdriver, Service
-
-
 @contextlib.contextmanager
-def _opened(page: Path, tmp_path, monkeypatch, width: int):
+def _opened(page: Path, tmp_path, width: int):
     """A headless Chromium window ``width`` pixels wide showing ``page``."""
-    webdriver, Service = _browser()
-    monkeypatch.setenv("SE_OFFLINE", "true")           # Selenium Manager must never download anything
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-                 f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or CHROMEDRIVER), options=options)
+    driver = start_chromium(tmp_path / "profile", width=width)
     try:
         driver.get(page.as_uri())
         yield driver
@@ -109,9 +85,9 @@ def _each(driver, selector: str, mapping: str) -> list:
     return driver.execute_script(f"return Array.from(document.querySelectorAll({selector!r})).map({mapping});")
 
 
-def test_report_renders_in_headless_chromium(tiny_report, tmp_path, monkeypatch):
+def test_report_renders_in_headless_chromium(tiny_report, tmp_path):
     result, page = tiny_report
-    with _opened(page, tmp_path, monkeypatch, 1400) as driver:
+    with _opened(page, tmp_path, 1400) as driver:
         images = _each(driver, "img", "i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight]")
         figures = _each(driver, "figure",
                         "f => [f.getAttribute('aria-label'), f.querySelector('svg').getBoundingClientRect().width]")
@@ -138,10 +114,10 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path, monkeypatch)
     assert fetched == []
 
 
-def test_summary_ranks_and_sticky_method_column(tiny_report, tmp_path, monkeypatch):
+def test_summary_ranks_and_sticky_method_column(tiny_report, tmp_path):
     """In a window too narrow for the table, the method column stays in view while the table scrolls."""
     result, page = tiny_report
-    with _opened(page, tmp_path, monkeypatch, 520) as driver:
+    with _opened(page, tmp_path, 520) as driver:
         summary = _each(driver, "table.ranks tbody tr", "r => Array.from(r.querySelectorAll('td')).map(c => c.textContent)")
         protocols = _each(driver, "table.ranks thead th", "c => c.textContent")
         scrolled = driver.execute_script("""
@@ -161,7 +137,7 @@ def test_summary_ranks_and_sticky_method_column(tiny_report, tmp_path, monkeypat
     assert after[1] == pytest.approx(before[1] - offset)                          # the numbers did
 
 
-def test_curve_lines_are_shown_and_hidden_from_the_legend(tiny_report, tmp_path, monkeypatch):
+def test_curve_lines_are_shown_and_hidden_from_the_legend(tiny_report, tmp_path):
     _, page = tiny_report
     shown = ("return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('figure g[id]'))"
              ".filter(g => /-l[0-9]+-[0-9]+$/.test(g.id)).map(g => [g.id, getComputedStyle(g).display !== 'none']);")
@@ -170,7 +146,7 @@ def test_curve_lines_are_shown_and_hidden_from_the_legend(tiny_report, tmp_path,
     def click(text):
         driver.execute_script(legend + f".find(l => l.textContent === {text!r}).click();")
 
-    with _opened(page, tmp_path, monkeypatch, 1400) as driver:
+    with _opened(page, tmp_path, 1400) as driver:
         entries = driver.execute_script(legend + ".map(l => l.textContent);")
         start = dict(driver.execute_script(shown))
         click("gae")

@@ -35,8 +35,8 @@ CLASSES = {"deit_base": 1000, "vit_base": 1000, "vit_large": 1000, "deit_cifar10
 #: recipes whose rows index blocks up to 11 need 12-block stand-ins
 DEEP = {"tokentm-table7", "gradtoken-fig11"}
 #: test-only protocol: fewer masks, steps and samples
-FAST_METHODS = {"tis": {"n_masks": 8}, "rise": {"n_masks": 8}, "integrated_gradients": {"steps": 2},
-                "smoothgrad": {"samples": 2}, "tam": {"steps": 2}, "bt_head": {"steps": 2}, "bt_token": {"steps": 2}}
+FAST_METHODS = {"tis": {"n_masks": 8}, "rise": {"n_masks": 8}, "integrated_gradients": {"n_steps": 2},
+                "smoothgrad": {"n_samples": 2}, "tam": {"n_steps": 2}, "bt_head": {"n_steps": 2}, "bt_token": {"n_steps": 2}}
 FAST_METRICS = {"insertion_deletion": {"n_steps": 4}, "max_sensitivity": {"n_samples": 2}}
 
 
@@ -200,7 +200,7 @@ def test_gradtoken_recipes_run_the_printed_method_and_the_transposed_variant():
         printed = [label for label, row in rows.items() if "transpose" not in row.options]
         twins = [label for label, row in rows.items() if row.options.get("transpose") is True]
         propagating = [label for label in printed if rows[label].options.get("propagation", "matmul") == "matmul"
-                       and rows[label].options.get("depth") != 11]          # depth 11 of 12 blocks: no propagation
+                       and rows[label].options.get("start_layer") != 11]   # block 11 of 12: no propagation
         assert twins == [f"{label} (transposed)" for label in propagating] and twins, name
         assert all(rows[f"{label} (transposed)"].options == {**rows[label].options, "transpose": True}
                    for label in propagating)

@@ -44,7 +44,7 @@ def test_a_score_function_is_differentiated_as_given():
 
 
 @pytest.mark.parametrize("method, options", [("rise", {"n_masks": 16, "score": "logit"}), ("tis", {"n_masks": 8, "score": "logit"}),
-                                             ("smoothgrad", {"samples": 3}), ("integrated_gradients", {"steps": 4}),
+                                             ("smoothgrad", {"n_samples": 3}), ("integrated_gradients", {"n_steps": 4}),
                                              ("vitcx", {"score": "logit"})])
 def test_sampling_methods_score_a_function_like_the_class_it_computes(method, options):
     """A score function returning one class's logit gives the map of that class scored by its logit."""
@@ -61,7 +61,7 @@ def test_integrated_gradients_of_a_direction_equal_captum_on_the_cosine_similari
     direction = torch.randn(48, generator=torch.Generator().manual_seed(5))
     cosine = lambda inputs: F.cosine_similarity(model(inputs), direction.expand(inputs.shape[0], -1), dim=1)  # noqa: E731
     expected = IntegratedGradients(cosine).attribute(x, baselines=torch.zeros_like(x), n_steps=5).sum(1)
-    found = explain(model, x, "integrated_gradients", direction, steps=5)
+    found = explain(model, x, "integrated_gradients", direction, n_steps=5)
     torch.testing.assert_close(found, expected.detach(), rtol=1e-4, atol=1e-6)
 
 

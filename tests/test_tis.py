@@ -59,7 +59,7 @@ def manual_pixel_logits(model, image: torch.Tensor, keep: torch.Tensor) -> torch
     return model(masked[None])[0]
 
 
-def reference_tis(model, images, keeps, targets, score="softmax", input_space=False) -> torch.Tensor:
+def reference_tis(model, images, keeps, targets, score="probability", input_space=False) -> torch.Tensor:
     """Eq. (4)-(5) one image, one mask, one token at a time; ``keeps`` = kept indices per ratio."""
     maps = torch.zeros(images.shape[0], GRID_W * GRID_W)
     with torch.no_grad():
@@ -70,7 +70,7 @@ def reference_tis(model, images, keeps, targets, score="softmax", input_space=Fa
                 for j in range(keep.shape[1]):
                     forward = manual_pixel_logits if input_space else manual_logits_on_tokens
                     logits = forward(model, images[b], keep[b, j])
-                    out = logits.softmax(-1) if score == "softmax" else logits
+                    out = logits.softmax(-1) if score == "probability" else logits
                     for token in keep[b, j].tolist():
                         weighted[token] += out[targets[b]].item()
                         coverage[token] += 1
@@ -187,7 +187,7 @@ def test_tis_equals_plain_loop_on_the_same_masks(name):
     ratios = options.get("ratio", [0.5])
     keeps = kept_tokens(record, N_MASKS, ratios, seed=0)
     targets = model(images).argmax(-1)
-    expected = reference_tis(model, images, keeps, targets, options.get("score", "softmax"),
+    expected = reference_tis(model, images, keeps, targets, options.get("score", "probability"),
                              options.get("input_space", False))
     torch.testing.assert_close(maps, expected, rtol=1e-4, atol=1e-5)
 
@@ -234,7 +234,7 @@ def test_tokens_no_mask_keeps_get_zero_not_nan():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(score="probability"), "option score of method .* must be one of"),
+    (dict(score="softmax"), "option score of method .* must be one of"),
     (dict(ratio=0), "ratio"),
     (dict(ratio=[0.5, 1.5]), "ratio"),
     (dict(ratio=[]), "ratio"),

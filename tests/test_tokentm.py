@@ -66,16 +66,16 @@ def transform_weights(originals, transformed, use_length, use_necc):
     return torch.tensor(weights, dtype=originals[0].dtype)
 
 
-def reference_tokentm(model, images, targets, *, use_length=True, use_necc=True, aggregate=True, depth=None,
+def reference_tokentm(model, images, targets, *, use_length=True, use_necc=True, aggregate=True, end_layer=None,
                       reference="residual", per_head=True, score="probability"):
     logits, blocks = manual_forward(model, images)
     attn_grads = torch.autograd.grad(target_score(logits, targets, score), [b["attn"] for b in blocks])
     with torch.no_grad():
-        return tokentm_maps(model, images, blocks, attn_grads, use_length, use_necc, aggregate, depth, reference,
+        return tokentm_maps(model, images, blocks, attn_grads, use_length, use_necc, aggregate, end_layer, reference,
                             per_head)
 
 
-def tokentm_maps(model, images, blocks, attn_grads, use_length, use_necc, aggregate, depth, reference, per_head):
+def tokentm_maps(model, images, blocks, attn_grads, use_length, use_necc, aggregate, end_layer, reference, per_head):
     prefix, cls = model.num_prefix_tokens, 0
     maps = []
     for i in range(images.shape[0]):
@@ -83,7 +83,7 @@ def tokentm_maps(model, images, blocks, attn_grads, use_length, use_necc, aggreg
         eye = torch.eye(n, dtype=images.dtype)
         initial = blocks[0]["residual"][i]
         contribution = torch.diag(torch.stack([initial[j].norm() for j in range(n)])) if use_length else eye
-        used = blocks[:1] if not aggregate else blocks[:depth]
+        used = blocks[:1] if not aggregate else blocks if end_layer is None else blocks[:end_layer % len(blocks) + 1]
         for index, (block, module) in enumerate(zip(used, model.blocks)):
             attn = module.attn
             heads, dim = attn.num_heads, attn.head_dim
@@ -137,8 +137,8 @@ ABLATIONS = [
     {"use_length": False},
     {"use_length": False, "use_necc": False, "aggregate": False},  # Baseline
     {"aggregate": False},
-    {"depth": 1},
-    {"depth": 2},
+    {"end_layer": 0},
+    {"end_layer": -2},
     {"reference": "normalized"},
     {"per_head": False},
     {"score": "logit"},
@@ -169,10 +169,10 @@ def test_every_switch_changes_the_map(options):
     assert_maps_differ(default, explain(model, images, "tokentm", TARGETS, **options))
 
 
-def test_full_depth_is_the_default():
+def test_every_block_is_the_default():
     model = make_vit()
     images = images_like(model)
-    assert torch.equal(explain(model, images, "tokentm", depth=3), explain(model, images, "tokentm"))
+    assert torch.equal(explain(model, images, "tokentm", end_layer=2), explain(model, images, "tokentm"))
 
 
 def test_different_targets_give_different_maps():
@@ -192,9 +192,10 @@ def test_batch_equals_one_image_at_a_time():
 @pytest.mark.parametrize("options, message", [
     ({"reference": "output"}, "option reference of method .* must be one of"),
     ({"score": "log_odds"}, "option score of method .* must be one of"),
-    ({"depth": 0}, "option depth of method .* must be an integer >= 1"),
-    ({"depth": 4}, "depth must be"),
-    ({"depth": 2, "aggregate": False}, "needs aggregate=True"),
+    ({"end_layer": 1.5}, "option end_layer of method .* must be"),
+    ({"end_layer": 3}, "end_layer must index"),
+    ({"end_layer": -4}, "end_layer must index"),
+    ({"end_layer": 1, "aggregate": False}, "needs aggregate=True"),
 ])
 def test_bad_options_are_refused(options, message):
     model = make_vit()

@@ -14,9 +14,10 @@ from vitexplain.cli.main import build_parser, main
 from vitexplain.datasets import Digits
 from vitexplain.image_files import load_image, make_transform
 from vitexplain.models import ASSETS, load_model
-import vitexplain.train as train_module
-from vitexplain.train import (Recipe, build_model, digit_windows, digits_labels, distillation_loss, focused, jitter,
-                              learning_rate, train_digits)
+from vitexplain.training import (Recipe, build_model, digit_windows, digits_labels, distillation_loss, focused, jitter,
+                                 learning_rate, loop, photometric, rendering_styles, train_digits)
+
+from renderers import alternative_canvases, accuracy as renderer_accuracy
 
 # patch 16 on the 112 px canvases: a 7 x 7 grid keeps the training runs here fast
 TINY = dict(patch_size=16, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0)
@@ -88,7 +89,13 @@ def test_recipe_options_are_checked():
     for bad, message in ((dict(steps=0), "steps must be a positive integer"), (dict(steps=5, warmup_steps=6), "warmup_steps must be in"),
                          (dict(steps=5, focus=1.5), "focus must be in"), (dict(steps=5, lr=0), "lr must be positive"),
                          (dict(steps=5, distillation="medium"), "distillation must be one of"),
-                         (dict(steps=5, rotation=90), r"rotation must be in \[0, 45\]"), (dict(steps=5, shear=-0.1), "shear must be in")):
+                         (dict(steps=5, rotation=90), r"rotation must be in \[0, 45\]"), (dict(steps=5, shear=-0.1), "shear must be in"),
+                         (dict(steps=5, nearest=1.5), r"nearest must be in \[0, 1\]"),
+                         (dict(steps=5, stroke=1.5), "stroke must be a whole number of pixels in"),
+                         (dict(steps=5, stroke=4), r"stroke must be a whole number of pixels in \[0, 3\]"),
+                         (dict(steps=5, contrast=1.0), r"contrast must be in \[0, 1\)"),
+                         (dict(steps=5, gradient=-0.1), r"gradient must be in \[0, 1\]"),
+                         (dict(steps=5, noise=0.6), r"noise must be in \[0, 0.5\]")):
         with pytest.raises(ValueError, match=message):
             Recipe(**bad)
     with pytest.raises(ValueError, match=r"focus_window must lie in \[7, 14\]"):
@@ -128,11 +135,72 @@ def test_jitter_turns_and_shears_each_canvas_about_its_digit_centre():
     assert torch.allclose(unchanged, images, atol=1e-5)
 
 
+def test_photometric_augmentation_matches_its_written_out_formula():
+    """Each pixel g (grey, in [0, 1]) must become clip(lift + (1 - c) g + ramp + s z, 0, 1), with the
+    amounts drawn in the documented order from the run's generator and the ramp written out in float64."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(3, 3, 20, 24, generator=g) * 2 - 1
+    images[:, 1:] = images[:, :1]                          # grey canvases, as digits draws them
+    state = torch.get_rng_state()
+    bounds = dict(contrast=0.4, gradient=0.5, noise=0.1)
+    out = photometric(images, (0.5,) * 3, (0.5,) * 3, **bounds, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(torch.get_rng_state(), state)
+    draws = torch.Generator().manual_seed(9)
+    squeeze = (torch.rand(3, generator=draws) * 0.4).tolist()
+    lift = (torch.rand(3, generator=draws)).tolist()
+    rise = (torch.rand(3, generator=draws) * 0.5).tolist()
+    angle = (torch.rand(3, generator=draws) * 2 * math.pi).tolist()
+    spread = (torch.rand(3, generator=draws) * 0.1).tolist()
+    z = torch.randn(3, 1, 20, 24, generator=draws)
+    for b in range(3):
+        for row in range(20):
+            for col in range(24):
+                grey = float(images[b, 0, row, col]) * 0.5 + 0.5
+                grey = squeeze[b] * lift[b] + (1 - squeeze[b]) * grey
+                x, y = (col + 0.5) / 24 * 2 - 1, (row + 0.5) / 20 * 2 - 1
+                along = math.cos(angle[b]) * x + math.sin(angle[b]) * y
+                grey += rise[b] * (along / (2 * math.sqrt(2)) + 0.5)
+                grey = min(1.0, max(0.0, grey + spread[b] * float(z[b, 0, row, col])))
+                for channel in range(3):
+                    assert float(out[b, channel, row, col]) == pytest.approx(grey * 2 - 1, abs=1e-5)
+    assert (out != images).float().mean() > 0.9
+    quiet = torch.Generator().manual_seed(9)
+    assert torch.equal(photometric(images, (0.5,) * 3, (0.5,) * 3, contrast=0, gradient=0, noise=0, generator=quiet),
+                       images.clamp(-1, 1))
+    assert torch.equal(quiet.get_state(), torch.Generator().manual_seed(9).get_state())  # nothing drawn
+
+
+def test_rendering_styles_draw_their_share_and_nothing_when_off():
+    g = torch.Generator().manual_seed(0)
+    styles = rendering_styles(Recipe(steps=1, nearest=0.3, stroke=2), 4000, g)
+    assert abs(styles["nearest"].float().mean().item() - 0.3) < 0.03
+    assert sorted(styles["stroke"].unique().tolist()) == [-2, -1, 0, 1, 2]
+    counts = torch.bincount(styles["stroke"] + 2)
+    assert counts.min() > 700
+    quiet = torch.Generator().manual_seed(0)
+    assert rendering_styles(Recipe(steps=1), 32, quiet) == {}
+    assert torch.equal(quiet.get_state(), torch.Generator().manual_seed(0).get_state())
+
+
+AUGMENTED = dict(nearest=0.5, stroke=1, contrast=0.3, gradient=0.2, noise=0.05)
+
+
+def test_augmented_training_is_deterministic_and_leaves_the_global_rng_alone():
+    def run(**augmentation):
+        return train_digits("vit_tiny_patch16_224", TINY, steps=6, seed=3, **augmentation, **FAST)["losses"]
+
+    state = torch.get_rng_state()
+    first = run(**AUGMENTED)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert run(**AUGMENTED) == first
+    assert run() != first  # the augmentation changed what was seen
+
+
 def test_an_interrupted_run_resumes_from_its_snapshot_bit_for_bit(tmp_path, monkeypatch):
-    options = dict(steps=8, train_size=8, focus=0.5, focus_window=5, snapshot_every=3, **FAST)
+    options = dict(steps=8, train_size=8, focus=0.5, focus_window=5, snapshot_every=3, rotation=10.0, **AUGMENTED, **FAST)
     straight = train_digits("vit_tiny_patch16_224", TINY, out=tmp_path / "straight.safetensors", **options)
     out = tmp_path / "cut.safetensors"
-    real_labels, train_batches = train_module.digits_labels, []
+    real_labels, train_batches = loop.digits_labels, []
 
     def interrupted(dataset, indices):
         train_batches.append(dataset.split == "train")
@@ -140,7 +208,7 @@ def test_an_interrupted_run_resumes_from_its_snapshot_bit_for_bit(tmp_path, monk
             raise KeyboardInterrupt
         return real_labels(dataset, indices)
 
-    monkeypatch.setattr(train_module, "digits_labels", interrupted)
+    monkeypatch.setattr(loop, "digits_labels", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train_digits("vit_tiny_patch16_224", TINY, out=out, **options)
     monkeypatch.undo()
@@ -248,14 +316,20 @@ def test_the_train_command_records_a_command_that_parses_back_to_the_same_option
     out = tmp_path / "cli.safetensors"
     argv = ["train", "--arch", "vit_tiny_patch16_224", "--patch-size", "16", "--embed-dim", "48", "--depth", "2",
             "--num-heads", "3", "--steps", "2", "--batch-size", "4", "--test-size", "8", "--threads", "1",
+            "--nearest", "0.5", "--stroke", "2", "--contrast", "0.25", "--gradient", "0.1", "--noise", "0.05",
             "--no-progress", "-o", str(out)]
     assert main(argv) == 0
     assert "test accuracy" in capsys.readouterr().out
-    recorded = json.loads(out.with_suffix(".json").read_text())["command"].split()
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert {key: card["training"][key] for key in AUGMENTED} == dict(nearest=0.5, stroke=2, contrast=0.25,
+                                                                     gradient=0.1, noise=0.05)
+    recorded = card["command"].split()
     assert recorded[:2] == ["vitexplain", "train"]
     assert build_parser().parse_args(recorded[1:]) == build_parser().parse_args(argv)
     assert main(["train", "--arch", "no_such_vit", "--steps", "1", "-o", str(out)]) == 2
     assert "unknown timm architecture" in capsys.readouterr().err
+    assert main(["train", "--arch", "vit_tiny_patch16_224", "--steps", "1", "--stroke", "5", "-o", str(out)]) == 2
+    assert "stroke must be a whole number of pixels in [0, 3], got 5" in capsys.readouterr().err
 
 
 @pytest.fixture
@@ -283,6 +357,18 @@ def test_shipped_models_load_offline_and_classify_test_canvases(name, cls, no_ne
         predictions = torch.cat([model(data.render(chunk)[0]).argmax(-1) for chunk in torch.arange(len(data)).split(250)])
     accuracy = (predictions == digits_labels(data, torch.arange(len(data)))).float().mean().item()
     assert accuracy >= 0.95 and abs(accuracy - card["test_accuracy"]) <= 0.002, (accuracy, card["test_accuracy"])
+
+
+@pytest.mark.parametrize("name", ["digits_vit", "digits_deit"])
+def test_shipped_models_on_canvases_drawn_by_another_renderer(name):
+    """The card's figure on canvases of held-out scans drawn by tests/renderers.py (which training never
+    sees: nearest-neighbour scaling, plain noise backgrounds) is what the model scores."""
+    model, config = load_model(name, device="cpu")
+    other = json.loads((ASSETS / f"{name}.json").read_text())["alternative_renderer"]
+    assert (other["canvases"], other["seed"]) == (1000, 0)
+    images, labels = alternative_canvases(other["canvases"], other["seed"])
+    accuracy = renderer_accuracy(model, images, labels, config["mean"], config["std"])
+    assert abs(accuracy - other["accuracy"]) <= 0.002, (accuracy, other["accuracy"])
 
 
 def test_explain_command_on_a_digits_png_with_the_shipped_vit(tmp_path, capsys):

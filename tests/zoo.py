@@ -1,8 +1,14 @@
 """Tiny randomly initialised models of every timm family vitexplain describes, built in the tests.
 
 Parameters that their constructors set to zero or one (relative position tables, q / v biases,
-LayerScale gains, heads, pooling latents) are drawn at random too, so that a part left out of a
+LayerScale gains, heads, pooling latents, Swin V2's position-bias MLP) are drawn at random too, and
+norm gains set to zero (Swin V2's res-post norms) are drawn around one, so that a part left out of a
 computation shows in its result.
+
+Swin models are hierarchical: 32 px images, 8 px patches (a 4×4 first-stage grid, as every other
+model's), two stages of two blocks, 2×2 windows, so the first stage has four windows and its second
+block shifts them; tests/test_swin.py builds larger ones (several windows and shifts in every stage,
+padding).
 """
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ import timm
 import torch
 
 SIZE = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
+SWIN_SIZE = dict(img_size=32, patch_size=8, embed_dim=24, depths=(2, 2), num_heads=(2, 4), window_size=2,
+                 num_classes=10)
 
 #: family name -> (timm architecture, constructor arguments over SIZE, expected readout)
 ZOO = {
@@ -25,22 +33,32 @@ ZOO = {
     "beit_shared": ("beit_base_patch16_224", dict(use_rel_pos_bias=False, use_shared_rel_pos_bias=True), "avg"),
     "relpos": ("vit_relpos_base_patch16_224", dict(), "avg"),
     "srelpos": ("vit_srelpos_small_patch16_224", dict(), "avg"),
+    "swin": ("swin_tiny_patch4_window7_224", dict(), "avg"),
+    "swinv2": ("swinv2_tiny_window8_256", dict(), "avg"),
 }
 
 #: what a zero-initialised parameter is called, in any family
 RANDOMISED = ("relative_position_bias_table", "q_bias", "v_bias", "gamma", "head.", "latent", "rel_pos", "pos_embed",
-              "cls_token", "reg_token")
+              "cls_token", "reg_token", "cpb_mlp")
 
 
 def build(name: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """The tiny ``name`` model of :data:`ZOO` in eval mode, all its parameters random."""
     architecture, arguments, _ = ZOO[name]
+    size = SWIN_SIZE if architecture.startswith("swin") else SIZE
     torch.manual_seed(seed)
-    model = timm.create_model(architecture, pretrained=False, **{**SIZE, **arguments, **overrides})
+    return randomise(timm.create_model(architecture, pretrained=False, **{**size, **arguments, **overrides}))
+
+
+def randomise(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in eval mode with the parameters its constructor sets to constants drawn at random."""
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
             if any(part in parameter_name for part in RANDOMISED):
                 parameter.normal_(0, 0.5 if parameter_name.startswith("head") else 0.2)
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm) and not module.weight.any():
+                module.weight.normal_(1, 0.2)
     return model.eval()
 
 

@@ -18,7 +18,7 @@ from .options import Range
 
 TABLE = Path(__file__).parent / "assets" / "support.md"
 #: option names that count samples or steps: the matrix runs them at their minimum, to be quick
-SAMPLE_COUNTS = ("n_masks", "n_samples", "n_steps", "samples", "steps")
+SAMPLE_COUNTS = ("n_masks", "n_samples", "n_steps")
 
 
 def quick_options(method: str) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from .shared import add_method_options, method_options, positive_int, probabilit
 
 NAMING = """\
 output names:
-  OUTPUT/STEM.METHOD.npy (raw map) and OUTPUT/STEM.METHOD.png (overlay), or with --method all
-  OUTPUT/STEM.all.png (grid) and one .npy per method. STEM is the file name without its extension
+  OUTPUT/STEM.METHOD.npy (raw map) and OUTPUT/STEM.METHOD.png (overlay), or with several methods
+  (a list, or all) OUTPUT/STEM.all.png (grid) and one .npy per method. STEM is the file name without its extension
   (photo.jpg -> photo). When inputs of one call share a stem, those keep their extension
   (photo.jpg, photo.png), and when that is still ambiguous their parent folders too, as subfolders
   of OUTPUT (a/photo.jpg, b/photo.jpg): names that clash grow, one step at a time, until none does.
@@ -36,8 +36,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--model", required=True, help="shipped model name, timm model name, or checkpoint file")
     parser.add_argument("--arch", help="timm architecture of a checkpoint file")
     parser.add_argument("--method", required=True,
-                        help="a method name (see `vitexplain methods`) or 'all' (every method that explains images, "
-                             "without the controls)")
+                        help="a method name (see `vitexplain methods`), several separated by commas (gae,tokentm,tis: "
+                             "one grid per image), or 'all' (every method that explains images, without the controls)")
     add_method_options(parser)
     parser.add_argument("--target", type=int, help="class to explain (default: each image's prediction)")
     parser.add_argument("-o", "--output", default="vitexplain-out", help="output folder (default: %(default)s)")
@@ -103,7 +103,8 @@ def prepare(args, out: Path) -> Setup:
     from ..registry import available_methods, get_method
 
     device = resolve_device(args.device)
-    methods = available_methods("image", controls=False) if args.method == "all" else [get_method(args.method).name]
+    methods = (available_methods("image", controls=False) if args.method == "all"
+               else list(dict.fromkeys(get_method(name.strip()).name for name in args.method.split(","))))
     options = method_options(methods, args.options)
     model, config = load_model(args.model, arch=args.arch, device=device)
     names = class_names_for(model, config)

@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from ..models import ModelLoadError
-from ..train import DISTILLATIONS, Recipe, train_digits
+from ..training import DISTILLATIONS, Recipe, train_digits
 
 #: model-shape options passed to timm when given (None: the architecture's own value)
 SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
@@ -27,7 +27,7 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--depth", type=int)
     shape.add_argument("--num-heads", type=int)
     shape.add_argument("--mlp-ratio", type=float)
-    recipe = parser.add_argument_group("training (see vitexplain.train.Recipe)")
+    recipe = parser.add_argument_group("training (see vitexplain.training.Recipe)")
     recipe.add_argument("--steps", type=int, required=True, help="optimiser steps")
     for name, kind, text in (
             ("batch_size", int, "canvases per step"), ("lr", float, "peak learning rate"),
@@ -38,6 +38,11 @@ def add_parser(subparsers) -> None:
             ("focus_window", int, "side of that window, in tokens"),
             ("rotation", float, "training canvases turned by up to this many degrees about the digit"),
             ("shear", float, "training canvases sheared by up to this factor about the digit"),
+            ("nearest", float, "share of training canvases whose scans are scaled by nearest neighbour"),
+            ("stroke", int, "training strokes thickened or thinned by up to this many pixels"),
+            ("contrast", float, "grey range of each training canvas squeezed by up to this share, and lifted"),
+            ("gradient", float, "brightness ramp of up to this much added across each training canvas"),
+            ("noise", float, "per-pixel Gaussian noise of standard deviation up to this on training canvases"),
             ("tau", float, "temperature of soft distillation"), ("seed", int, "initialisation, order, windows"),
             ("train_size", int, "fixed training set of this many canvases (default: a new canvas for every example)"),
             ("data_seed", int, "seed of the training canvases"), ("split_seed", int, "train/test split of the scans"),

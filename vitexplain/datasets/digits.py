@@ -93,17 +93,33 @@ def _draw_block(rng: np.random.Generator, pool: np.ndarray, classes: np.ndarray,
     }
 
 
-def _tiles(sources: Tensor, size: Tensor, tile: int) -> Tensor:
+def _tiles(sources: Tensor, size: Tensor, tile: int, nearest: Tensor | None = None,
+           stroke: Tensor | None = None) -> Tensor:
     """Square sources [M, h, w] scaled bilinearly (zero padding) to ``size`` [M] pixels at the top-left
-    of tiles [M, tile, tile]; nothing outside that square, so a digit stays within its square."""
+    of tiles [M, tile, tile]; nothing outside that square, so a digit stays within its square.
+
+    Styles (per source, None: none): ``nearest`` [M] bool scales those sources by nearest neighbour
+    instead; ``stroke`` [M] int thickens (> 0) or thins (< 0) their strokes by that many pixels
+    (grey dilation / erosion with a 3 x 3 window, repeated; no ink outside the square), inside the
+    square only.
+    """
     scale = tile / size.to(sources.dtype)
     theta = torch.zeros(len(sources), 2, 3, dtype=sources.dtype)
     theta[:, 0, 0] = theta[:, 1, 1] = scale
     theta[:, 0, 2] = theta[:, 1, 2] = scale - 1
     grid = F.affine_grid(theta, [len(sources), 1, tile, tile], align_corners=False)
-    tiles = F.grid_sample(sources[:, None], grid, mode="bilinear", padding_mode="zeros", align_corners=False)[:, 0]
+    tiles = F.grid_sample(sources[:, None], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    if nearest is not None and nearest.any():
+        blocky = F.grid_sample(sources[:, None], grid, mode="nearest", padding_mode="zeros", align_corners=False)
+        tiles = torch.where(nearest[:, None, None, None], blocky, tiles)
     inside = torch.arange(tile) < size[:, None]
-    return tiles * (inside[:, :, None] & inside[:, None, :])
+    inside = (inside[:, :, None] & inside[:, None, :])[:, None]
+    for width in range(int(stroke.abs().max()) if stroke is not None else 0):
+        padded = F.pad(tiles * inside, (1, 1, 1, 1))  # no ink outside the square, on every side
+        grown, thinned = F.max_pool2d(padded, 3, 1), -F.max_pool2d(-padded, 3, 1)
+        tiles = torch.where((stroke > width)[:, None, None, None], grown,
+                            torch.where((stroke < -width)[:, None, None, None], thinned, tiles))
+    return (tiles * inside)[:, 0]
 
 
 def _stamp(tiles: Tensor, x: Tensor, y: Tensor) -> Tensor:
@@ -185,20 +201,41 @@ class Digits(DictDataset):
                        for key in blocks[0]}
         super().__init__(n)
 
-    def render(self, indices: Tensor | list[int], chunk: int = 64) -> tuple[Tensor, Tensor]:
-        """Images [B, 3, 112, 112] (normalised) and digit masks [B, objects, 112, 112] of canvases ``indices``."""
+    def render(self, indices: Tensor | list[int], chunk: int = 64, *, nearest: Tensor | None = None,
+               stroke: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Images [B, 3, 112, 112] (normalised) and digit masks [B, objects, 112, 112] of canvases ``indices``.
+
+        Optional styles of each canvas [B] (training's rendering augmentation; None: the benchmark's
+        drawing): ``nearest`` (bool) scales its scans — digits and clutter — by nearest neighbour
+        instead of bilinearly; ``stroke`` (int) thickens (> 0) or thins (< 0) their strokes by that
+        many pixels. The masks follow the drawn ink.
+        """
         indices = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
-        parts = [self._render(part) for part in indices.split(chunk)]
+        styles = {"nearest": nearest, "stroke": stroke}
+        for name, style in styles.items():
+            if style is not None and style.numel() != len(indices):
+                raise ValueError(f"{name} must hold one value per canvas ({len(indices)}), got {style.numel()}")
+        parts = [self._render(indices[start:start + chunk],
+                              *(None if style is None else style.reshape(-1)[start:start + chunk]
+                                for style in styles.values()))
+                 for start in range(0, len(indices), chunk)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
-    def _render(self, indices: Tensor) -> tuple[Tensor, Tensor]:
+    def _render(self, indices: Tensor, nearest: Tensor | None = None,
+                stroke: Tensor | None = None) -> tuple[Tensor, Tensor]:
         scans = _scans()[0]
         lay = {key: value[indices] for key, value in self.layout.items()}
         count, objects = len(indices), self.objects
+
+        def each(style: Tensor | None, per_canvas: int) -> Tensor | None:  # a canvas's style for each of its tiles
+            return None if style is None else style.repeat_interleave(per_canvas)
+
         # digit ink in float64: bilinear values of 1/16 steps at sizes 24-48 are fractions whose
         # denominators divide 16 (2 size)^2, which 103 never divides, so no value ties INK_THRESHOLD
-        # and the mask does not depend on rounding (same on every machine)
-        digit_tiles = _tiles(scans[lay["scans"].flatten()].double(), lay["sizes"].flatten(), DIGIT_SIZES[1])
+        # and the mask does not depend on rounding (same on every machine); nearest neighbour and the
+        # stroke styles only pick among those values
+        digit_tiles = _tiles(scans[lay["scans"].flatten()].double(), lay["sizes"].flatten(), DIGIT_SIZES[1],
+                             each(nearest, objects), each(stroke, objects))
         ink = _stamp(digit_tiles[:, None], lay["x"].flatten()[:, None], lay["y"].flatten()[:, None])
         ink = ink.view(count, objects, CANVAS, CANVAS)
         digits = (ink * lay["contrast"][..., None, None]).amax(1).float()
@@ -208,7 +245,8 @@ class Digits(DictDataset):
         cols = lay["fragment_windows"][..., 1, None] + offsets
         windows = scans[lay["fragment_scans"][..., None, None], rows[..., :, None], cols[..., None, :]]
         tile = DIGIT_SIZES[1] * FRAGMENT_WINDOW // 8
-        strokes = _tiles(windows.flatten(0, 1), lay["fragment_sizes"].flatten(), tile).view(count, FRAGMENTS, tile, tile)
+        strokes = _tiles(windows.flatten(0, 1), lay["fragment_sizes"].flatten(), tile, each(nearest, FRAGMENTS),
+                         each(stroke, FRAGMENTS)).view(count, FRAGMENTS, tile, tile)
         clutter = _stamp(strokes * lay["fragment_contrast"].float()[..., None, None], lay["fragment_x"], lay["fragment_y"])
         clutter = clutter.masked_fill(self._keep_out(lay), 0)
 

@@ -25,6 +25,7 @@ from .inputs import TokenBatch
 from .patching import ModelPatch
 from .recording import BLOCK_FIELDS, BlockRecord, Readout, Recorder, Recording
 from .targets import Target, TargetLike, resolve_target
+from .windows import stage_grids
 
 #: block index under which an attention-pooling head hands its attention to a sink
 READOUT = -1
@@ -153,6 +154,12 @@ class ModelAdapter:
                 f"(it reads {', '.join(map(repr, kinds))}); see docs/decisions/readouts.md")
         return self.readout
 
+    def require_token_subsets(self, method: str) -> None:
+        """Refuses, naming ``method``, a model that cannot run on token subsets (and why)."""
+        reason = self.family.token_subsets_reason()
+        if reason is not None:
+            raise UnsupportedModelError(f"{method} runs the model on token subsets, but {reason}")
+
     # -- inputs and plain forwards ----------------------------------------------------------------
     def check_inputs(self, inputs: Any) -> Any:
         """What the user passed, checked and moved to the model's device (and, for images, dtype)."""
@@ -265,20 +272,23 @@ class ModelAdapter:
             scores = resolved.score(outputs, score)
             found = self._backward(scores, recorder, inputs if input_grad else None) if backward else {}
         records = []
-        for index, entry in enumerate(recorder.entries):
+        for index, (entry, layout) in enumerate(zip(recorder.entries, recorder.layouts)):
             parts = self.family.blocks[index]
             values = {name: tensor.detach() for name, tensor in entry.items()}
+            gradients = found.get(index, {})
+            if layout is not None:  # the window batch in the recording's layout
+                values, gradients = layout.recorded(values), layout.recorded(gradients)
             projection = parts.head_projection() if "v" in values else None
-            records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout,
-                                       windows=getattr(parts.windows, "layout", None),
-                                       grads=found.get(index, {})))
+            records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout,
+                                       grads=gradients))
         batch = outputs.shape[0]
+        grid = self.grid_size(inputs)
         return Recording(
             logits=outputs.detach(), targets=resolved.labels(batch, outputs.device), scores=scores.detach(),
-            blocks=records, grid=self.grid_size(inputs), num_prefix_tokens=self.num_prefix_tokens,
+            blocks=records, grid=grid, num_prefix_tokens=self.num_prefix_tokens,
             class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
             input_grad=found.get("input"), token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
-            target=resolved)
+            target=resolved, stages=stage_grids(recorder.layouts, grid))
 
     @staticmethod
     def _backward(scores: Tensor, recorder: Recorder, images: Tensor | None) -> dict:
@@ -327,6 +337,7 @@ class ModelAdapter:
         Returns:
             outputs [B, M, classes].
         """
+        self.require_token_subsets("logits_on_tokens")
         inputs = self.check_inputs(inputs)
         batch = inputs.shape[0]
         if keep.ndim != 3 or keep.shape[0] != batch:
@@ -366,3 +377,6 @@ class _RecordingSink(Sink):
             self.recorder.readout_attn = tensors.get("attn")
         else:
             self.recorder.put(block, **tensors)
+
+    def layout(self, block: int, layout) -> None:
+        self.recorder.layout(block, layout)

@@ -90,6 +90,9 @@ class Sink:
     def put(self, block: int, **tensors: Tensor) -> None:
         pass
 
+    def layout(self, block: int, layout) -> None:
+        """A windowed block's :class:`~.windows.WindowLayout` for this forward (how its windows map to tokens)."""
+
 
 NOTHING = Sink()
 
@@ -180,12 +183,14 @@ class AttentionInput:
         mask: attention mask: additive float, or boolean (True = attend), broadcastable to the scores.
         positions: for a token subset, the sequence positions of the tokens present [B, N'] (prefix
             included), used to cut ``position_bias``; None when the whole sequence is present.
+        grid: for windowed attention, the token grid (h, w) the tokens lie on (row-major).
     """
 
     rope: Tensor | None = None
     bias: Tensor | None = None
     mask: Tensor | None = None
     positions: Tensor | None = None
+    grid: tuple[int, int] | None = None
 
 
 def _heads(t: Tensor, heads: int) -> Tensor:
@@ -266,12 +271,12 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
     bias = sum(biases[1:], biases[0]) if biases else None
     mask = additive_mask(extra.mask, q.dtype)
     explicit = arithmetic.explicit or sink.wants(block, "attn_logits") or sink.wants(block, "attn")
-    if parts.logit_scale is not None:
-        q_scaled, k = arithmetic.normalize(q) * parts.logit_scale(), arithmetic.normalize(k)
+    if parts.logit_scale is not None:  # cosine scores: q and k are recorded as projected, not normalised
+        q_scaled, k_scored = arithmetic.normalize(q) * parts.logit_scale(), arithmetic.normalize(k)
     else:
-        q_scaled = q * parts.scale
+        q_scaled, k_scored = q * parts.scale, k
     if explicit:
-        logits = arithmetic.scores(q_scaled, k, constant_query=parts.latent is not None)
+        logits = arithmetic.scores(q_scaled, k_scored, constant_query=parts.latent is not None)
         if bias is not None:
             logits = arithmetic.offset(logits, bias)
         if mask is not None:
@@ -283,7 +288,7 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
         if any(sink.wants(block, name) for name in ("q", "k", "v")):
             sink.put(block, q=q, k=k, v=v)
         both = bias if mask is None else (mask if bias is None else bias + mask)
-        mixed = F.scaled_dot_product_attention(q_scaled, k, v, attn_mask=both, scale=1.0)
+        mixed = F.scaled_dot_product_attention(q_scaled, k_scored, v, attn_mask=both, scale=1.0)
     out = mixed.transpose(1, 2).reshape(x.shape[0], mixed.shape[2], -1)
     if parts.output_norm is not None:
         out = parts.output_norm(out)

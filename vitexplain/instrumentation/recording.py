@@ -7,6 +7,7 @@ gradients of some fields in some blocks, so memory and backward cost follow the 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .attention import Sink
+from .windows import Grid, WindowedMatrix, WindowLayout, mix_rows, mixing, to_tokens, tokens_in
 
 #: Per-block tensors that can be recorded, and whose gradients can be asked for.
 BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_residual",
@@ -26,14 +28,17 @@ class BlockRecord:
     """Activations of one Transformer block for a batch (the fields not asked for are None).
 
     Shapes use B = batch, H = heads, N = tokens (prefix tokens first), C = width, D = head width.
-    Windowed blocks (Swin) hold their attention per window: [B, H, windows, w, w] (see ``windows``).
+    Windowed blocks (Swin) hold their attention per window: [B, H, windows, T, T] with T tokens per
+    window (see ``windows``); their q, k and v are in token order like every other field. A block of a
+    later stage of a hierarchical model has fewer tokens (patch merging).
 
     Attributes:
         residual: block input, the residual stream [B, N, C].
         attn_input: the (normalised) input the attention sublayer reads [B, N, C].
         q, k, v: per-head query (after any q-norm and RoPE, before the 1/√D scale), key and value [B, H, N, D].
-        attn_logits: attention scores before the softmax, q kᵀ / √D plus any bias and mask [B, H, N, N].
-        attn: attention probabilities [B, H, N, N] (row = query token).
+        attn_logits: attention scores before the softmax, q kᵀ / √D plus any bias and mask [B, H, N, N]
+            (windowed: [B, H, windows, T, T]).
+        attn: attention probabilities [B, H, N, N] (row = query token; windowed: [B, H, windows, T, T]).
         attn_branch: what the attention sublayer adds to the residual stream [B, N, C].
         mlp_residual: the residual stream the feed-forward branch is added to [B, N, C]: residual +
             attn_branch, or in ``post_norm`` blocks ``mlp_input`` (a tensor the backward keeps anyway).
@@ -73,6 +78,27 @@ class BlockRecord:
             return self.block_output
         return self.residual + self.attn_branch + self.mlp_branch
 
+    def mixing(self, matrix: Tensor) -> Tensor | WindowedMatrix:
+        """A token-by-token matrix in this block's attention layout ([B, N, N], or per window [B, windows,
+        T, T] for windowed attention) as a factor of the token products (``methods/_products.py``)."""
+        return mixing(self.windows, matrix)
+
+    def per_key(self, values: Tensor) -> Tensor:
+        """Per-token values [..., N] shaped to scale the columns (keys) of this block's attention:
+        [..., 1, N], or [..., windows, 1, T] for windowed attention (0 at padding slots)."""
+        if self.windows is None:
+            return values[..., None, :]
+        return self.windows.windows_of(values)[..., None, :]
+
+    def attended_by(self, per_query: Tensor) -> Tensor:
+        """For every key token, the sum of ``per_query`` [B, H, N, D] over the queries whose attention
+        includes it (all queries for global attention; the window's unmasked ones for windowed) -> [B, H, N, D]."""
+        if self.windows is None:
+            return per_query.sum(2, keepdim=True).expand_as(per_query)
+        windowed = self.windows.windows_of(per_query, dim=2)  # [B, H, windows, T, D]
+        connected = self.windows.connected.to(per_query.dtype)  # [windows, query, key]
+        return self.windows.tokens_of(torch.einsum("wqk,bhwqd->bhwkd", connected, windowed), dim=2)
+
 
 @dataclass
 class Readout:
@@ -99,7 +125,8 @@ class Recording:
             the target is a score function or an embedding direction rather than a class.
         scores: the target score that was back-propagated, one per image [B].
         blocks: one :class:`BlockRecord` per Transformer block, input to output.
-        grid: patch grid (h, w) of this batch ((T,) for text).
+        grid: patch grid (h, w) of this batch ((T,) for text); for a hierarchical model, its first stage's
+            token grid, which every map is returned on.
         num_prefix_tokens: number of non-patch tokens at the start of the sequence.
         class_token_index: position of the class token, or None for models without one.
         readout: how the output reads the last block's tokens (:class:`Readout`).
@@ -107,6 +134,7 @@ class Recording:
         target: the resolved target (:class:`~vitexplain.instrumentation.targets.Target`), to score other
             forwards of the same inputs by.
         token_mask: for text, True at real tokens [B, T]; maps are then zero at padding and at the prefix.
+        stages: the token grids of a hierarchical model's stages, first first (``(grid,)`` otherwise).
     """
 
     logits: Tensor
@@ -120,6 +148,10 @@ class Recording:
     input_grad: Tensor | None = None
     target: Any = None
     token_mask: Tensor | None = None
+    stages: tuple[Grid, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.stages = self.stages or (tuple(self.grid),)
 
     @property
     def embeddings(self) -> Tensor:
@@ -131,15 +163,32 @@ class Recording:
         return self.logits.shape[0]
 
     def patch_grid(self, per_patch: Tensor) -> Tensor:
-        """Per-patch values [B, h*w] on the patch grid [B, h, w]; for text, per-token values after the
-        prefix [B, T - prefix] as [B, T], with the prefix and padding 0."""
+        """Per-patch values [..., h*w] on the patch grid [..., h, w]; for text, per-token values after the
+        prefix [B, T - prefix] as [B, T], with the prefix and padding 0.
+
+        Values over a later stage's tokens of a hierarchical model come to the first stage's grid through
+        the patch merges, each merged token's value shared equally among its inputs.
+        """
         if self.token_mask is not None:
             prefix = per_patch.new_zeros(per_patch.shape[0], self.num_prefix_tokens)
             return torch.cat([prefix, per_patch], 1).masked_fill(~self.token_mask, 0)
-        return per_patch.reshape(per_patch.shape[0], *self.grid)
+        per_patch = to_tokens(per_patch, math.prod(self.grid), self.stages)
+        return per_patch.reshape(*per_patch.shape[:-1], *self.grid)
 
-    def readout_row(self, matrix: Tensor) -> Tensor:
-        """The readout's row of a token-by-token matrix [B, N, N] over the patch tokens -> [B, h, w].
+    def grid_of(self, patches: int) -> Grid:
+        """The grid of the stage with ``patches`` patch tokens."""
+        return next(grid for grid in self.stages if math.prod(grid) == patches)
+
+    def readout_rows(self, matrices: Tensor | WindowedMatrix) -> Tensor:
+        """The readout's row of token-by-token matrices [B, ..., N, N] (or a block's windowed ones, see
+        :meth:`BlockRecord.mixing`) -> [B, ..., N]; the readout weights reach an earlier stage's block
+        through the patch merges."""
+        weights = to_tokens(self.readout.weights, tokens_in(matrices), self.stages)
+        return mix_rows(weights, matrices)
+
+    def readout_row(self, matrix: Tensor | WindowedMatrix) -> Tensor:
+        """The readout's row of a token-by-token matrix [B, N, N] (or a block's windowed one) over the
+        patch tokens -> [B, h, w].
 
         For a class-token model, the class token's row; for average pooling, the mean of the patch
         tokens' rows; for an attention-pooling probe, the rows weighted by the probe's attention.
@@ -147,7 +196,7 @@ class Recording:
         if self.readout.kind == "token":
             row = matrix[:, self.class_token_index]
         else:
-            row = torch.bmm(self.readout.weights[:, None].to(matrix.dtype), matrix)[:, 0]
+            row = self.readout_rows(matrix)
         return self.patch_grid(row[:, self.num_prefix_tokens:])
 
 
@@ -177,6 +226,11 @@ class Recorder(Sink):
         self.tokens: list[int] = [0 for _ in everything]
         #: the attention of an attention-pooling head [B, H, latents, N], when the model has one
         self.readout_attn: Tensor | None = None
+        #: each windowed block's layout in this forward (None for global attention)
+        self.layouts: list[WindowLayout | None] = [None for _ in everything]
+
+    def layout(self, block: int, layout: WindowLayout) -> None:
+        self.layouts[block] = layout
 
     def wants(self, block: int, name: str) -> bool:
         return block in self.fields.get(name, ()) or block in self.grads.get(name, ())

@@ -32,23 +32,24 @@ def resolve_start_layer(start_layer: int | None, authors_value: int, num_blocks:
 
 
 def integrated_gradient_weights(adapter: ModelAdapter, images: Tensor, target: Target, *,
-                                steps: int, batch_size: int) -> Tensor:
+                                n_steps: int, batch_size: int) -> Tensor:
     """Positive, head-averaged, path-integrated gradient of the last block's class-token attention [B, N].
 
-    W = mean_h ( (1/steps) sum_k dy_c/dA^L_h[cls, :] at the image scaled by a_k )^+ with a_k evenly
+    W = mean_h ( (1/n_steps) sum_k dy_c/dA^L_h[cls, :] at the image scaled by a_k )^+ with a_k evenly
     spaced over [0, 1] (both ends included), the integrated-gradient weighting of TAM (Yuan et al.
-    2021) and Beyond Intuition (Chen et al. 2022), as in their code (``np.linspace(0, 1, steps)``).
+    2021) and Beyond Intuition (Chen et al. 2022), as in their code (``np.linspace(0, 1, n_steps)``).
     The readout's row takes the class token's for pooled readouts (the readout weights of each scaled
     image). All steps of all images run batched, ``batch_size`` scaled images per forward/backward pass.
     """
     batch = images.shape[0]
-    alphas = torch.linspace(0, 1, steps, device=images.device, dtype=images.dtype)
-    total = steps * batch
+    alphas = torch.linspace(0, 1, n_steps, device=images.device, dtype=images.dtype)
+    total = n_steps * batch
     rows = []
     for start in range(0, total, batch_size):
         index = torch.arange(start, min(start + batch_size, total), device=images.device)
         scaled = images[index % batch] * alphas[index // batch, None, None, None]
         record = adapter.record(scaled, target.select(index % batch), fields=(), grads={"attn": (-1,)})
-        rows.append(readout_rows(record, record.blocks[-1].grads["attn"]))
-    integrated = torch.cat(rows).reshape(steps, batch, *rows[0].shape[1:]).mean(0)
+        last = record.blocks[-1]
+        rows.append(readout_rows(record, last.mixing(last.grads["attn"])))
+    integrated = torch.cat(rows).reshape(n_steps, batch, *rows[0].shape[1:]).mean(0)
     return integrated.clamp(min=0).mean(1)

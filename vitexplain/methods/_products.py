@@ -6,8 +6,11 @@ of the skip connection) and read one row of the product: the class token's, or m
 readout's (:class:`~vitexplain.instrumentation.Readout`). Pushing that row down through the blocks
 costs O(N²) per block instead of the O(N³) of forming the product, and never builds an N×N product.
 
-A layer is a token-by-token matrix [B, N, N], a diagonal given as its vector [B, N], or an object
-with ``left(rows)`` / ``right(columns)`` (windowed attention of hierarchical models).
+A layer is a token-by-token matrix [B, N, N], a diagonal given as its vector [B, N], or a block's
+windowed attention (:meth:`~vitexplain.instrumentation.BlockRecord.mixing`: ``left(rows)`` /
+``right(columns)``). On a hierarchical model (Swin) the layers of later stages act on fewer tokens:
+between stages the vectors cross the patch merges, each merged token shared equally among its 2×2
+inputs (``stages``; docs/decisions/families.md, "Hierarchical models").
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import Recording
+from ..instrumentation.windows import Grid, to_tokens, tokens_in
 
 
 def _left(rows: Tensor, layer: Any, residual: bool, normalise: bool) -> Tensor:
@@ -42,33 +46,38 @@ def _right(columns: Tensor, layer: Any, residual: bool) -> Tensor:
     return columns + mixed if residual else mixed
 
 
-def push_rows(rows: Tensor, layers: Sequence[Any], *, residual: bool = True, normalise: bool = False) -> Tensor:
+def push_rows(rows: Tensor, layers: Sequence[Any], *, residual: bool = True, normalise: bool = False,
+              stages: Sequence[Grid] = ()) -> Tensor:
     """Row vectors through the product of per-block layers given in block order: rows (L_last ⋯ L_first).
 
     Args:
         rows: [B, N] or [B, R, N] row vectors (e.g. the readout weights, or one per head).
         layers: per-block matrices M_b (first block first); each factor is I + M_b with ``residual``, else M_b.
         normalise: each factor is row-normalised, (M_b + I) / rowsum (attention rollout).
+        stages: a hierarchical model's stage grids (``record.stages``), for the patch merges between
+            layers of different stages.
 
     Returns:
-        rows · L_last ⋯ L_first, shaped as ``rows``.
+        rows · L_last ⋯ L_first, shaped as ``rows`` but over the first layer's tokens.
     """
     single = rows.ndim == 2
     rows = rows[:, None] if single else rows
     for layer in reversed(layers):
-        rows = _left(rows, layer, residual, normalise)
+        rows = _left(to_tokens(rows, tokens_in(layer), stages), layer, residual, normalise)
     return rows[:, 0] if single else rows
 
 
-def push_columns(columns: Tensor, layers: Sequence[Any], *, residual: bool = True) -> Tensor:
+def push_columns(columns: Tensor, layers: Sequence[Any], *, residual: bool = True,
+                 stages: Sequence[Grid] = ()) -> Tensor:
     """The product of per-block layers (first block first) times column vectors: (L_first ⋯ L_last) · columns.
 
-    ``columns`` [B, N] or [B, N, R]; each factor is I + M_b with ``residual``, else M_b.
+    ``columns`` [B, N] or [B, N, R]; each factor is I + M_b with ``residual``, else M_b; ``stages`` as
+    for :func:`push_rows` (a merge's transpose shares a merged token's column among its inputs).
     """
     single = columns.ndim == 2
     columns = columns[..., None] if single else columns
     for layer in reversed(layers):
-        columns = _right(columns, layer, residual)
+        columns = _right(to_tokens(columns, tokens_in(layer), stages, dim=-2), layer, residual)
     return columns[..., 0] if single else columns
 
 
@@ -78,18 +87,17 @@ def readout_map(record: Recording, layers: Sequence[Any], *, residual: bool = Tr
     For a class-token model this is the class token's row of L_last ⋯ L_first (Chefer et al.'s and
     Abnar & Zuidema's read-out); for pooled readouts the readout weights' row.
     """
-    rows = push_rows(readout_weights(record, layers[-1]), layers, residual=residual, normalise=normalise)
+    rows = push_rows(readout_weights(record, layers[-1]), layers, residual=residual, normalise=normalise,
+                     stages=record.stages)
     return record.patch_grid(rows[:, record.num_prefix_tokens:])
 
 
-def readout_weights(record: Recording, like: Tensor | None = None) -> Tensor:
+def readout_weights(record: Recording, like: Any = None) -> Tensor:
     """The readout weights [B, N] in the dtype of ``like`` (see :class:`~vitexplain.instrumentation.Readout`)."""
     weights = record.readout.weights
-    return weights if like is None or not isinstance(like, Tensor) else weights.to(like.dtype)
+    return weights if like is None else weights.to(like.dtype)
 
 
-def readout_rows(record: Recording, matrices: Tensor) -> Tensor:
-    """The readout's row of token-by-token matrices [B, ..., N, N] -> [B, ..., N] (e.g. per head)."""
-    weights = readout_weights(record, matrices)
-    shape = (weights.shape[0],) + (1,) * (matrices.ndim - 3) + (1, weights.shape[-1])
-    return torch.matmul(weights.reshape(shape), matrices)[..., 0, :]
+def readout_rows(record: Recording, matrices: Any) -> Tensor:
+    """The readout's row of token-by-token matrices [B, ..., N, N] (or a block's windowed ones) -> [B, ..., N]."""
+    return record.readout_rows(matrices)

@@ -32,7 +32,8 @@ def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: Fu
     F_h^k = σ(S_h^k[cls, :]) with S = q k^T / √D (Eq. 2); the weights are the positive gradients of
     the target logit with respect to the attention, α_h^{k,c} = ReLU(∂y_c/∂A_h^k[cls, :]) (Eq. 7);
     the map is L^c = Σ_k Σ_h α_h^{k,c} ⊙ F_h^k over the patch tokens. With a pooled readout, the
-    readout's rows take the class token's (docs/decisions/readouts.md).
+    readout's rows take the class token's (docs/decisions/readouts.md); a hierarchical model's blocks
+    meet on its first stage's grid (docs/decisions/families.md).
 
     Following the authors' code (LeemSaebom/Attention-Guided-CAM-...), the gradient is taken at the
     softmax output (their ``backward_hook_after_softmax``) and heads and blocks are summed, and, as
@@ -51,8 +52,8 @@ def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: Fu
                             stop_gradient=("attn_input",) if detach_attention_input else ())
     prefix = record.num_prefix_tokens
     per_block = torch.stack([
-        fuse(readout_rows(record, block.grads[gradient_of].clamp(min=0) * block.attn_logits.sigmoid())[..., prefix:],
-             1, head_fusion)
+        record.patch_grid(fuse(readout_rows(record, block.mixing(
+            block.grads[gradient_of].clamp(min=0) * block.attn_logits.sigmoid()))[..., prefix:], 1, head_fusion))
         for block in record.blocks
-    ], dim=1)  # [B, blocks, patches]
-    return record.patch_grid(fuse(per_block, 1, layer_fusion))
+    ], dim=1)  # [B, blocks, h, w]
+    return fuse(per_block, 1, layer_fusion)

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
+from ..instrumentation.windows import mix_rows
 from ._products import readout_rows
 
 
@@ -25,7 +27,8 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
     Following the authors' ``generate_attcat`` (qiangyao1988/AttCAT): h^l are the tokens entering
     block l (the hidden state its attention reads), α^l is block l's attention averaged over heads
     and over all query rows, y_c is the target logit, no ReLU; their final min-max scaling is left
-    to visualisation.
+    to visualisation. A hierarchical model's blocks meet on its first stage's grid
+    (docs/decisions/families.md).
 
     Options:
         attention_row: ``mean`` (all query rows averaged, the authors' code) | ``class`` (the class
@@ -42,7 +45,8 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
         # the MLP branch is added straight to the block output, so its gradient is the output's
         features = block.residual if tokens == "input" else block.output
         cat = (block.grads[gradient_of] * features).sum(-1)  # [B, N]
-        heads = block.attn.mean(1)
-        weights = heads.mean(1) if attention_row == "mean" else readout_rows(record, heads)
-        relevance = relevance + weights * cat
-    return record.patch_grid(relevance[:, record.num_prefix_tokens:])
+        heads = block.mixing(block.attn.mean(1))
+        every_query = torch.full_like(cat, 1 / cat.shape[-1])
+        weights = mix_rows(every_query, heads) if attention_row == "mean" else readout_rows(record, heads)
+        relevance = relevance + record.patch_grid((weights * cat)[:, record.num_prefix_tokens:])
+    return relevance

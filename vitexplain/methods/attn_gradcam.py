@@ -20,6 +20,6 @@ def attn_gradcam(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     record = adapter.record(images, target, fields=("attn",), blocks=(-1,), grads={"attn": (-1,)})
     block = record.blocks[-1]
     prefix = record.num_prefix_tokens
-    cam = readout_rows(record, block.attn)[..., prefix:]  # [B, H, patches]
-    weights = readout_rows(record, block.grads["attn"])[..., prefix:].mean(-1, keepdim=True)
+    cam = readout_rows(record, block.mixing(block.attn))[..., prefix:]  # [B, H, patches]
+    weights = readout_rows(record, block.mixing(block.grads["attn"]))[..., prefix:].mean(-1, keepdim=True)
     return record.patch_grid((cam * weights).mean(1).clamp(min=0))

@@ -15,9 +15,9 @@ from ._products import push_rows
 AUTHORS_START_LAYER = 6
 
 
-@register_method("bt_token", cost=lambda o: 3 * o["steps"] + 3)
+@register_method("bt_token", cost=lambda o: 3 * o["n_steps"] + 3)
 def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
-             steps: IntegrationSteps = 20, batch_size: PositiveInt = 16) -> Tensor:
+             n_steps: IntegrationSteps = 20, batch_size: PositiveInt = 16) -> Tensor:
     """Beyond Intuition, token-wise (BT-T): norm-weighted attention rolled out, times integrated gradients.
 
     Chen, Li, Yu, Dou & Xiong, "Beyond Intuition: Rethinking Token Attributions inside
@@ -29,7 +29,7 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
       m_j = ||Σ_h v_h,j W^O_h|| / ||z_j|| (z = the block's input tokens, v W^O the values through the
       output projection, without its bias); Â_l = mean_h(A_h) diag(m) and
       P = (I + Â_L)(I + Â_L-1) ⋯ (I + Â_start);
-    * reasoning feedback: W = mean_h ( (1/steps) Σ_k ∂y_c/∂A_L,h (a_k x) )^+, a_k = k/(steps-1),
+    * reasoning feedback: W = mean_h ( (1/n_steps) Σ_k ∂y_c/∂A_L,h (a_k x) )^+, a_k = k/(n_steps-1),
       the integrated gradient of the last attention map from the zero image;
 
         map = (|P| ⊙ W)[cls, patches].
@@ -37,13 +37,14 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
     Formulas follow the authors' ``generate_ours_c`` (jiaminchen-1031/transformerinterp), y_c the
     target logit, gradients at the attention probabilities. With LayerScale the projection includes
     the scale (the adapter folds it into ``head_projection``), so m measures what the sublayer adds.
+    Hierarchical models: docs/decisions/families.md.
 
     Options:
         start_layer: lowest block of the attention perception (0-based, negative counts from the
             end). None = the authors' block 6 for a 12-block ViT-B (their ``start_layer=7`` in the
             perturbation runs, which their loop takes as ``block >= start_layer - 1``), scaled to the
             model's depth (6·depth // 12).
-        steps: integration steps (the authors' 20); all steps of all images run batched.
+        n_steps: integration steps (the authors' 20); all steps of all images run batched.
         batch_size: scaled images per forward/backward pass of the integration; bounds memory only.
     """
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
@@ -52,10 +53,11 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
     for block in record.blocks[start:]:
         if block.head_projection is None:
             raise UnsupportedModelError("bt_token needs attention sublayers that are a sum over heads "
-                                        "(no output norm or gating)")
+                                        "(no output norm, gating, or norm after the branch as res-post-norm blocks have)")
         projected = torch.einsum("bhnd,hdc->bnc", block.v, block.head_projection)
         lengths = projected.norm(dim=-1) / block.residual.norm(dim=-1)  # [B, N]
-        scaled.append(block.attn.mean(1) * lengths[:, None, :])
-    perception = push_rows(record.readout.weights.to(scaled[0].dtype), scaled)
-    feedback = integrated_gradient_weights(adapter, images, record.target, steps=steps, batch_size=batch_size)
-    return record.patch_grid((perception.abs() * feedback)[:, record.num_prefix_tokens:])
+        scaled.append(block.mixing(block.attn.mean(1) * block.per_key(lengths)))
+    perception = push_rows(record.readout.weights.to(scaled[0].dtype), scaled, stages=record.stages)
+    feedback = integrated_gradient_weights(adapter, images, record.target, n_steps=n_steps, batch_size=batch_size)
+    prefix = record.num_prefix_tokens
+    return record.patch_grid(perception[:, prefix:].abs()) * record.patch_grid(feedback[:, prefix:])

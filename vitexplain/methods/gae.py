@@ -15,9 +15,9 @@ def gae(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     Chefer, Gur & Wolf, "Generic Attention-model Explainability for Interpreting Bi-Modal and
     Encoder-Decoder Transformers", ICCV 2021, Eq. (5)-(6): R = I; for every block
     R <- R + mean_h((∇A ⊙ A)^+) · R; the class token's row over the patches (the readout's row for
-    pooled readouts, docs/decisions/readouts.md). Gradients are of the target logit, as in
-    hila-chefer/Transformer-MM-Explainability.
+    pooled readouts, docs/decisions/readouts.md; hierarchical models, docs/decisions/families.md).
+    Gradients are of the target logit, as in hila-chefer/Transformer-MM-Explainability.
     """
     record = adapter.record(images, target, fields=("attn",), grads=("attn",))
-    cams = [(block.grads["attn"] * block.attn).clamp(min=0).mean(1) for block in record.blocks]
+    cams = [block.mixing((block.grads["attn"] * block.attn).clamp(min=0).mean(1)) for block in record.blocks]
     return readout_map(record, cams)

@@ -9,7 +9,7 @@ from ._heads import block_index
 
 
 @register_method("gradcam", modalities=("image", "text"))
-def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, block: int = -1) -> Tensor:
+def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1) -> Tensor:
     """Grad-CAM with the patch tokens of a block's first LayerNorm output as the feature map.
 
     Selvaraju et al., "Grad-CAM: Visual Explanations from Deep Networks via Gradient-based
@@ -23,9 +23,9 @@ def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, block: int = 
     library's min-max scaling and resizing are left to visualisation.
 
     Options:
-        block: whose ``norm1`` output is the feature map (0-based, negative counts from the end).
+        layer: the block whose ``norm1`` output is the feature map (0-based, negative counts from the end).
     """
-    chosen_index = block_index("block", block, adapter.num_blocks)
+    chosen_index = block_index("layer", layer, adapter.num_blocks)
     record = adapter.record(images, target, fields=("attn_input",), blocks=(chosen_index,),
                             grads={"attn_input": (chosen_index,)})
     chosen = record.blocks[chosen_index]

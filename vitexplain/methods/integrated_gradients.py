@@ -39,21 +39,21 @@ class _PathScore:
         return self.target.select(image).score(self.forward(points))
 
 
-@register_method("integrated_gradients", resolution="pixel", cost=lambda o: 3 * o["steps"])
-def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, steps: PositiveInt = 50,
+@register_method("integrated_gradients", resolution="pixel", cost=lambda o: 3 * o["n_steps"])
+def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, n_steps: PositiveInt = 50,
                          quadrature: Quadrature = "gausslegendre", baseline: float | Tensor = 0.0,
                          channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 64) -> Tensor:
     """Integrated Gradients of the target logit, summed over colour channels.
 
     Sundararajan, Taly & Yan, "Axiomatic Attribution for Deep Networks", ICML 2017:
     IG_i(x) = (x_i - x'_i) ∫_0^1 ∂F(x' + α(x - x'))/∂x_i dα (Eq. 1), approximated by a sum over
-    ``steps`` points (Sec. 5, Eq. 3 is the right Riemann sum). Computed by Captum's
+    ``n_steps`` points (Sec. 5, Eq. 3 is the right Riemann sum). Computed by Captum's
     ``IntegratedGradients`` as the TIS benchmark did (Englebert et al., ICCVW 2023: 50 steps, Captum
     defaults), so the default quadrature is Captum's Gauss-Legendre, F is the target logit, the
     baseline is 0 (the mean colour in normalised space) and channels are summed with their signs.
 
     Options:
-        steps: number of points on the path (50 in the TIS benchmark).
+        n_steps: number of points on the path (50 in the TIS benchmark).
         quadrature: Captum's ``method``: ``gausslegendre`` (Captum's default) or ``riemann_right`` (the paper's Eq. 3),
             ``riemann_left``, ``riemann_middle``, ``riemann_trapezoid``.
         baseline: x', a constant or a tensor that broadcasts to the images (e.g. [3, 1, 1]).
@@ -76,7 +76,7 @@ def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, 
             else:  # any other score: Captum integrates the score itself, repeated along the path
                 scores = _PathScore(forward, resolved.select(rows), len(rows))
                 attribute, given = IntegratedGradients(scores).attribute, {}
-            attributions.append(attribute(images[part], baselines=baselines[part], n_steps=steps, method=quadrature,
+            attributions.append(attribute(images[part], baselines=baselines[part], n_steps=n_steps, method=quadrature,
                                           internal_batch_size=batch_size, **given))
         attributions = torch.cat(attributions)
     return reduce(attributions)

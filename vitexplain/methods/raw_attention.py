@@ -13,7 +13,9 @@ def raw_attention(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
 
     The "RawAtten" baseline of Chefer et al. (CVPR 2021) and GradToken Eq. (3):
     R = 1/H sum_h A_h[cls, patches] of the final block. Not class-specific. With a pooled readout,
-    the readout's row of the last attention (docs/decisions/readouts.md).
+    the readout's row of the last attention (docs/decisions/readouts.md); on a hierarchical model the
+    last stage's map comes to the first stage's grid (docs/decisions/families.md).
     """
     record = adapter.record(images, target, fields=("attn",), blocks=(-1,))
-    return record.readout_row(record.blocks[-1].attn.mean(1))
+    last = record.blocks[-1]
+    return record.readout_row(last.mixing(last.attn.mean(1)))

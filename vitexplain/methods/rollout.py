@@ -11,15 +11,15 @@ from ._products import readout_map
 
 
 def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
-    """Zero the ``ratio`` fraction of smallest entries of each [N, N] map, except entry (keep, keep)
-    (keep < 0: none protected).
+    """Zero the ``ratio`` fraction of smallest entries of each [N, N] map (or of all a windowed map's
+    [windows, T, T] weights), except entry (keep, keep) (keep < 0: none protected).
 
     This is the ``discard_ratio`` of the widely used vit-explain implementation of rollout
     (J. Gildenblat), which the paper does not have; it sharpens maps of deep models.
     """
     if ratio <= 0:
         return attn
-    batch, n, _ = attn.shape
+    batch, n = attn.shape[0], attn.shape[-1]
     flat = attn.reshape(batch, -1).clone()
     count = int(flat.shape[1] * ratio)
     ranked = flat.clone()
@@ -27,7 +27,7 @@ def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
         ranked[:, keep_index * n + keep_index] = float("inf")
     drop = ranked.topk(count, dim=1, largest=False).indices
     flat.scatter_(1, drop, 0.0)
-    return flat.reshape(batch, n, n)
+    return flat.reshape(attn.shape)
 
 
 @register_method("rollout", class_specific=False, modalities=("image", "text"), cost=1)
@@ -37,7 +37,8 @@ def rollout(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
 
     Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020, Sec. 3:
     Ã_l = (fuse_h A_l + I) / rowsum, R = Ã_L ... Ã_start; the class token's row over the patches (the
-    readout's row for pooled readouts, docs/decisions/readouts.md).
+    readout's row for pooled readouts, docs/decisions/readouts.md; through a hierarchical model's
+    windows and patch merges, docs/decisions/families.md).
 
     Options:
         start_layer: first block included (Chefer et al.'s segmentation test uses 1).
@@ -48,5 +49,6 @@ def rollout(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
     start = block_index("start_layer", start_layer, adapter.num_blocks)
     record = adapter.record(images, target, fields=("attn",), blocks=range(start, adapter.num_blocks))
     keep = adapter.class_token_index if adapter.class_token_index is not None else -1
-    layers = [discard_lowest(fuse_heads(block.attn, head_fusion), discard_ratio, keep) for block in record.blocks[start:]]
+    layers = [block.mixing(discard_lowest(fuse_heads(block.attn, head_fusion), discard_ratio, keep))
+              for block in record.blocks[start:]]
     return readout_map(record, layers, normalise=True)

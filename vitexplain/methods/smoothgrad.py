@@ -10,13 +10,13 @@ from ..options import NonNegative, PositiveInt
 from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, mask_major_pairs, seeded_generator
 
 
-def noise_samples(samples: int, image_shape: tuple[int, ...], seed: int, device: torch.device) -> Tensor:
-    """Standard normal noise [samples, C, H, W], the same for every image, drawn from ``seed`` on ``device``."""
-    return torch.randn((samples, *image_shape), generator=seeded_generator(seed, device), device=device)
+def noise_samples(n_samples: int, image_shape: tuple[int, ...], seed: int, device: torch.device) -> Tensor:
+    """Standard normal noise [n_samples, C, H, W], the same for every image, drawn from ``seed`` on ``device``."""
+    return torch.randn((n_samples, *image_shape), generator=seeded_generator(seed, device), device=device)
 
 
-@register_method("smoothgrad", resolution="pixel", cost=lambda o: 3 * o["samples"])
-def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: PositiveInt = 50,
+@register_method("smoothgrad", resolution="pixel", cost=lambda o: 3 * o["n_samples"])
+def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, n_samples: PositiveInt = 50,
                stdev: NonNegative = 1.0, relative_to_range: bool = False, absolute: bool = True,
                channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 32, seed: int = 0) -> Tensor:
     """SmoothGrad: the input gradient of the target logit, averaged over noisy copies of the image.
@@ -32,7 +32,7 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: P
     from Captum's ``NoiseTunnel`` (why: docs/decisions/baselines-perturbation.md).
 
     Options:
-        samples: n, the number of noisy copies (50 in the TIS benchmark and the paper's advice).
+        n_samples: n, the number of noisy copies (50 in the TIS benchmark and the paper's advice).
         stdev: σ; with ``relative_to_range`` it is a share of each image's value range
             (x_max - x_min), the paper's "noise level" (it advises 0.1-0.2).
         absolute: take |M_c| per sample before averaging (Captum's default) or keep the sign.
@@ -42,15 +42,15 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, samples: P
     """
     reduce = CHANNEL_REDUCTIONS[channel_reduction]
     resolved = adapter.target(images, target)
-    noise = noise_samples(samples, tuple(images.shape[1:]), seed, images.device).to(images.dtype)
+    noise = noise_samples(n_samples, tuple(images.shape[1:]), seed, images.device).to(images.dtype)
     sigma = torch.full((images.shape[0],), float(stdev), device=images.device, dtype=images.dtype)
     if relative_to_range:
         sigma = sigma * (images.flatten(1).amax(1) - images.flatten(1).amin(1))
     total = torch.zeros(images.shape, device=images.device)
-    image_idx, sample_idx = mask_major_pairs(torch.full((images.shape[0],), samples, device=images.device))
+    image_idx, sample_idx = mask_major_pairs(torch.full((images.shape[0],), n_samples, device=images.device))
     for part in chunks(len(image_idx), batch_size):
         img, smp = image_idx[part], sample_idx[part]
         noisy = images[img] + sigma[img, None, None, None] * noise[smp]
         gradient = adapter.record(noisy, resolved.select(img), fields=(), grads=("input",)).input_grad.float()
         total.index_add_(0, img, gradient.abs() if absolute else gradient)
-    return reduce(total / samples)
+    return reduce(total / n_samples)

@@ -13,9 +13,9 @@ from ._products import push_rows, readout_rows
 AUTHORS_START_LAYER = 4
 
 
-@register_method("tam", cost=lambda o: 3 * o["steps"] + 3)
+@register_method("tam", cost=lambda o: 3 * o["n_steps"] + 3)
 def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
-        steps: IntegrationSteps = 20, integrated: bool = True, batch_size: PositiveInt = 16) -> Tensor:
+        n_steps: IntegrationSteps = 20, integrated: bool = True, batch_size: PositiveInt = 16) -> Tensor:
     """Transition attention maps: a Markov chain over the blocks' attention, weighted by integrated gradients.
 
     Yuan, Li, Xiong, Cao & Dou, "Explaining Information Flow Inside Vision Transformers Using Markov
@@ -25,30 +25,32 @@ def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int 
     and weighted element-wise by the integrated gradient of the last attention map:
 
         s = Ā_L[cls, :];   s <- s (Ā_l + I)  for l = L-1 … start_layer;
-        W = mean_h ( (1/steps) Σ_k ∂y_c/∂A_L,h[cls, :] (a_k x) )^+,  a_k = k/(steps-1);
+        W = mean_h ( (1/n_steps) Σ_k ∂y_c/∂A_L,h[cls, :] (a_k x) )^+,  a_k = k/(n_steps-1);
         map = (s ⊙ W)[patches].
 
     The formulas, the transition matrices without row renormalisation, the gradient of the target
     logit at the softmax output and the integration path (zero image to the image, both ends,
-    ``np.linspace(0, 1, steps)``) follow the authors' ``transition_attention_maps``
-    (XianrenYty/Transition_Attention_Maps); blocks are 0-based here, L is the last block.
+    ``np.linspace(0, 1, n_steps)``) follow the authors' ``transition_attention_maps``
+    (XianrenYty/Transition_Attention_Maps); blocks are 0-based here, L is the last block. Hierarchical
+    models: docs/decisions/families.md.
 
     Options:
         start_layer: lowest block whose attention enters the chain (0-based, negative counts from
             the end). None = the authors' 4 for a 12-block ViT-B, scaled to the model's depth
             (4·depth // 12).
-        steps: integration steps (the authors' 20); all steps of all images run batched.
+        n_steps: integration steps (the authors' 20); all steps of all images run batched.
         integrated: False weights by the plain gradient at the image (the authors' ``with_integral``).
         batch_size: scaled images per forward/backward pass of the integration; bounds memory only.
     """
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
     record = adapter.record(images, target, fields=("attn",), blocks=range(start, adapter.num_blocks),
                             grads={} if integrated else {"attn": (-1,)})
-    last = record.blocks[-1]
-    lower = [block.attn.mean(1) for block in record.blocks[start:-1]]
-    states = push_rows(readout_rows(record, last.attn.mean(1)), lower)
+    last, prefix = record.blocks[-1], record.num_prefix_tokens
+    lower = [block.mixing(block.attn.mean(1)) for block in record.blocks[start:-1]]
+    states = push_rows(readout_rows(record, last.mixing(last.attn.mean(1))), lower, stages=record.stages)
     if integrated:
-        weights = integrated_gradient_weights(adapter, images, record.target, steps=steps, batch_size=batch_size)
+        weights = integrated_gradient_weights(adapter, images, record.target, n_steps=n_steps, batch_size=batch_size)
     else:
-        weights = readout_rows(record, last.grads["attn"]).clamp(min=0).mean(1)
-    return record.patch_grid((states * weights)[:, record.num_prefix_tokens:])
+        weights = readout_rows(record, last.mixing(last.grads["attn"])).clamp(min=0).mean(1)
+    # on a hierarchical model the two factors lie on different stages: they meet on the map's grid
+    return record.patch_grid(states[:, prefix:]) * record.patch_grid(weights[:, prefix:])

@@ -1,6 +1,7 @@
 """Transformer Input Sampling (Englebert et al., ICCVW 2023)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Recording
+from ..instrumentation.windows import to_tokens
 from ..registry import register_method
 from ._kmeans import kmeans
 from ..options import PositiveInt, Share
@@ -19,10 +21,14 @@ def activation_columns(record: Recording) -> Tensor:
     """The columns of A (Eq. 1) as points: every block's output on the patch tokens [B, L·D, N_t].
 
     A = [block_1 output | ... | block_L output] over the patch tokens, [N_t, L·D]; k-means runs on
-    its columns, i.e. L·D points of dimension N_t (the authors' code transposes A the same way).
+    its columns, i.e. L·D points of dimension N_t (the authors' code transposes A the same way). A
+    hierarchical model's later stages are brought to the first stage's tokens, each merged token's
+    features copied to its inputs (docs/decisions/families.md).
     """
     prefix = record.num_prefix_tokens
-    return torch.cat([block.output[:, prefix:] for block in record.blocks], dim=-1).transpose(1, 2)
+    outputs = [to_tokens(block.output[:, prefix:], math.prod(record.grid), record.stages, dim=1, share=False)
+               for block in record.blocks]
+    return torch.cat(outputs, dim=-1).transpose(1, 2)
 
 
 def kept_tokens(record: Recording, n_masks: int, ratios: Sequence[float], seed: int) -> list[Tensor]:
@@ -77,7 +83,7 @@ def _tokens_kept(ratio: float, num_patches: int) -> int:
 @register_method("tis", cost=lambda o: o["n_masks"] * (len(o["ratio"]) if isinstance(o["ratio"], (list, tuple)) else 1) + 1)
 def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: PositiveInt = 1024,
         ratio: Share | Sequence[Share] = 0.5, batch_size: PositiveInt = 128, seed: int = 0,
-        score: Literal["softmax", "logit"] = "softmax", input_space: bool = False) -> Tensor:
+        score: Literal["probability", "logit"] = "probability", input_space: bool = False) -> Tensor:
     """Transformer Input Sampling: score token subsets chosen by clustering the activations.
 
     Englebert et al., "Explaining through Transformer Input Sampling", ICCVW 2023, Sec. 3. One
@@ -98,14 +104,17 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
         ratio: share of the patch tokens each mask keeps, or a list of shares whose masks are pooled.
         batch_size: sequences per encoder call; bounds memory whatever ``n_masks`` is.
         seed: seeds the k-means initialisation (own generator; same seed -> same map).
-        score: ``softmax`` (the paper's w_{j,c}, Sec. 3.1) or ``logit`` (the raw class score,
+        score: ``probability`` (the softmax, the paper's w_{j,c}, Sec. 3.1) or ``logit`` (the raw class score,
             Sec. 5.1.2: follows the target class more, at the cost of class specificity).
         input_space: the ablation where the dropped patches' pixels are set to 0 in normalised space
-            (the mean colour) and the full sequence runs, instead of dropping tokens.
+            (the mean colour) and the full sequence runs, instead of dropping tokens; the only way on a
+            hierarchical model (Swin), whose windows and merges need the whole grid.
     """
     ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
+    if not input_space:
+        adapter.require_token_subsets("tis (input_space=False)")
     record = adapter.record(images, target, fields=("residual", "attn_branch", "mlp_branch"))  # the block outputs
-    num_patches = record.grid[0] * record.grid[1]
+    num_patches = math.prod(record.grid)
     masks, scores = [], []
     for keep in kept_tokens(record, n_masks, ratios, seed):
         ratio_masks = binary_masks(keep, num_patches)
@@ -116,6 +125,6 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
         flat = logits.float().flatten(0, 1)
         rows = torch.arange(logits.shape[0], device=flat.device).repeat_interleave(logits.shape[1])
         masks.append(ratio_masks)
-        scores.append(record.target.select(rows).score(flat, "probability" if score == "softmax" else "logit")
+        scores.append(record.target.select(rows).score(flat, score)
                       .reshape(logits.shape[:2]))
     return record.patch_grid(coverage_normalised_sum(torch.cat(masks, 1), torch.cat(scores, 1)))

@@ -7,8 +7,8 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, UnsupportedModelError
-from ..options import PositiveInt
 from ..registry import register_method
+from ._heads import block_index
 from ._products import readout_map
 
 def transformation_weights(reference_norm: Tensor, transformed_norm: Tensor, dot: Tensor,
@@ -42,7 +42,7 @@ def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use
     if projection is None:
         raise UnsupportedModelError(
             f"tokentm needs each head's output projection, but block {index}'s attention is not a plain "
-            "sum over heads (it has an output norm or a gate)")
+            "sum over heads (it has an output norm, a gate, or a norm after the branch as res-post-norm blocks do)")
     reference_norm = reference.norm(dim=-1)[:, None]  # [B, 1, N]
     if per_head:
         gram = projection @ projection.transpose(1, 2)  # [H, D, D]
@@ -55,14 +55,15 @@ def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use
     return transformation_weights(reference_norm, transformed_norm, dot, use_length, use_necc)
 
 
-def attention_update(block: BlockRecord, weights: Tensor) -> Tensor:
-    """E_h[(∇_A p(c))⁺ ⊙ (A · W)] of U = I + E_h[...] (Eq. 14-15); W scales the columns (input tokens) [B, N, N]."""
-    return (block.grads["attn"].clamp(min=0) * block.attn * weights[:, :, None, :]).mean(1)
+def attention_update(block: BlockRecord, weights: Tensor):
+    """E_h[(∇_A p(c))⁺ ⊙ (A · W)] of U = I + E_h[...] (Eq. 14-15); W scales the columns (input tokens): a
+    product factor [B, N, N] (windowed attention: per window, see :meth:`BlockRecord.mixing`)."""
+    return block.mixing((block.grads["attn"].clamp(min=0) * block.attn * block.per_key(weights)).mean(1))
 
 
 @register_method("tokentm", modalities=("image", "text"))
 def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: bool = True,
-            use_necc: bool = True, aggregate: bool = True, depth: PositiveInt | None = None,
+            use_necc: bool = True, aggregate: bool = True, end_layer: int | None = None,
             reference: Literal["residual", "normalized"] = "residual", per_head: bool = True,
             score: Literal["probability", "logit"] = "probability") -> Tensor:
     """TokenTM: attention and token transformation effects aggregated over every sublayer.
@@ -72,7 +73,8 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
     NECC Eq. 12 = softmax over the tokens of cos(E_j, Ẽ_j)); MHSA update U = I + E_h[(∇_A p(c))⁺ ⊙ (A·W)]
     (Eq. 14-15); FFN update U = I + W (Eq. 16-17); C⁰ = diag(L(E⁰)) (Eq. 18); Cˡ = Uˡ Cˡ⁻¹ over the
     MHSA and the FFN of every block in order (Eq. 19-20); the class token's row over the patches (the
-    readout's row for pooled readouts, docs/decisions/readouts.md).
+    readout's row for pooled readouts, docs/decisions/readouts.md; hierarchical models,
+    docs/decisions/families.md).
 
     Where the paper is silent (E is the residual stream a sublayer adds to, Ẽ per head, p(c) the
     softmax probability, ...) the decisions and their reasons are in docs/decisions/tokentm.md.
@@ -82,19 +84,18 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         use_necc: the NECC factor in W ("+ AF + L" row when off).
         aggregate: the aggregation framework; off, the map is the first MHSA's update map alone, i.e.
             Eq. (8) applied to the input tokens with the default switches off ("Baseline" row).
-        depth: aggregate only the first ``depth`` blocks (Table 7); None = all.
+        end_layer: the highest block aggregated (0-based, negative counts from the end): blocks
+            0 … end_layer (Table 7's "n layers" is ``end_layer=n-1``); None = all.
         reference: ``"residual"`` (the stream the sublayer adds to) | ``"normalized"`` (the LayerNorm
             output it transforms): the tensor E.
         per_head: per-head Ẽ_h = v_h W^H_h, else one Ẽ = Σ_h Ẽ_h for all heads.
         score: ``"probability"`` | ``"logit"``, what ∇_A differentiates.
     """
     num_blocks = adapter.num_blocks
-    if depth is not None:
-        if not aggregate:
-            raise ValueError("depth counts aggregated blocks, so it needs aggregate=True")
-        if depth > num_blocks:
-            raise ValueError(f"depth must be a number of blocks from 1 to {num_blocks}, got {depth!r}")
-    chosen = range(depth or num_blocks) if aggregate else (0,)
+    if end_layer is not None and not aggregate:
+        raise ValueError("end_layer selects the aggregated blocks, so it needs aggregate=True")
+    last = num_blocks - 1 if end_layer is None else block_index("end_layer", end_layer, num_blocks)
+    chosen = range(last + 1) if aggregate else (0,)
     normalized = reference == "normalized"
     # E of both sublayers: the LayerNorm outputs or the residual streams; block 0's residual gives C⁰
     references = ("attn_input", "mlp_input") if normalized else ("residual", "mlp_residual")

@@ -20,16 +20,17 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     their rules (Sec. 3.1-3.2; rule set ``"chefer"`` of :mod:`vitexplain.instrumentation.lrp`,
     propagated from relevance 1 on the target logit); ∇A_b is the plain gradient of the target
     logit, taken through the same forward as the relevance (docs/decisions/performance.md). As in
-    hila-chefer/Transformer-Explainability (``compute_rollout_attention`` of
-    ``ViT_LRP.py``), the rows of Ā_b are not renormalised. Pooled readouts: docs/decisions/readouts.md.
+    hila-chefer/Transformer-Explainability (``compute_rollout_attention`` of ``ViT_LRP.py``), the rows
+    of Ā_b are not renormalised. Pooled readouts: docs/decisions/readouts.md; hierarchical models:
+    docs/decisions/families.md.
 
     Options:
         start_layer: first block included (0, the default of their code; their segmentation and
             perturbation tests use 1).
     """
     start = block_index("start_layer", start_layer, adapter.num_blocks)
-    relevances = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=range(start, adapter.num_blocks),
-                           gradients=True)
-    cams = [(gradient * attn_relevance).clamp(min=0).mean(1)
-            for gradient, attn_relevance in zip(relevances.attn_grads[start:], relevances.attn[start:])]
-    return relevances.patch_map(push_rows(relevances.readout.to(cams[0].dtype), cams))
+    chosen = range(start, adapter.num_blocks)
+    relevances = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=chosen, gradients=True)
+    cams = [relevances.mixing(block, (relevances.attn_grads[block] * relevances.attn[block]).clamp(min=0).mean(1))
+            for block in chosen]
+    return relevances.patch_map(push_rows(relevances.readout.to(cams[0].dtype), cams, stages=relevances.stages))

@@ -35,7 +35,7 @@ def black_pixel(images: Tensor, pixel_mean: Sequence[float] | None, pixel_std: S
 def removal_counts(pixels: int, steps: int, device: torch.device) -> Tensor:
     """``int(pixels * k / steps)`` for k = 0 ... steps - 1, the pixel counts of Chefer et al.'s steps."""
     if not isinstance(steps, int) or steps < 2:
-        raise ValueError(f"steps must be an integer >= 2, got {steps!r}")
+        raise ValueError(f"n_steps must be an integer >= 2, got {steps!r}")
     return torch.tensor([int(pixels * (k / steps)) for k in range(steps)], device=device)
 
 

@@ -34,25 +34,25 @@ from .base import EvalBatch, Metric, register_metric
 
 
 def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
-                  pixel_mean: Sequence[float], pixel_std: Sequence[float], steps: int = 10,
+                  pixel_mean: Sequence[float], pixel_std: Sequence[float], n_steps: int = 10,
                   batch_size: int = 128) -> dict[str, Tensor]:
     """Per-image probability drops and log-odds at every removal level.
 
     Args:
-        forward, images, maps, pixel_mean, pixel_std, steps, batch_size: as in
+        forward, images, maps, pixel_mean, pixel_std, n_steps, batch_size: as in
             :func:`vitexplain.metrics.perturbation.perturbation_test`.
         targets: class whose probability is followed (the explained class) [B].
 
     Returns:
-        ``probability_drop`` and ``log_odds``: [B, steps] (both 0 at the first, unperturbed level).
+        ``probability_drop`` and ``log_odds``: [B, n_steps] (both 0 at the first, unperturbed level).
     """
     check_images(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
-    counts = removal_counts(images.shape[-2] * images.shape[-1], steps, images.device)
+    counts = removal_counts(images.shape[-2] * images.shape[-1], n_steps, images.device)
     rank = ranked_by_relevance(maps, images, most_relevant_first=True)
     logits = mixed_logits(forward, images, black_pixel(images, pixel_mean, pixel_std), rank, counts, batch_size)
-    log_p = logits.float().log_softmax(-1).gather(2, targets[:, None, None].expand(-1, steps, 1))[..., 0]
+    log_p = logits.float().log_softmax(-1).gather(2, targets[:, None, None].expand(-1, n_steps, 1))[..., 0]
     return {"probability_drop": log_p[:, :1].exp() - log_p.exp(), "log_odds": log_p - log_p[:, :1]}
 
 
@@ -61,10 +61,10 @@ def reduce_aopc(values: dict[str, Tensor]) -> dict[str, float]:
             "log_odds": values["log_odds"].to(torch.float64).mean().item()}
 
 
-def _compute(batch: EvalBatch, *, steps: Annotated[int, Range(low=2)] = 10,
+def _compute(batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 10,
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return aopc_log_odds(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
-                         pixel_std=batch.std, steps=steps, batch_size=batch_size)
+                         pixel_std=batch.std, n_steps=n_steps, batch_size=batch_size)
 
 
 register_metric(Metric(
@@ -72,5 +72,5 @@ register_metric(Metric(
     compute=_compute,
     reduce=reduce_aopc,
     higher_is_better={"aopc": True, "log_odds": False},
-    cost=lambda options, method: options["steps"],
+    cost=lambda options, method: options["n_steps"],
 ))

@@ -8,8 +8,8 @@ hila-chefer/Transformer-Explainability:
 
 * the map is upsampled bilinearly to the image and min-max normalised; pixels (not patches) are
   ranked on it, most relevant first ("positive") or least relevant first ("negative");
-* at step k (fraction k / steps, k = 0 ... steps - 1, i.e. 0 %, 10 %, ..., 90 %) the first
-  ``int(H * W * k / steps)`` pixels are set to 0 in all channels *before* normalisation, i.e. to
+* at step k (fraction k / n_steps, k = 0 ... n_steps - 1, i.e. 0 %, 10 %, ..., 90 %) the first
+  ``int(H * W * k / n_steps)`` pixels are set to 0 in all channels *before* normalisation, i.e. to
   black, which in the preprocessed space is ``-mean / std`` (the batch's ``mean`` / ``std``: the
   normalisation the images went through);
 * a step is correct when the model's top-1 class equals the ground-truth label (whatever class was
@@ -37,7 +37,7 @@ DIRECTIONS = ("both", "positive", "negative")
 
 def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, labels: Tensor, *,
                       pixel_mean: Sequence[float], pixel_std: Sequence[float], direction: str = "both",
-                      steps: int = 10, batch_size: int = 128) -> dict[str, Tensor]:
+                      n_steps: int = 10, batch_size: int = 128) -> dict[str, Tensor]:
     """Per-image correctness at every perturbation step.
 
     Args:
@@ -48,13 +48,13 @@ def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps:
         labels: ground-truth classes [B].
         direction: ``"positive"`` (most relevant removed first), ``"negative"`` (least relevant
             first) or ``"both"``.
-        steps: number of steps; fractions k / steps for k < steps (10: 0 %, 10 %, ..., 90 %).
+        n_steps: number of steps; fractions k / n_steps for k < n_steps (10: 0 %, 10 %, ..., 90 %).
         batch_size: perturbed images per forward.
         pixel_mean, pixel_std: per channel, the normalisation the images were preprocessed with,
             to know what a black pixel is.
 
     Returns:
-        ``positive`` and / or ``negative``: [B, steps] 1.0 where the top-1 class is the label.
+        ``positive`` and / or ``negative``: [B, n_steps] 1.0 where the top-1 class is the label.
     """
     check_choice("direction", direction, DIRECTIONS)
     check_images(images)
@@ -62,7 +62,7 @@ def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps:
     labels = check_targets(labels, images, "labels")
     if (labels < 0).any():
         raise ValueError("the perturbation test needs a ground-truth label (>= 0) for every image")
-    counts = removal_counts(images.shape[-2] * images.shape[-1], steps, images.device)
+    counts = removal_counts(images.shape[-2] * images.shape[-1], n_steps, images.device)
     black = black_pixel(images, pixel_mean, pixel_std)
     chosen = ("positive", "negative") if direction == "both" else (direction,)
     result = {}
@@ -84,9 +84,9 @@ def reduce_perturbation(values: dict[str, Tensor]) -> dict[str, float]:
 
 
 def _compute(batch: EvalBatch, *, direction: Literal["both", "positive", "negative"] = "both",
-             steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+             n_steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return perturbation_test(batch.logits, batch.images, batch.maps, batch.labels, pixel_mean=batch.mean,
-                             pixel_std=batch.std, direction=direction, steps=steps, batch_size=batch_size)
+                             pixel_std=batch.std, direction=direction, n_steps=n_steps, batch_size=batch_size)
 
 
 register_metric(Metric(
@@ -95,5 +95,5 @@ register_metric(Metric(
     reduce=reduce_perturbation,
     requires=("labels",),
     higher_is_better={"positive_auc": False, "negative_auc": True},
-    cost=lambda options, method: options["steps"] * (2 if options["direction"] == "both" else 1),
+    cost=lambda options, method: options["n_steps"] * (2 if options["direction"] == "both" else 1),
 ))

@@ -197,7 +197,7 @@ MOVIE_REVIEWS = DataSpec("movie_reviews", "movies", "tokenizer", 200, {"split": 
 
 SEG_MEAN = (MetricUse("segmentation", "segmentation", {"threshold": "mean"}),)
 SEG_BEST = (MetricUse("segmentation", "segmentation", {"threshold": "best"}),)
-PERTURBATION = (MetricUse("perturbation", "perturbation", {"direction": "both", "steps": 10}),)
+PERTURBATION = (MetricUse("perturbation", "perturbation", {"direction": "both", "n_steps": 10}),)
 
 # ------------------------------------------------------------------------------------------- TokenTM
 
@@ -275,7 +275,7 @@ TOKENTM_RECIPES = (
            tuple(Column(f"{number}/{model}", (title, name), model, "aopc", number)
                  for number, title in (("aopc", "AOPC ↑"), ("log_odds", "LOdds ↓"))
                  for model, name in (("vit_base", "ViT-B"), ("vit_large", "ViT-L"))),
-           tuple(Setting(model, model, model, IMAGENET_CHEFER, "predicted", (MetricUse("aopc", "aopc", {"steps": 10}),))
+           tuple(Setting(model, model, model, IMAGENET_CHEFER, "predicted", (MetricUse("aopc", "aopc", {"n_steps": 10}),))
                  for model in ("vit_base", "vit_large")),
            notes=CHEFER_NOTES + (
                "AOPC and LOdds w.r.t. the predicted label (Sec. 5.2); the paper gives no removal schedule: the "
@@ -313,9 +313,9 @@ TOKENTM_RECIPES += (
                                            "W = I, + L adds the length ratio and C0 = diag(L(E0)), + NECC the full "
                                            "method.",)),
     Recipe("tokentm-table7", TOKENTM, "Table 7: Results of ablation study on the aggregation depth",
-           tuple(Row(f"{depth} layers", "tokentm", {"depth": depth}) for depth in (3, 6, 9, 12)),
+           tuple(Row(f"{n} layers", "tokentm", {"end_layer": n - 1}) for n in (3, 6, 9, 12)),
            TOKENTM_ABLATION_COLUMNS, TOKENTM_ABLATION_SETTINGS,
-           notes=TOKENTM_ABLATION_NOTES + ("'n layers' aggregates the first n blocks (each its MHSA and FFN "
+           notes=TOKENTM_ABLATION_NOTES + ("'n layers' aggregates the first n blocks, end_layer = n - 1 (each its MHSA and FFN "
                                            "update); 12 layers is the full ViT-B.",)),
 )
 
@@ -443,11 +443,11 @@ GRADTOKEN_RECIPES = (
            ABLATION_SEG_COLUMNS, ABLATION_SEG_SETTING, notes=ABLATION_NOTES),
     Recipe("gradtoken-fig11", GRADTOKEN, "Fig. 11: The effect of class relevance back-propagation depths on "
            "segmentation performances",
-           (Row("12", "gradtoken", {"depth": 11}),)    # no propagation: nothing to transpose
-           + _with_transposed(tuple(Row(str(layer), "gradtoken", {"depth": layer - 1}) for layer in range(11, 0, -1))),
+           (Row("12", "gradtoken", {"start_layer": 11}),)    # no propagation: nothing to transpose
+           + _with_transposed(tuple(Row(str(layer), "gradtoken", {"start_layer": layer - 1}) for layer in range(11, 0, -1))),
            ABLATION_SEG_COLUMNS, ABLATION_SEG_SETTING,
            notes=ABLATION_NOTES + (
-               "Rows are the paper's 1-based layer numbers: relevance propagated down to layer n = depth n - 1; "
+               "Rows are the paper's 1-based layer numbers: relevance propagated down to layer n = start_layer n - 1; "
                "'12' is no propagation.",
                "Fig. 11 is a plot: the published numbers are the maxima annotated in it (Sec. 4.4.3) and the "
                "two configurations printed in Tables 1 and 3 (layer 1 = GradToken, layer 12 = GradToken-0).")),
@@ -459,15 +459,15 @@ TIS = "TIS (Englebert et al., ICCV 2023 workshops)"
 TIS_METHODS = (
     ("TIS", "tis", {"n_masks": 1024, "ratio": 0.5}),
     ("ViT-CX", "vitcx", {}),
-    ("TAM", "tam", {"start_layer": 0, "steps": 20}),
+    ("TAM", "tam", {"start_layer": 0, "n_steps": 20}),
     ("Chefer1", "transformer_attribution", {"start_layer": 0}),
     ("Chefer2", "gae", {}),
     ("Att. Rollout", "rollout", {"head_fusion": "mean", "discard_ratio": 0.9}),
     ("BT H", "bt_head", {"start_layer": 0}),
     ("BT T", "bt_token", {"start_layer": 0}),
     ("RISE", "rise", {"n_masks": 4000, "grid_size": 8, "p1": 0.1, "score": "logit"}),
-    ("IntegratedGrad", "integrated_gradients", {"steps": 50}),
-    ("SmoothGrad", "smoothgrad", {"samples": 50}),
+    ("IntegratedGrad", "integrated_gradients", {"n_steps": 50}),
+    ("SmoothGrad", "smoothgrad", {"n_samples": 50}),
 )
 TIS_LONG_NAMES = {"Att. Rollout": "Attention Rollout", "IntegratedGrad": "Integrated Gradient"}
 TIS_ROWS = tuple(Row(label, method, options) for label, method, options in TIS_METHODS)

@@ -9,10 +9,11 @@ from .hf_bert import TransformersText
 from .hf_vit import TransformersViT
 from .timm_eva import TimmEva
 from .timm_relpos import TimmBeit, TimmRelPos
+from .timm_swin import TimmSwin
 from .timm_vit import TimmViT
 
 #: every family, in the order they are tried
-FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TransformersViT, TransformersText]
+FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersText]
 
-__all__ = ["EmbeddingParts", "FAMILIES", "Family", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos", "TimmViT",
+__all__ = ["EmbeddingParts", "FAMILIES", "Family", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos", "TimmSwin", "TimmViT",
            "TokenContext", "TransformersText", "TransformersViT", "UnsupportedModelError"]

@@ -165,13 +165,17 @@ class Family(ABC):
         return self.model(inputs)
 
     # -- running from the token embeddings (token subsets) ---------------------------------------
+    def token_subsets_reason(self) -> str | None:
+        """Why the family's models cannot run on token subsets (None when they can: it has :meth:`embed`)."""
+        return f"{self.name} models cannot run on token subsets" if type(self).embed is Family.embed else None
+
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         """Tokens fed to the first block [B, N, C] (prefix first, positions added) and their context."""
-        raise UnsupportedModelError(f"{self.name} models cannot run on token subsets")
+        raise UnsupportedModelError(self.token_subsets_reason())
 
     def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
         """Run the blocks, the final norm and the head on tokens [B, N', C] -> outputs."""
-        raise UnsupportedModelError(f"{self.name} models cannot run on token subsets")
+        raise UnsupportedModelError(self.token_subsets_reason())
 
     # -- for LRP ---------------------------------------------------------------------------------
     def embedding(self) -> EmbeddingParts:
@@ -193,12 +197,15 @@ class Family(ABC):
         raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models")
 
 
-def timm_example(architecture: str, **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
-    """A builder of a tiny timm model (32 px images, 8 px patches, two blocks) and one input image."""
+#: the size of the support matrix's tiny timm models (32 px images, 8 px patches, two blocks)
+TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
+
+
+def timm_example(architecture: str, settings: dict[str, Any] = TINY, **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
+    """A builder of a tiny timm model (``settings``, with ``arguments`` over them) and one 32 px input image."""
     def build() -> tuple[nn.Module, Tensor]:
         import timm
 
-        settings = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
         model = timm.create_model(architecture, pretrained=False, **{**settings, **arguments}).eval()
         return model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 

@@ -16,6 +16,7 @@ set for the length of a ``with`` block (everything removed on exit, also after a
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from ..attention import Arithmetic, Sink
 from ..families.base import UnsupportedModelError
 from ..patching import ModelPatch
 from ..targets import resolve_target
+from ..windows import Grid, WindowedMatrix, WindowLayout, mix_rows, mixing, stage_grids, to_tokens
 from . import rules as r
 from .composites import RULE_SETS, RuleSet, lrp_baseline, one_on_target, other_classes, resolve_rules
 
@@ -44,6 +46,7 @@ class Trace:
         patches: the patch embedding's output, before prefix tokens and position embedding.
         readout_attn: an attention-pooling head's probabilities [B, H, latents, N], when the model has one.
         pixel_rule: the pixel rule placed (its bounds, for the z^B rule).
+        layouts: windowed blocks' window layouts (hierarchical models), by block.
     """
 
     attn: dict[int, Tensor] = field(default_factory=dict)
@@ -51,6 +54,7 @@ class Trace:
     patches: Tensor | None = None
     readout_attn: Tensor | None = None
     pixel_rule: r.ModuleRule | None = None
+    layouts: dict[int, WindowLayout] = field(default_factory=dict)
 
 
 class _TraceSink(Sink):
@@ -71,6 +75,9 @@ class _TraceSink(Sink):
             self.trace.attn[block] = tensors["attn"]
         if "residual" in tensors:
             self.trace.residuals[block] = tensors["residual"]
+
+    def layout(self, block: int, layout: WindowLayout) -> None:
+        self.trace.layouts[block] = layout
 
 
 class RuleArithmetic(Arithmetic):
@@ -211,8 +218,9 @@ class Relevance:
         targets: the class explained for each image [B].
         output: relevance put on each image's target logit [B] (1, the logit, or 0 when starting from the others).
         attn: relevance of every block's attention probabilities [B, H, N, N] (zero where the rules hold
-            attention constant; None for blocks not asked for).
-        residuals: relevance of every block's input, then of the last block's output [B, N, C].
+            attention constant; None for blocks not asked for); windowed blocks: [B, H, windows, T, T].
+        residuals: relevance of every block's input, then of the last block's output [B, N, C] (a
+            hierarchical model's later stages have fewer tokens).
         patches: relevance of the patch embeddings (before position embedding) [B, h*w, C]; under
             the absolute rule not renormalised.
         pixels: relevance of the input pixels [B, C, H, W].
@@ -222,7 +230,9 @@ class Relevance:
         readout: what the output takes from each last-block token [B, N] (see
             :class:`~vitexplain.instrumentation.recording.Readout`).
         attn_grads: with ``gradients=True``, the plain gradient of the target logit at the attention
-            probabilities of the blocks asked for [B, H, N, N] (None elsewhere).
+            probabilities of the blocks asked for, shaped as ``attn`` (None elsewhere).
+        layouts: each block's window layout (None for global attention).
+        stages: the token grids of a hierarchical model's stages, first first.
     """
 
     logits: Tensor
@@ -237,6 +247,8 @@ class Relevance:
     class_token_index: int | None
     readout: Tensor | None = None
     attn_grads: list[Tensor | None] | None = None
+    layouts: list[WindowLayout | None] = field(default_factory=list)
+    stages: tuple[Grid, ...] = ()
 
     @property
     def tokens(self) -> Tensor:
@@ -244,13 +256,19 @@ class Relevance:
         return self.residuals[0]
 
     def patch_map(self, per_token: Tensor) -> Tensor:
-        """Per-token values over the whole sequence [B, N] -> the patch tokens on the grid [B, h, w]."""
-        return per_token[:, self.num_prefix_tokens:].reshape(per_token.shape[0], *self.grid)
+        """Per-token values over the whole sequence [B, N] (of any stage) -> the patch tokens on the
+        (first stage's) grid [B, h, w]."""
+        per_patch = to_tokens(per_token[:, self.num_prefix_tokens:], math.prod(self.grid), self.stages)
+        return per_patch.reshape(per_token.shape[0], *self.grid)
 
-    def readout_row(self, matrix: Tensor) -> Tensor:
-        """The readout's row of a token-by-token matrix [B, N, N] over the patches -> [B, h, w] (the class
-        token's row for class-token models)."""
-        return self.patch_map(torch.bmm(self.readout[:, None].to(matrix.dtype), matrix)[:, 0])
+    def mixing(self, block: int, matrix: Tensor) -> Tensor | WindowedMatrix:
+        """Block ``block``'s token-by-token matrix as a factor of the products (windowed: with its layout)."""
+        return mixing(self.layouts[block], matrix)
+
+    def readout_row(self, matrix: Tensor | WindowedMatrix) -> Tensor:
+        """The readout's row of a last-block token-by-token matrix [B, N, N] (or a windowed one, see
+        :meth:`mixing`) over the patches -> [B, h, w] (the class token's row for class-token models)."""
+        return self.patch_map(mix_rows(self.readout, matrix))
 
 
 def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | RuleSet = "chefer", *,
@@ -316,9 +334,16 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
         grads = [next(found) if t.requires_grad else None for t in tensors]
     values = iter([t.detach() * (torch.zeros_like(t) if g is None else g) for t, g in zip(tensors, grads)])
     taken = {stage: [next(values) for _ in wanted[stage]] for stage in STAGES}
+    layouts = [trace.layouts.get(block) for block in range(num_blocks)]
+    def as_recorded(block: int, value: Tensor) -> Tensor:
+        return value if layouts[block] is None else layouts[block].recorded({"attn": value})["attn"]
+
     attn: list[Tensor | None] = [None] * num_blocks
     for block, value in zip(chosen if "attn" in at else (), taken["attn"]):
-        attn[block] = value
+        attn[block] = as_recorded(block, value)
+    if attn_grads is not None:
+        attn_grads = [None if g is None else as_recorded(block, g) for block, g in enumerate(attn_grads)]
+    residuals = [value.flatten(1, -2) for value in taken["residuals"]]  # a block's output may be a token grid
     pixels = None
     if taken["pixels"]:
         pixels, *bounds = taken["pixels"]
@@ -326,14 +351,16 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
         for bound in bounds:  # z^B's bound terms; cropped in case the patch embedding padded the image
             pixels = pixels + bound[..., :height, :width]
     patches = taken["patches"][0] if taken["patches"] else None
-    tokens = trace.residuals[num_blocks].shape[1]
+    grid = adapter.grid_size(images)
+    last_tokens = trace.residuals[num_blocks - 1].shape[1]
     return Relevance(
         logits=logits.detach(), targets=classes, output=start.gather(1, classes[:, None])[:, 0], attn=attn,
-        residuals=taken["residuals"] or [None] * (num_blocks + 1),
+        residuals=residuals or [None] * (num_blocks + 1),
         patches=None if patches is None else patches.reshape(patches.shape[0], -1, patches.shape[-1]),
-        pixels=pixels, grid=adapter.grid_size(images), num_prefix_tokens=adapter.num_prefix_tokens,
+        pixels=pixels, grid=grid, num_prefix_tokens=adapter.num_prefix_tokens,
         class_token_index=adapter.class_token_index,
-        readout=adapter.readout_weights(tokens, logits.shape[0], trace.readout_attn).weights, attn_grads=attn_grads)
+        readout=adapter.readout_weights(last_tokens, logits.shape[0], trace.readout_attn).weights,
+        attn_grads=attn_grads, layouts=layouts, stages=stage_grids(layouts, grid))
 
 
 __all__ = ["RULE_SETS", "Relevance", "RuleArithmetic", "RuleSet", "STAGES", "Trace", "lrp_baseline", "lrp_rules",
