@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from ..attention import AttentionParts
 from ..blocks import BlockParts
 from ..inputs import TokenBatch
-from .base import Family, TokenContext, UnsupportedModelError, missing
-from .hf_common import attention_reason, layer_inputs, replaced_output, transformers_reason
+from .base import TokenContext, UnsupportedModelError, missing
+from .hf_common import TransformersClassifier, attention_reason, layer_inputs, replaced_output, transformers_reason
 
 LAYER_ATTRIBUTES = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                     "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm")
@@ -38,7 +38,7 @@ def _as_batch(value: Any, name: str, integers: bool = True) -> Tensor:
     return tensor[None] if tensor.ndim == 1 else tensor
 
 
-class TransformersText(Family):
+class TransformersText(TransformersClassifier):
     """Where BERT-style transformers sequence classifiers keep their parts."""
 
     name = "transformers BERT-style text classifier"
@@ -97,14 +97,6 @@ class TransformersText(Family):
     @property
     def num_prefix_tokens(self) -> int:
         return 1
-
-    @property
-    def class_token_index(self) -> int:
-        return 0
-
-    @property
-    def has_classes(self) -> bool:
-        return True
 
     @property
     def patch_size(self) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """What the transformers families share: recognising a transformers model, its attention implementation,
-and running the model's own forward from given token embeddings.
+running the model's own forward from given token embeddings, and the [CLS] readout of their classifiers.
 
 ``transformers`` stays optional: nothing here imports it until a model's class shows it is loaded.
 """
@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from torch import Tensor, nn
 
 from ..attention import AttentionInput
+from .base import Family
 
 #: Attention implementations whose masks the written-out attention understands.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -50,3 +51,16 @@ def replaced_output(module: nn.Module, value: Tensor) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+class TransformersClassifier(Family):
+    """A transformers ``*ForSequenceClassification`` / ``*ForImageClassification``: class logits read from
+    the [CLS] token, which comes first."""
+
+    @property
+    def class_token_index(self) -> int:
+        return 0
+
+    @property
+    def has_classes(self) -> bool:
+        return True

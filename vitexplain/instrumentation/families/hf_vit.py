@@ -8,8 +8,8 @@ from torch import Tensor, nn
 
 from ..attention import AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, Family, TokenContext, missing
-from .hf_common import attention_reason, layer_inputs, replaced_output, transformers_reason
+from .base import EmbeddingParts, TokenContext, missing
+from .hf_common import TransformersClassifier, attention_reason, layer_inputs, replaced_output, transformers_reason
 
 LAYER_ATTRIBUTES = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
                     "layernorm_before", "layernorm_after", "mlp")
@@ -24,7 +24,7 @@ def _served_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
     return (ViTForImageClassification, DeiTForImageClassification, DeiTForImageClassificationWithTeacher), (ViTLayer, DeiTLayer)
 
 
-class TransformersViT(Family):
+class TransformersViT(TransformersClassifier):
     """Where transformers' ViT / DeiT classifiers keep their parts (pre-norm layers like timm's)."""
 
     name = "transformers ViT/DeiT"
@@ -75,14 +75,6 @@ class TransformersViT(Family):
     @property
     def num_prefix_tokens(self) -> int:
         return 2 if getattr(self.model.base_model.embeddings, "distillation_token", None) is not None else 1
-
-    @property
-    def class_token_index(self) -> int:
-        return 0
-
-    @property
-    def has_classes(self) -> bool:
-        return True
 
     @property
     def patch_size(self) -> tuple[int, int]:

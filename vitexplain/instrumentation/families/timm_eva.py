@@ -6,8 +6,9 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, Family, TokenContext, layer_scale, optional, timm_example
-from .timm_vit import READOUTS, _block_inputs, attention_pool
+from .base import TokenContext, layer_scale, optional, timm_example
+from .timm_common import TimmSequenceFamily, block_type_reason
+from .timm_vit import _block_inputs
 
 BLOCK_LAYOUTS = {"EvaBlock": "pre_norm", "EvaBlockPostNorm": "res_post_norm"}
 ATTENTIONS = ("EvaAttention", "AttentionRope")
@@ -57,16 +58,10 @@ def _eva_inputs(x: Tensor, rope: Tensor | None = None, attn_mask: Tensor | None 
     return x, extra
 
 
-class TimmEva(Family):
+class TimmEva(TimmSequenceFamily):
     """Where timm's ``Eva`` keeps its parts."""
 
     name = "timm Eva (EVA-02, RoPE ViT)"
-
-    def __init__(self, model: nn.Module):
-        super().__init__(model)
-        self.readout = READOUTS[model.global_pool]
-        if self.readout == "map":
-            self.probe = attention_pool(model.attn_pool)
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
@@ -74,14 +69,13 @@ class TimmEva(Family):
 
         if not isinstance(model, Eva):
             return f"{type(model).__name__} is not a timm Eva"
-        if model.global_pool not in READOUTS:
-            return (f"its head pools with global_pool={model.global_pool!r}, which is not a weighting of the tokens "
-                    "(supported: 'token', 'avg', 'map')")
+        if reason := cls.pooling_reason(model):
+            return reason
         if getattr(model, "patch_drop", None) is not None:
             return "it drops patches at random (patch_drop_rate > 0)"
+        if reason := block_type_reason(model.blocks, BLOCK_LAYOUTS, "an EvaBlock"):
+            return reason
         for i, block in enumerate(model.blocks):
-            if type(block).__name__ not in BLOCK_LAYOUTS:
-                return f"block {i} is a {type(block).__name__}, not an EvaBlock"
             if type(block.attn).__name__ not in ATTENTIONS:
                 return f"block {i}'s attention is a {type(block.attn).__name__}"
         return None
@@ -91,23 +85,12 @@ class TimmEva(Family):
         return {"EVA-02 (RoPE, SwiGLU)": timm_example("eva02_tiny_patch14_224", patch_size=8, ref_feat_shape=(4, 4)),
                 "RoPE ViT (mixed)": timm_example("vit_base_patch16_rope_mixed_224")}
 
-    def block_modules(self):
-        return self.model.blocks
-
     def block(self, module: nn.Module) -> BlockParts:
         return BlockParts(
             module=module, attention=eva_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
             mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), layout=BLOCK_LAYOUTS[type(module).__name__],
             gamma1=layer_scale(getattr(module, "gamma_1", None)), gamma2=layer_scale(getattr(module, "gamma_2", None)),
             inputs=_eva_inputs)
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return self.model.num_prefix_tokens
-
-    @property
-    def class_token_index(self) -> int | None:
-        return 0 if getattr(self.model, "cls_token", None) is not None else None
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model
@@ -120,10 +103,6 @@ class TimmEva(Family):
         for i, block in enumerate(model.blocks):
             tokens = block(tokens, rope=context.rope[:, i] if mixed else context.rope)
         return model.forward_head(model.norm(tokens))
-
-    def embedding(self) -> EmbeddingParts:
-        return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None),
-                              getattr(self.model, "pos_drop", None))
 
     def lrp_allowed(self) -> tuple[type, ...]:
         from timm.layers import AttentionPoolLatent, DropPath, GluMlp, Mlp, PatchEmbed, SwiGLU

@@ -7,45 +7,15 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, Family, TokenContext, layer_scale, optional, timm_example
+from .base import EmbeddingParts, TokenContext, layer_scale, optional, timm_example
+from .timm_common import TimmSequenceFamily, block_type_reason
 
-READOUTS = {"token": "token", "avg": "avg"}
-
-
-def _readout_reason(model: nn.Module) -> str | None:
-    if model.global_pool not in READOUTS:
-        return f"its head pools with global_pool={model.global_pool!r} (supported: 'token', 'avg')"
-    return None
-
-
-class _RelativePositionFamily(Family):
-    """What BEiT and the relative-position ViTs share: pooling, prefix tokens, running from token embeddings."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__(model)
-        self.readout = READOUTS[model.global_pool]
-
-    def block_modules(self):
-        return self.model.blocks
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return self.model.num_prefix_tokens
-
-    @property
-    def class_token_index(self) -> int | None:
-        return 0 if getattr(self.model, "cls_token", None) is not None else None
-
-    def embedding(self) -> EmbeddingParts:
-        return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None),
-                              getattr(self.model, "pos_drop", None))
-
-
-class TimmBeit(_RelativePositionFamily):
+class TimmBeit(TimmSequenceFamily):
     """Where timm's ``Beit`` keeps its parts: qkv without bias plus q / v biases, relative position bias
     per block and / or shared, LayerScale gains ``gamma_1`` / ``gamma_2``."""
 
     name = "timm Beit"
+    readouts = ("token", "avg")
 
     @classmethod
     def examples(cls):
@@ -53,14 +23,11 @@ class TimmBeit(_RelativePositionFamily):
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        from timm.models.beit import Beit, Block
+        from timm.models.beit import Beit
 
         if not isinstance(model, Beit):
             return f"{type(model).__name__} is not a timm Beit"
-        for i, block in enumerate(model.blocks):
-            if type(block) is not Block:
-                return f"block {i} is a {type(block).__name__}, not BEiT's Block"
-        return _readout_reason(model)
+        return block_type_reason(model.blocks, ("Block",), "BEiT's Block") or cls.pooling_reason(model)
 
     def block(self, module: nn.Module) -> BlockParts:
         attn = module.attn
@@ -99,11 +66,12 @@ class TimmBeit(_RelativePositionFamily):
         return Beit, Block, Attention, Mlp, SwiGLU, PatchEmbed, DropPath, RelativePositionBias
 
 
-class TimmRelPos(_RelativePositionFamily):
+class TimmRelPos(TimmSequenceFamily):
     """Where timm's ``VisionTransformerRelPos`` keeps its parts: a relative position bias (table or MLP)
     per block or shared, LayerScale modules."""
 
     name = "timm VisionTransformerRelPos"
+    readouts = ("token", "avg")
 
     @classmethod
     def examples(cls):
@@ -111,14 +79,11 @@ class TimmRelPos(_RelativePositionFamily):
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        from timm.models.vision_transformer_relpos import RelPosBlock, VisionTransformerRelPos
+        from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
         if not isinstance(model, VisionTransformerRelPos):
             return f"{type(model).__name__} is not a timm VisionTransformerRelPos"
-        for i, block in enumerate(model.blocks):
-            if type(block) is not RelPosBlock:
-                return f"block {i} is a {type(block).__name__}, not RelPosBlock"
-        return _readout_reason(model)
+        return block_type_reason(model.blocks, ("RelPosBlock",), "RelPosBlock") or cls.pooling_reason(model)
 
     def block(self, module: nn.Module) -> BlockParts:
         attn = module.attn

@@ -6,12 +6,12 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, Family, ProbeParts, TokenContext, layer_scale, missing, optional, timm_example
+from .base import TokenContext, layer_scale, missing, optional, timm_example
+from .timm_common import TimmSequenceFamily, block_type_reason
 
 ATTENTION_ATTRIBUTES = ("qkv", "proj", "num_heads", "head_dim", "scale")
 #: timm block classes and the layout their forward computes
 BLOCK_LAYOUTS = {"Block": "pre_norm", "ResPostBlock": "res_post_norm"}
-READOUTS = {"token": "token", "avg": "avg", "map": "map"}
 
 
 def _vit_classes():
@@ -29,18 +29,6 @@ def timm_attention(attn: nn.Module, **extra) -> AttentionParts:
         attn_drop=attn.attn_drop, proj_drop=attn.proj_drop, **extra)
 
 
-def attention_pool(pool: nn.Module) -> ProbeParts:
-    """timm's ``AttentionPoolLatent``: learnt latent queries, a fused kv Linear, then x + mlp(norm(x))."""
-    attention = AttentionParts(
-        module=pool, num_heads=pool.num_heads, head_dim=pool.head_dim, scale=pool.scale, proj=pool.proj,
-        query=pool.q, kv=pool.kv, latent=pool.latent, q_norm=optional(pool.q_norm), k_norm=optional(pool.k_norm),
-        proj_drop=pool.proj_drop)
-    position = (lambda: pool.pos_embed[None]) if getattr(pool, "pos_embed", None) is not None else None
-    mlp = getattr(pool, "mlp", None)
-    return ProbeParts(module=pool, attention=attention, position=position, norm=getattr(pool, "norm", None),
-                      mlp=mlp, pool=pool.pool or None, activation=getattr(mlp, "act", None))
-
-
 def _block_inputs(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> tuple[Tensor, AttentionInput]:
     if is_causal:
         from timm.layers.attention import resolve_self_attn_mask
@@ -49,29 +37,22 @@ def _block_inputs(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = 
     return x, AttentionInput(mask=attn_mask)
 
 
-class TimmViT(Family):
+class TimmViT(TimmSequenceFamily):
     """Where timm's ``VisionTransformer`` (and subclasses such as ``VisionTransformerDistilled``) keeps its parts."""
 
     name = "timm VisionTransformer"
-
-    def __init__(self, model: nn.Module):
-        super().__init__(model)
-        self.readout = READOUTS[model.global_pool]
-        if self.readout == "map":
-            self.probe = attention_pool(model.attn_pool)
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
         if not isinstance(model, _vit_classes()):
             return f"{type(model).__name__} is not a timm VisionTransformer"
-        if model.global_pool not in READOUTS:
-            return (f"its head pools with global_pool={model.global_pool!r}, which is not a weighting of the tokens "
-                    "(supported: 'token', 'avg', 'map')")
+        if reason := cls.pooling_reason(model):
+            return reason
         if model.global_pool == "map" and getattr(model.attn_pool, "latent_len", 1) != 1:
             return "its attention-pooling head has several latent queries"
+        if reason := block_type_reason(model.blocks, BLOCK_LAYOUTS, "timm's Block or ResPostBlock"):
+            return reason
         for i, block in enumerate(model.blocks):
-            if type(block).__name__ not in BLOCK_LAYOUTS:
-                return f"block {i} is a {type(block).__name__}, not timm's Block or ResPostBlock"
             absent = missing(block.attn, ATTENTION_ATTRIBUTES)
             if absent:
                 return f"block {i}: {absent}"
@@ -85,23 +66,12 @@ class TimmViT(Family):
                 "SigLIP-style ViT (attention pooling)": timm_example("vit_base_patch16_siglip_224",
                                                                      class_token=False, global_pool="map")}
 
-    def block_modules(self):
-        return self.model.blocks
-
     def block(self, module: nn.Module) -> BlockParts:
         layout = BLOCK_LAYOUTS[type(module).__name__]
         return BlockParts(
             module=module, attention=timm_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
             mlp=module.mlp, activation=getattr(module.mlp, "act", None), layout=layout, gamma1=layer_scale(getattr(module, "ls1", None)),
             gamma2=layer_scale(getattr(module, "ls2", None)), inputs=_block_inputs)
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return self.model.num_prefix_tokens
-
-    @property
-    def class_token_index(self) -> int | None:
-        return 0 if getattr(self.model, "cls_token", None) is not None else None
 
     @property
     def readout_includes_prefix(self) -> bool:
@@ -115,10 +85,6 @@ class TimmViT(Family):
     def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
         model = self.model
         return model.forward_head(model.norm(model.blocks(tokens)))
-
-    def embedding(self) -> EmbeddingParts:
-        return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None),
-                              getattr(self.model, "pos_drop", None))
 
     def lrp_allowed(self) -> tuple[type, ...]:
         from timm.layers import AttentionPoolLatent, DropPath, LayerScale, Mlp, PatchDropout, PatchEmbed
