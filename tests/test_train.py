@@ -312,6 +312,27 @@ def test_the_checkpoint_and_card_load_by_path_with_the_digits_preprocessing(tmp_
         assert torch.equal(model(images), result["model"](images))
 
 
+def test_a_run_from_init_starts_from_its_weights_and_records_where_they_came_from(tmp_path):
+    first = tmp_path / "first.safetensors"
+    train_digits("vit_tiny_patch16_224", TINY, steps=2, seed=1, out=first, command="vitexplain train first", **FAST)
+    start = safetensors.torch.load_file(str(first))
+    # a learning rate too small to move a weight: the run ends where it started, not at timm's initialisation
+    still = train_digits("vit_tiny_patch16_224", TINY, steps=1, init=str(first), out=tmp_path / "still.safetensors",
+                         **{**FAST, "lr": 1e-12, "min_lr": 1e-12})
+    for key, value in still["model"].state_dict().items():
+        torch.testing.assert_close(value, start[key], rtol=0, atol=1e-9)
+    scratch = train_digits("vit_tiny_patch16_224", TINY, steps=1, **{**FAST, "lr": 1e-12, "min_lr": 1e-12})
+    assert not torch.allclose(scratch["model"].state_dict()["head.weight"], start["head.weight"])
+    card = json.loads((tmp_path / "still.json").read_text())
+    first_card = json.loads(first.with_suffix(".json").read_text())
+    assert card["training"]["init"] == {"from": str(first), "command": "vitexplain train first",
+                                        "training": first_card["training"], "test_accuracy": first_card["test_accuracy"]}
+    with pytest.raises(ValueError, match=r"does not fit .*other shape: .*pos_embed"):
+        train_digits("vit_tiny_patch16_224", {**TINY, "patch_size": 8}, steps=1, init=str(first), **FAST)
+    with pytest.raises(ValueError, match=r"does not fit .*missing: blocks\.2\."):
+        train_digits("vit_tiny_patch16_224", {**TINY, "depth": 3}, steps=1, init=str(first), **FAST)
+
+
 def test_the_train_command_records_a_command_that_parses_back_to_the_same_options(tmp_path, capsys):
     out = tmp_path / "cli.safetensors"
     argv = ["train", "--arch", "vit_tiny_patch16_224", "--patch-size", "16", "--embed-dim", "48", "--depth", "2",

@@ -17,7 +17,7 @@ COMMANDS = {
     "explain-text": "explain a text classifier's prediction: tokens coloured by relevance + an HTML snippet",
     "methods": "list explanation methods and their options",
     "reproduce": "reproduce a table of the TokenTM, GradToken or TIS paper beside the published numbers",
-    "train": "train a ViT (or a DeiT with a teacher) from scratch on the digits benchmark",
+    "train": "train a ViT (or a DeiT with a teacher) on the digits benchmark, from scratch or from --init",
 }
 
 

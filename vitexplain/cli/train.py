@@ -16,7 +16,7 @@ RECIPE_OPTIONS = tuple(field.name for field in dataclasses.fields(Recipe))
 def add_parser(subparsers) -> None:
     defaults = Recipe(steps=1)
     parser = subparsers.add_parser(
-        "train", help="train a ViT (or a DeiT with a teacher) from scratch on the digits benchmark",
+        "train", help="train a ViT (or a DeiT with a teacher) on the digits benchmark, from scratch or from --init",
         description="Train a timm Vision Transformer on digits canvases (112 x 112, test split held out) and write "
                     "a safetensors checkpoint with its JSON model card, loadable by `vitexplain explain --model PATH`.")
     parser.add_argument("--arch", required=True,
@@ -51,6 +51,8 @@ def add_parser(subparsers) -> None:
                             help=f"{text} (default: %(default)s)")
     recipe.add_argument("--teacher", help="trained digits model (shipped name or checkpoint) for DeiT distillation")
     recipe.add_argument("--distillation", choices=DISTILLATIONS, default=defaults.distillation)
+    recipe.add_argument("--init", help="start from this digits model's weights (shipped name or checkpoint of the "
+                        "same architecture and shape) instead of a random initialisation: fine-tuning")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's setting)")
     parser.add_argument("--eval-every", type=int, help="also report the test accuracy every that many steps")
     parser.add_argument("--snapshot-every", type=int, help="save the training state every that many steps to "
@@ -75,7 +77,8 @@ def run(args) -> int:
     recipe = {name: getattr(args, name) for name in RECIPE_OPTIONS}
     recipe["clip_grad"] = recipe["clip_grad"] or None
     try:
-        result = train_digits(args.arch, model_kwargs, teacher=args.teacher, threads=args.threads, out=args.out,
+        result = train_digits(args.arch, model_kwargs, teacher=args.teacher, init=args.init, threads=args.threads,
+                              out=args.out,
                               command=command_line(args), eval_every=args.eval_every,
                               snapshot_every=args.snapshot_every,
                               progress=not args.no_progress, **recipe)

@@ -67,7 +67,7 @@ def _summary(model: nn.Module, kwargs: dict[str, Any], parameters: int, distille
 
 
 def model_card(model: nn.Module, *, model_kwargs: dict[str, Any], recipe: Recipe, teacher: str | None,
-               command: str | None, accuracy: float, history: list[dict[str, Any]], run: dict[str, Any],
+               init: dict[str, Any] | None, command: str | None, accuracy: float, history: list[dict[str, Any]], run: dict[str, Any],
                threads: int, train_canvases: int) -> dict[str, Any]:
     """The model card's fields after ``arch``, ``model_kwargs`` and ``class_names``: what the model is,
     the recipe that trained it, its test accuracy, training time and machine, data and versions."""
@@ -75,7 +75,7 @@ def model_card(model: nn.Module, *, model_kwargs: dict[str, Any], recipe: Recipe
     return {
         "summary": _summary(model, model_kwargs, sum(p.numel() for p in model.parameters()), distilled),
         "training": {**dataclasses.asdict(recipe), "optimizer": "AdamW", "schedule": "linear warmup, cosine decay",
-                     "teacher": teacher, "examples": recipe.steps * recipe.batch_size},
+                     "teacher": teacher, "init": init, "examples": recipe.steps * recipe.batch_size},
         "seed": recipe.seed, "command": command, "test_accuracy": accuracy, "history": history,
         "training_time": {"wall_seconds": round(run["wall_seconds"], 1), "cpu_seconds": round(run["cpu_seconds"], 1),
                           "threads": threads, "machine": f"{_cpu_name()}, {os.cpu_count()} logical CPUs",

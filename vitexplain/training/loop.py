@@ -105,13 +105,43 @@ def _resolve_teacher(teacher: nn.Module | str | None) -> tuple[nn.Module | None,
     return model, teacher
 
 
+def _initial_weights(init: str | Path | None) -> tuple[dict[str, Tensor] | None, dict[str, Any] | None]:
+    """The weights a fine-tuning run starts from (a shipped name or a checkpoint) and what the model card
+    records of them: the name and, from their own card, the command, recipe, accuracy and starting point."""
+    if init is None:
+        return None, None
+    from ..models import load_model, shipped_models
+
+    model, _ = load_model(str(init), device="cpu")
+    shipped = shipped_models()
+    weights = Path(shipped[init].weights) if init in shipped else Path(init)
+    card_path = weights.with_suffix(".json")
+    card = json.loads(card_path.read_text()) if card_path.exists() else {}
+    provenance = {key: card[key] for key in ("command", "training", "test_accuracy") if key in card}
+    return model.state_dict(), {"from": str(init), **provenance}
+
+
+def _load_initial_weights(model: nn.Module, weights: dict[str, Tensor], init: str | Path) -> None:
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    reshaped = sorted(key for key in set(own) & set(weights) if own[key].shape != weights[key].shape)
+    if missing or unexpected or reshaped:
+        problems = [f"{label}: {', '.join(keys[:3])}{' …' if len(keys) > 3 else ''} ({len(keys)})"
+                    for label, keys in (("missing", missing), ("unexpected", unexpected), ("other shape", reshaped))
+                    if keys]
+        raise ValueError(f"init {str(init)!r} does not fit this architecture and shape; " + "; ".join(problems))
+    model.load_state_dict(weights)
+
+
 
 
 def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teacher: nn.Module | str | None = None,
-                 threads: int | None = None, out: str | Path | None = None, command: str | None = None,
+                 init: str | Path | None = None, threads: int | None = None, out: str | Path | None = None,
+                 command: str | None = None,
                  eval_every: int | None = None, snapshot_every: int | None = None, progress: bool = True,
                  **recipe: Any) -> dict[str, Any]:
-    """Train a timm Vision Transformer from scratch on ``digits`` and measure it on the held-out test split.
+    """Train a timm Vision Transformer on ``digits`` — from scratch, or from ``init``'s weights — and measure
+    it on the held-out test split.
 
     Each step renders ``batch_size`` canvases of the train split (digits and clutter from the train
     scans only), augments them as the recipe asks (:mod:`.augmentation`) and takes one AdamW step on
@@ -131,6 +161,9 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
             ``num_heads``, ``mlp_ratio``...). ``img_size`` 112, ``patch_size`` 8, ``num_classes`` 10 and
             the digits preprocessing (``pretrained_cfg_overlay``) are filled in (:func:`digits_model_kwargs`).
         teacher: a trained digits model, or its short name / checkpoint path (:func:`vitexplain.models.load_model`).
+        init: start from this digits model's weights (short name or checkpoint of the same architecture and
+            shape) instead of timm's initialisation: fine-tuning. The card records it with its own card's
+            command, recipe and accuracy, so a run in stages keeps its history.
         threads: torch intra-op threads during training (None: torch's current setting).
         out: where to write the checkpoint (``.safetensors``, float32) and its model card (``.json`` beside it).
         command: the command line to record in the model card.
@@ -157,9 +190,10 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
     if snapshot_every is not None and (out is None or snapshot_every < 1):
         raise ValueError(f"snapshot_every needs an output path and a positive number of steps, got {snapshot_every!r}")
     teacher_model, teacher_name = _resolve_teacher(teacher)
+    initial_weights, initial = _initial_weights(init)
     snapshot = Path(out).with_suffix(".snapshot.pt") if snapshot_every else None
     identity = json.dumps({"arch": arch, "model_kwargs": kwargs, "recipe": dataclasses.asdict(recipe),
-                           "teacher": teacher_name}, sort_keys=True)
+                           "teacher": teacher_name, "init": initial}, sort_keys=True)
     train_set = Digits("train", n=recipe.train_size or recipe.steps * recipe.batch_size, seed=recipe.data_seed,
                        split_seed=recipe.split_seed)
     test_set = Digits("test", n=recipe.test_size, seed=recipe.test_seed, split_seed=recipe.split_seed)
@@ -167,6 +201,8 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
     with _threads(threads) as used_threads, torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)
         model = build_model(arch, kwargs).train()
+        if initial_weights is not None:
+            _load_initial_weights(model, initial_weights, init)
         distilled = hasattr(model, "set_distilled_training")
         if distilled != (teacher_model is not None):
             raise ValueError(f"{arch} {'has' if distilled else 'has no'} distillation token but "
@@ -186,7 +222,7 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
               "wall_seconds": run["wall_seconds"], "cpu_seconds": run["cpu_seconds"], "threads": used_threads,
               "model": model}
     if out is not None:
-        card = model_card(model, model_kwargs=kwargs, recipe=recipe, teacher=teacher_name, command=command,
+        card = model_card(model, model_kwargs=kwargs, recipe=recipe, teacher=teacher_name, init=initial, command=command,
                           accuracy=accuracy, history=history, run=run, threads=used_threads,
                           train_canvases=len(train_set))
         result.update(save_checkpoint(model, out, arch=arch, model_kwargs=kwargs, card=card))
