@@ -39,7 +39,7 @@ def shipped_models() -> dict[str, ShippedModel]:
     """Models that ship inside the package (``vitexplain/assets/models/<name>.json`` + ``.safetensors``)."""
     found = {}
     for card in sorted(ASSETS.glob("*.json")):
-        meta = _read_card(card.with_suffix(".safetensors"))
+        meta = read_card(card.with_suffix(".safetensors"))
         found[card.stem] = ShippedModel(card.stem, meta["arch"], card.with_suffix(".safetensors"),
                                         meta.get("model_kwargs", {}), meta.get("class_names", []))
     return found
@@ -129,7 +129,7 @@ def state_dict_mismatch(model: nn.Module, state: dict[str, torch.Tensor]) -> str
     return "; ".join(part for part in parts if part)
 
 
-def _read_card(checkpoint: Path) -> dict:
+def read_card(checkpoint: Path) -> dict:
     """The model card beside a checkpoint (same name, ``.json``): ``arch``, ``model_kwargs``, ``class_names``."""
     card = checkpoint.with_suffix(".json")
     if not card.is_file():
@@ -206,7 +206,7 @@ def load_model(name_or_path: str, arch: str | None = None, device: str | torch.d
         class_names = entry.class_names
     elif Path(name_or_path).exists() or Path(name_or_path).suffix in (".safetensors", ".pth", ".pt", ".bin"):
         path = Path(name_or_path)
-        card = _read_card(path)
+        card = read_card(path)
         model = _from_checkpoint(path, arch or card.get("arch"), **card.get("model_kwargs", {}))
         class_names = card.get("class_names")
     else:

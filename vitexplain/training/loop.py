@@ -107,32 +107,25 @@ def _resolve_teacher(teacher: nn.Module | str | None) -> tuple[nn.Module | None,
 
 def _initial_weights(init: str | Path | None) -> tuple[dict[str, Tensor] | None, dict[str, Any] | None]:
     """The weights a fine-tuning run starts from (a shipped name or a checkpoint) and what the model card
-    records of them: the name and, from their own card, the command, recipe, accuracy and starting point."""
+    records of them: the name and, from their own card, the command, recipe (with its own ``init``) and accuracy."""
     if init is None:
         return None, None
-    from ..models import load_model, shipped_models
+    from ..models import load_model, read_card, shipped_models
 
     model, _ = load_model(str(init), device="cpu")
     shipped = shipped_models()
-    weights = Path(shipped[init].weights) if init in shipped else Path(init)
-    card_path = weights.with_suffix(".json")
-    card = json.loads(card_path.read_text()) if card_path.exists() else {}
+    card = read_card(Path(shipped[init].weights) if init in shipped else Path(init))
     provenance = {key: card[key] for key in ("command", "training", "test_accuracy") if key in card}
     return model.state_dict(), {"from": str(init), **provenance}
 
 
 def _load_initial_weights(model: nn.Module, weights: dict[str, Tensor], init: str | Path) -> None:
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-    reshaped = sorted(key for key in set(own) & set(weights) if own[key].shape != weights[key].shape)
-    if missing or unexpected or reshaped:
-        problems = [f"{label}: {', '.join(keys[:3])}{' …' if len(keys) > 3 else ''} ({len(keys)})"
-                    for label, keys in (("missing", missing), ("unexpected", unexpected), ("other shape", reshaped))
-                    if keys]
-        raise ValueError(f"init {str(init)!r} does not fit this architecture and shape; " + "; ".join(problems))
+    from ..models import state_dict_mismatch
+
+    mismatch = state_dict_mismatch(model, weights)
+    if mismatch:
+        raise ValueError(f"init {str(init)!r} does not fit this architecture and shape: {mismatch}")
     model.load_state_dict(weights)
-
-
 
 
 def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teacher: nn.Module | str | None = None,
