@@ -333,6 +333,30 @@ def test_a_run_from_init_starts_from_its_weights_and_records_where_they_came_fro
         train_digits("vit_tiny_patch16_224", {**TINY, "depth": 3}, steps=1, init=str(first), **FAST)
 
 
+def test_a_deit_can_start_from_a_plain_vit_of_its_shape(tmp_path):
+    """The ViT's blocks, class token, class head and positions are copied; the distillation token, its position
+    and its head are the DeiT's own initialisation (what the same seed draws without ``init``)."""
+    plain = tmp_path / "plain.safetensors"
+    train_digits("vit_tiny_patch16_224", TINY, steps=2, seed=1, out=plain, **FAST)
+    vit = safetensors.torch.load_file(str(plain))
+    still = {**FAST, "lr": 1e-12, "min_lr": 1e-12}
+    deit = "deit_tiny_distilled_patch16_224"
+    started = train_digits(deit, TINY, steps=1, init=str(plain), teacher=str(plain), **still)["model"].state_dict()
+    own = train_digits(deit, TINY, steps=1, teacher=str(plain), **still)["model"].state_dict()
+    assert set(started) == set(vit) | {"dist_token", "head_dist.weight", "head_dist.bias"}
+    for key, value in vit.items():
+        if key != "pos_embed":
+            torch.testing.assert_close(started[key], value, rtol=0, atol=1e-9)
+    torch.testing.assert_close(started["pos_embed"][:, [0]], vit["pos_embed"][:, [0]], rtol=0, atol=1e-9)
+    torch.testing.assert_close(started["pos_embed"][:, 2:], vit["pos_embed"][:, 1:], rtol=0, atol=1e-9)
+    for key in ("dist_token", "head_dist.weight", "head_dist.bias"):
+        torch.testing.assert_close(started[key], own[key], rtol=0, atol=1e-9)
+    torch.testing.assert_close(started["pos_embed"][:, 1], own["pos_embed"][:, 1], rtol=0, atol=1e-9)
+    assert not torch.allclose(own["blocks.0.attn.qkv.weight"], vit["blocks.0.attn.qkv.weight"])
+    with pytest.raises(ValueError, match=r"does not fit .*missing keys \(dist_token.*shape mismatch.*pos_embed"):
+        train_digits(deit, {**TINY, "patch_size": 8}, steps=1, init=str(plain), teacher=str(plain), **FAST)
+
+
 def test_the_train_command_records_a_command_that_parses_back_to_the_same_options(tmp_path, capsys):
     out = tmp_path / "cli.safetensors"
     argv = ["train", "--arch", "vit_tiny_patch16_224", "--patch-size", "16", "--embed-dim", "48", "--depth", "2",

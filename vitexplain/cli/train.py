@@ -52,7 +52,8 @@ def add_parser(subparsers) -> None:
     recipe.add_argument("--teacher", help="trained digits model (shipped name or checkpoint) for DeiT distillation")
     recipe.add_argument("--distillation", choices=DISTILLATIONS, default=defaults.distillation)
     recipe.add_argument("--init", help="start from this digits model's weights (shipped name or checkpoint of the "
-                        "same architecture and shape) instead of a random initialisation: fine-tuning")
+                        "same architecture and shape, or a plain ViT of a DeiT's shape) instead of a random "
+                        "initialisation: fine-tuning")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's setting)")
     parser.add_argument("--eval-every", type=int, help="also report the test accuracy every that many steps")
     parser.add_argument("--snapshot-every", type=int, help="save the training state every that many steps to "

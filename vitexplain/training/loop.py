@@ -119,9 +119,26 @@ def _initial_weights(init: str | Path | None) -> tuple[dict[str, Tensor] | None,
     return model.state_dict(), {"from": str(init), **provenance}
 
 
+def _with_distillation_token(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A plain ViT's weights made to fit a distilled model (DeiT) of the same shape, so that a DeiT can start from
+    a trained ViT: the blocks, class token, class head and the positions of the class token and the patches are
+    the ViT's; the distillation token, its position and the distillation head keep the model's own
+    initialisation and are learnt by the run. Weights that already fit (or fit nothing) are returned as they are."""
+    own = model.state_dict()
+    if "dist_token" not in own or "dist_token" in weights or "pos_embed" not in weights:
+        return weights
+    plain, distilled = weights["pos_embed"], own["pos_embed"]
+    if plain.shape[1] != distilled.shape[1] - 1 or plain.shape[2:] != distilled.shape[2:]:
+        return weights
+    positions = torch.cat([plain[:, :1], distilled[:, 1:2], plain[:, 1:]], dim=1)   # class, distillation, patches
+    extra = {key: value for key, value in own.items() if key.startswith("head_dist.") or key == "dist_token"}
+    return {**weights, **extra, "pos_embed": positions}
+
+
 def _load_initial_weights(model: nn.Module, weights: dict[str, Tensor], init: str | Path) -> None:
     from ..models import state_dict_mismatch
 
+    weights = _with_distillation_token(model, weights)
     mismatch = state_dict_mismatch(model, weights)
     if mismatch:
         raise ValueError(f"init {str(init)!r} does not fit this architecture and shape: {mismatch}")
@@ -155,8 +172,9 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
             the digits preprocessing (``pretrained_cfg_overlay``) are filled in (:func:`digits_model_kwargs`).
         teacher: a trained digits model, or its short name / checkpoint path (:func:`vitexplain.models.load_model`).
         init: start from this digits model's weights (short name or checkpoint of the same architecture and
-            shape) instead of timm's initialisation: fine-tuning. The card records it with its own card's
-            command, recipe and accuracy, so a run in stages keeps its history.
+            shape) instead of timm's initialisation: fine-tuning. A distilled model (DeiT) may also start from a
+            plain ViT of its shape: everything but the distillation token, its position and its head is copied.
+            The card records it with its own card's command, recipe and accuracy, so a run in stages keeps its history.
         threads: torch intra-op threads during training (None: torch's current setting).
         out: where to write the checkpoint (``.safetensors``, float32) and its model card (``.json`` beside it).
         command: the command line to record in the model card.
