@@ -148,7 +148,7 @@ def test_seed_methods_localise_digits_far_better_than_the_controls(model_name):
 
     GradToken as printed (Eq. 16, the default) does not localise on these small models: background
     tokens attend to the digit, so it ranks the background first and its mAP stays below the random
-    map's (about 34-50 against 55; docs/decisions/gradtoken.md). That is asserted, so that a change of
+    map's (about 36-50 against 55; docs/decisions/gradtoken.md). That is asserted, so that a change of
     the models or of the method that alters the finding is noticed and the decision record updated.
     """
     from vitexplain.datasets import get_dataset
