@@ -25,6 +25,7 @@ import torch
 
 import vitexplain
 from vitexplain.instrumentation import UnsupportedModelError
+from vitexplain.instrumentation.precision import PRECISIONS, precision_mode
 
 from common import (BATCH1_TIME_TARGETS, FAMILIES, FAMILY_TOLERANCE, TIME_TARGETS, build_model, describe_machine, flops,
                     forward_backward, image_batch, interleaved, ratios)
@@ -116,6 +117,8 @@ def main() -> None:
     parser.add_argument("--flops", action="store_true", help="also the ratio of floating-point operations")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32",
+                        help="what the model runs in, for the reference and the methods alike (autocast, TF32)")
     parser.add_argument("--option", action="append", default=[], metavar="METHOD.KEY=VALUE",
                         help="method option, e.g. tis.n_masks=256 (value parsed as a Python literal)")
     args = parser.parse_args()
@@ -130,13 +133,14 @@ def main() -> None:
     methods = vitexplain.available_methods("image") if args.methods == ["all"] else args.methods
     device = torch.device(args.device)
     models = FAMILIES if args.families else {args.model: (args.model, {})}
-    print(f"batch {args.batch}, {args.repeats} rounds; {describe_machine(device)}")
+    print(f"batch {args.batch}, {args.repeats} rounds, {args.precision}; {describe_machine(device)}")
     found = {}
     for label, (name, model_options) in models.items():
         if args.img_size:
             model_options = {**model_options, "img_size": args.img_size}
-        found[label] = measure(name, model_options, methods, args.batch, args.repeats, device, options, args.flops,
-                               training=not args.families)
+        with precision_mode(args.precision, device):
+            found[label] = measure(name, model_options, methods, args.batch, args.repeats, device, options, args.flops,
+                                   training=not args.families)
         if not args.families:
             print(f"model {name}" + (f" at {args.img_size} px" if args.img_size else ""))
             print_model(found[label], args.batch, args.flops)

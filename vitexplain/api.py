@@ -1,6 +1,7 @@
 """The public entry point: one call explains a batch of images, or of tokenised text, with any registered method."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -8,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .instrumentation import ModelAdapter, TokenBatch, adapter_for
+from .instrumentation.precision import float32_scope, precision_modes
 from .instrumentation.targets import is_score_target
 from .registry import MethodSpec, available_methods, get_method
 
@@ -49,14 +51,29 @@ def explain(
         raise ValueError(f"method {spec.name!r} explains classes only (LRP starts from relevance on the class "
                          "logits); give target= class indices, or use a method that explains any score")
     adapter = adapter_for(model)
-    prepared = adapter.check_inputs(inputs)
-    if isinstance(prepared, TokenBatch):
-        return _explain_text(spec, adapter, prepared, target, options).to(_device_of(inputs))
-    maps = spec.fn(adapter, prepared, target, **options)
+    _warn_of_caveats(spec, precision_modes(adapter.model))
+    with float32_scope(adapter.model):  # the explanation's arithmetic in float32 (instrumentation/precision.py)
+        prepared = adapter.check_inputs(inputs)
+        if isinstance(prepared, TokenBatch):
+            return _explain_text(spec, adapter, prepared, target, options).to(_device_of(inputs))
+        maps = spec.fn(adapter, prepared, target, **options).float()
     expected = adapter.grid_size(prepared) if spec.resolution == "token" else tuple(prepared.shape[-2:])
     if maps.shape != (prepared.shape[0], *expected):
         raise RuntimeError(f"method {spec.name!r} returned shape {tuple(maps.shape)}, expected {(prepared.shape[0], *expected)}")
     return maps.detach().to(device=inputs.device, dtype=torch.float32)
+
+
+#: (method, precision) pairs already warned of in this process
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_of_caveats(spec: MethodSpec, modes: list[str]) -> None:
+    """Say once per process and precision that a method's maps were measured to move in that precision."""
+    for mode in modes:
+        if mode in spec.precision_caveats and (spec.name, mode) not in _WARNED:
+            _WARNED.add((spec.name, mode))
+            warnings.warn(f"{spec.name} in {mode}: its maps were measured at r = {spec.precision_caveats[mode]:.2f} "
+                          "(worst image) to the float32 model's; see docs/decisions/precision.md", stacklevel=3)
 
 
 def _explain_text(spec: MethodSpec, adapter: ModelAdapter, tokens: TokenBatch, target, options: dict) -> Tensor:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import options as option_checks
@@ -110,6 +110,9 @@ class MethodSpec:
             options, for planning (``vitexplain reproduce --list``).
         score_targets: whether it explains any score of the output (an embedding direction, a score
             function), not only a class (LRP starts from relevance on the class logits: it does not).
+        precision_caveats: reduced precisions (named as
+            :func:`~vitexplain.instrumentation.precision.precision_modes` names them) in which its maps were
+            measured below r = 0.99 to the float32 ones, with the worst r measured; ``explain`` warns once.
     """
 
     name: str
@@ -120,6 +123,7 @@ class MethodSpec:
     control: bool
     cost: Callable[[dict[str, Any]], float]
     score_targets: bool = True
+    precision_caveats: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def randomised(self) -> bool:
@@ -156,7 +160,8 @@ METHODS: Registry[MethodSpec] = Registry("explanation method")
 
 def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
                     modalities: tuple[str, ...] = ("image",), control: bool = False,
-                    cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True) -> Callable:
+                    cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True,
+                    precision_caveats: Mapping[str, float] | None = None) -> Callable:
     """Decorator that registers an explanation method under ``name`` (see :class:`MethodSpec`).
 
     ``cost`` is a number of model passes, or a function of the effective options returning one; the
@@ -171,7 +176,7 @@ def register_method(name: str, *, resolution: str = "token", class_specific: boo
 
     def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
-                                     score_targets))
+                                     score_targets, dict(precision_caveats or {})))
         return fn
 
     return decorate

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..instrumentation.precision import PRECISIONS
 from ..metrics import get_metric
 from ..registry import get_method
 
@@ -120,6 +121,10 @@ class BenchConfig:
         output_dir: where the cache, the per-image values and the reports go.
         device: ``cpu``, ``cuda``, ``cuda:1`` ... (default: CUDA when available). Under ``torchrun``
             each process takes the GPU of its local rank.
+        precision: what the models run in: ``float32`` (the papers'), ``tf32`` (TF32 products and
+            convolutions), ``bfloat16`` or ``float16`` (autocast). Explanations keep computing in float32;
+            the forwards that only score inputs (sampling methods, perturbation metrics) take it
+            (docs/decisions/precision.md). Cached separately per precision.
         seed: seeds the image subset drawn by ``limit`` and is the ``seed`` option of randomised
             methods and metrics that are not given one.
         limit: benchmark a random subset of this many images (drawn with ``seed``), or all when None.
@@ -141,6 +146,7 @@ class BenchConfig:
     batch_size: int = 16
     output_dir: str | Path = "vitexplain-bench"
     device: str | None = None
+    precision: str = "float32"
     seed: int = 0
     limit: int | None = None
     target: str = "predicted"
@@ -174,6 +180,8 @@ class BenchConfig:
                 raise ValueError(f"two {what}s are named {duplicates[0]!r}; give them distinct labels")
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         for name in ("batch_size", "limit", "num_workers", "seed", "gallery"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):

@@ -264,7 +264,7 @@ def _settings(result: BenchResult) -> str:
             for label, entry in settings.get("metrics", {}).items()]
     metrics = "<table class='scores'><thead><tr><th class='method'>columns</th><th>metric</th><th>options</th><th>images</th>" \
               f"<th>dataset</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    run = {key: settings.get(key) for key in ("target", "seed", "limit", "sanity", "highlight")}
+    run = {key: settings.get(key) for key in ("precision", "target", "seed", "limit", "sanity", "highlight")}
     return (f"<p>Run: <code>{_e(run)}</code></p><h3>Methods</h3><div class='scroll'>{methods}</div>"
             f"<h3>Metrics</h3><div class='scroll'>{metrics}</div>")
 
@@ -292,7 +292,7 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
     if result.timings:
         nav += ' <a href="#time">time</a>'
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    parts = [f"<h1>Benchmark on {_e(result.dataset)}</h1>",
+    parts = [f"<h1>Benchmark on {_e(result.dataset)}, {_e(result.precision)}</h1>",
              f'<p class="muted">{len(models)} model(s), {len(result.settings.get("methods", {}))} method(s), '
              f'{len(result.settings.get("metrics", {}))} protocol(s); written {when}'
              + (f"; this run took {result.seconds:.0f} s" if result.seconds else "") + "</p>",

@@ -102,6 +102,11 @@ class BenchResult:
         return [(label, number, number if names[number] == 1 else f"{label}/{number}") for label, number in pairs]
 
     @property
+    def precision(self) -> str:
+        """What the models ran in (``float32`` for results written before precisions existed)."""
+        return self.settings.get("precision", "float32")
+
+    @property
     def highlight(self) -> list[str]:
         """Labels of the methods the curves draw in colour (the config's ``highlight``)."""
         return list(self.settings.get("highlight", []))
@@ -166,7 +171,7 @@ class BenchResult:
     def markdown(self) -> str:
         """Per model: the ranks, then the table in the papers' layout (methods as rows, reported numbers
         as columns); the randomisation check and the errors."""
-        lines = [f"# Benchmark on {self.dataset}", ""] + [f"> {note}" for note in self.notes] + ([""] if self.notes else [])
+        lines = [f"# Benchmark on {self.dataset}, {self.precision}", ""] + [f"> {note}" for note in self.notes] + ([""] if self.notes else [])
         if self.scores:
             lines += ["## Ranks", "", "Rank per protocol: 1 = best; the mean of the method's ranks on the protocol's numbers "
                       "with a direction; controls placed among the methods for reference.", ""]
@@ -200,7 +205,7 @@ class BenchResult:
         def say(text: str, indent: str = "") -> list[str]:
             return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ", break_on_hyphens=False)
 
-        lines = say(f"Benchmark on {self.dataset}" + (f" ({self.seconds:.0f} s)" if self.seconds else "")) + [""]
+        lines = say(f"Benchmark on {self.dataset}, {self.precision}" + (f" ({self.seconds:.0f} s)" if self.seconds else "")) + [""]
         for model in self.scores:
             lines += say(f"{model}: rank per protocol (1 = best; controls placed among the methods for reference)")
             lines += ranking_text(self.ranking(model), width)
@@ -260,7 +265,7 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
     for m in config.metrics:
         metrics[m.label] = {"name": m.name, "options": m.options, "limit": config.limit_of(m),
                             "dataset": describe_dataset(m.dataset or config.dataset)}
-    settings = {"target": config.target, "seed": config.seed, "limit": config.limit, "dataset": describe_dataset(config.dataset),
+    settings = {"precision": config.precision, "target": config.target, "seed": config.seed, "limit": config.limit, "dataset": describe_dataset(config.dataset),
                 "methods": {m.label: {"name": m.name, "options": m.options} for m in config.methods}, "metrics": metrics,
                 "sanity": None if config.sanity is None else asdict(config.sanity), "highlight": list(config.highlight)}
     ordered_errors = sorted(errors, key=lambda e: (e["model"], e["method"], e["metric"] or "", e["images"]))

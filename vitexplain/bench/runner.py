@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..api import explain
 from ..instrumentation import ModelAdapter, adapter_for
+from ..instrumentation.precision import float32_scope, precision_mode
 from ..metrics import EvalBatch, Metric, get_metric
 from ..registry import get_method
 from .cache import MethodCache, model_folder
@@ -58,8 +59,9 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
         config = BenchConfig.from_dict(config)
     with place(config.device) as where:
         work = Work()
-        for model_entry in config.models:
-            _bench_model(model_entry, config, where, work)
+        with precision_mode(config.precision, where.device):
+            for model_entry in config.models:
+                _bench_model(model_entry, config, where, work)
         gathered = where.gather((work.shares, work.errors, work.seconds))
         result = None
         if where.rank == 0:
@@ -102,6 +104,8 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
         if group == 0 and where.rank == 0:
             shown = _mine(len(dataset), config.limit, config, where)[:max(config.gallery, _sanity_images(config))]
         base = folder / safe_name(dataset_key) / f"target-{config.target}"
+        if config.precision != "float32":  # float32 keeps the folders of runs made before precisions existed
+            base = base / f"precision-{config.precision}"
         caches = {}
         for method_entry in config.methods:
             run = MethodRun(adapter, model_entry.name, method_entry, _method_options(method_entry, config.seed), metrics,
@@ -229,7 +233,7 @@ class MethodRun:
     def _targets(self, images: Tensor, labels: Tensor) -> Tensor:
         if self.config.target == "label":
             return labels
-        return self.adapter.logits(images).argmax(-1)
+        return self.adapter.target(images, None).classes  # the float32 prediction, whatever the precision
 
     def _eval_batch(self, batch: Batch, maps: Tensor, targets: Tensor) -> EvalBatch:
         data = batch.data
@@ -292,7 +296,7 @@ class MethodRun:
             try:
                 _check_requirements(metric, part)
                 subset = evaluated if part is batch else self._eval_batch(part, maps[rows], targets[rows])
-                with self._timed(entry.label):
+                with self._timed(entry.label), float32_scope(self.adapter.model):  # its forwards: the run's precision
                     values = _check_values(metric, metric.compute(subset, **options), len(rows))
                 store.write(part.indices, part.ids, values)
             except Exception as error:  # noqa: BLE001 - a metric failing on a batch must not lose the rest

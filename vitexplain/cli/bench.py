@@ -14,6 +14,8 @@ import textwrap
 import warnings
 from typing import Any
 
+from .shared import add_precision_option
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -39,6 +41,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("-o", "--output", dest="output_dir", help="output folder (default: vitexplain-bench)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    add_precision_option(parser)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--limit", type=int, help="benchmark a random subset of this many images")
     parser.add_argument("--target", choices=("predicted", "label"), help="class explained (default: predicted)")
@@ -109,7 +112,7 @@ def config_from_args(args: argparse.Namespace):
             _, key, value = _assignment(text, dotted=False)
             dataset["options"] = {**dataset.get("options", {}), key: value}
         data["dataset"] = dataset
-    for key in ("batch_size", "output_dir", "device", "seed", "limit", "target", "num_workers", "progress"):
+    for key in ("batch_size", "output_dir", "device", "precision", "seed", "limit", "target", "num_workers", "progress"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     return BenchConfig.from_dict(data)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .shared import add_method_options, method_options, positive_int, probability_text
+from .shared import add_method_options, add_precision_option, method_options, positive_int, probability_text
 
 NAMING = """\
 output names:
@@ -44,6 +44,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=16,
                         help="images read and explained together (default: %(default)s)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    add_precision_option(parser, default="float32")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar (on stderr, it counts images x methods)")
     parser.add_argument("--html", action="store_true",
@@ -173,6 +174,7 @@ def run(args) -> int:
 
     from ..api import explain
     from ..image_files import ImageLoadError, display_image, load_image, make_transform
+    from ..instrumentation.precision import precision_mode
 
     given = unique_files(args.images)
     files = list(given)
@@ -187,49 +189,50 @@ def run(args) -> int:
         bar.write(f"error: {message}", file=sys.stderr)
 
     pages = []  # explorer items, with --html
-    for start in range(0, len(files), args.batch_size):
-        chunk = files[start:start + args.batch_size]
-        kept, tensors, shown = [], [], []
-        for path in chunk:  # read here, one batch at a time: memory follows --batch-size
-            try:
-                picture = load_image(given[path])
-            except ImageLoadError as error:
-                report(str(error))
+    with precision_mode(args.precision, device):  # the model's forwards in the user's precision
+        for start in range(0, len(files), args.batch_size):
+            chunk = files[start:start + args.batch_size]
+            kept, tensors, shown = [], [], []
+            for path in chunk:  # read here, one batch at a time: memory follows --batch-size
+                try:
+                    picture = load_image(given[path])
+                except ImageLoadError as error:
+                    report(str(error))
+                    continue
+                kept.append(path)
+                tensors.append(transform(picture))
+                shown.append(display_image(picture, setup.config))
+            if not kept:
+                bar.update(len(chunk) * len(setup.methods))
                 continue
-            kept.append(path)
-            tensors.append(transform(picture))
-            shown.append(display_image(picture, setup.config))
-        if not kept:
-            bar.update(len(chunk) * len(setup.methods))
-            continue
-        batch = torch.stack(tensors).to(device)
-        with torch.no_grad():
-            probabilities = setup.model(batch).softmax(-1).cpu()
-        predicted = probabilities.argmax(-1)
-        targets = predicted if args.target is None else torch.full_like(predicted, args.target)
-        maps = {}
-        for method in setup.methods:
-            bar.set_postfix_str(method)
-            try:
-                maps[method] = explain(setup.model, batch, method, target=targets.to(device), **setup.options[method]).cpu()
-            except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
-                report(f"method {method} on {', '.join(given[path] for path in kept)}: {error}")
-            bar.update(len(chunk))
-        for i, path in enumerate(kept):
-            cls, guess = int(targets[i]), int(predicted[i])
-            title = f"{setup.class_names[cls]} (p={probability_text(float(probabilities[i, cls]))})"
-            try:
-                save_outputs(setup.out / stems[path], shown[i], {m: s[i] for m, s in maps.items()}, title,
-                             grid=len(setup.methods) > 1)
-            except OSError as error:
-                report(f"{given[path]}: cannot write its outputs ({error})")
-                continue
-            if cls != guess:
-                title += f"; predicted {setup.class_names[guess]} (p={probability_text(float(probabilities[i, guess]))})"
-            bar.write(f"{given[path]} -> {title}", file=sys.stdout)
-            if args.html:
-                pages.append(explorer_item(setup, given[path], shown[i], {m: s[i] for m, s in maps.items()},
-                                           probabilities[i], cls, batch))
+            batch = torch.stack(tensors).to(device)
+            with torch.no_grad():
+                probabilities = setup.model(batch).softmax(-1).cpu()
+            predicted = probabilities.argmax(-1)
+            targets = predicted if args.target is None else torch.full_like(predicted, args.target)
+            maps = {}
+            for method in setup.methods:
+                bar.set_postfix_str(method)
+                try:
+                    maps[method] = explain(setup.model, batch, method, target=targets.to(device), **setup.options[method]).cpu()
+                except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
+                    report(f"method {method} on {', '.join(given[path] for path in kept)}: {error}")
+                bar.update(len(chunk))
+            for i, path in enumerate(kept):
+                cls, guess = int(targets[i]), int(predicted[i])
+                title = f"{setup.class_names[cls]} (p={probability_text(float(probabilities[i, cls]))})"
+                try:
+                    save_outputs(setup.out / stems[path], shown[i], {m: s[i] for m, s in maps.items()}, title,
+                                 grid=len(setup.methods) > 1)
+                except OSError as error:
+                    report(f"{given[path]}: cannot write its outputs ({error})")
+                    continue
+                if cls != guess:
+                    title += f"; predicted {setup.class_names[guess]} (p={probability_text(float(probabilities[i, guess]))})"
+                bar.write(f"{given[path]} -> {title}", file=sys.stdout)
+                if args.html:
+                    pages.append(explorer_item(setup, given[path], shown[i], {m: s[i] for m, s in maps.items()},
+                                               probabilities[i], cls, batch))
     bar.close()
     if pages:
         from ..explorer import write_explorer

@@ -9,6 +9,8 @@ import argparse
 import os
 import sys
 
+from .shared import add_precision_option
+
 
 def add_parser(subparsers) -> None:
     from ..reproduce import DATA_INPUTS
@@ -25,6 +27,7 @@ def add_parser(subparsers) -> None:
                         help="use a checkpoint file or another timm name for one of the recipe's models (repeatable)")
     parser.add_argument("-o", "--output", dest="output_dir", default="vitexplain-reproduce", help="output folder")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    add_precision_option(parser, default="float32")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--limit", type=int, help="evaluate a random subset of this many images per setting "
                         "(a quick check; the numbers are then not comparable with the paper's)")
@@ -90,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         for name in args.recipes:
             recipe = get_recipe(name)
             table = run_recipe(name, data=data, models={k: v for k, v in models.items() if k in recipe.models()},
-                               output_dir=args.output_dir, device=args.device, batch_size=args.batch_size,
+                               output_dir=args.output_dir, device=args.device, precision=args.precision,
+                               batch_size=args.batch_size,
                                limit=args.limit, num_workers=args.num_workers, progress=args.progress)
             if int(os.environ.get("RANK", "0")) != 0:
                 continue

@@ -16,6 +16,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_precision_option(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    from ..instrumentation.precision import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default=default,
+                        help="what the models run in: float32 (the papers'; default), tf32, or bfloat16 / float16 "
+                             "autocast; explanations keep computing in float32, forwards that only score inputs take it")
+
+
 def add_method_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-O", "--option", dest="options", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the method(s), e.g. -O n_masks=256 -O seed=1 (repeatable; the value is "

@@ -23,6 +23,7 @@ from .blocks import BlockParts, block_forward
 from .families.base import Family, ProbeParts, UnsupportedModelError
 from .inputs import TokenBatch
 from .patching import ModelPatch
+from .precision import caller_precision, float32_scope
 from .recording import BLOCK_FIELDS, BlockRecord, Readout, Recorder, Recording
 from .targets import Target, TargetLike, resolve_target
 from .windows import stage_grids
@@ -178,23 +179,27 @@ class ModelAdapter:
         return self.family.forward(inputs)
 
     def logits(self, inputs: Any) -> Tensor:
-        """Plain batched forward in eval mode, no gradients."""
-        with torch.no_grad(), evaluation_mode(self.model):
-            return self.forward(self.check_inputs(inputs))
+        """Float32 outputs of a plain batched forward in eval mode, no gradients.
+
+        A forward that only scores inputs: within an explanation it runs in the caller's precision
+        (autocast, TF32, low-precision weights; see :mod:`.precision`)."""
+        with torch.no_grad(), evaluation_mode(self.model), caller_precision():
+            return self.forward(self.check_inputs(inputs)).float()
 
     @contextlib.contextmanager
     def differentiable_forward(self) -> Iterator[Callable[[Tensor], Tensor]]:
-        """Yield ``inputs -> outputs`` with gradients enabled and the model in eval mode (restored on exit).
-
-        For methods that drive their own backward passes (e.g. through Captum)."""
-        with evaluation_mode(self.model), torch.enable_grad():
+        """Yield ``inputs -> outputs`` with gradients enabled and the model in eval mode (restored on exit),
+        in float32. For methods that drive their own backward passes (e.g. through Captum)."""
+        with float32_scope(self.model), evaluation_mode(self.model), torch.enable_grad():
             yield self.forward
 
     def target(self, inputs: Any, target: TargetLike) -> Target:
-        """``target`` resolved for ``inputs`` (the prediction when None), from a plain forward."""
+        """``target`` resolved for ``inputs`` (the prediction when None), from a plain float32 forward."""
         if isinstance(target, Target):
             return target
-        return resolve_target(target, self.logits(inputs), has_classes=self.family.has_classes)
+        with float32_scope(self.model), torch.no_grad(), evaluation_mode(self.model):
+            outputs = self.forward(self.check_inputs(inputs))
+        return resolve_target(target, outputs, has_classes=self.family.has_classes)
 
     # -- instrumented forwards --------------------------------------------------------------------
     @contextlib.contextmanager
@@ -255,40 +260,41 @@ class ModelAdapter:
         for name in set(wanted) | set(fields or ()):
             if name not in BLOCK_FIELDS:
                 raise ValueError(f"cannot record {name!r}; choose from {list(BLOCK_FIELDS) + ['input']}")
-        inputs = self.check_inputs(inputs)
-        if input_grad and not isinstance(inputs, Tensor):
-            raise ValueError("'input' gradients are taken with respect to images; token ids have none "
-                             "(ask for 'residual': block 0's residual holds the embeddings)")
-        recorder = Recorder(self.num_blocks, fields, blocks, wanted)
-        backward = bool(wanted) or input_grad
-        gradient_from = 0 if input_grad else recorder.first_gradient_block
-        with evaluation_mode(self.model), torch.set_grad_enabled(backward), \
-                self.instrumented(sink=_RecordingSink(recorder), gradient_from=gradient_from,
-                                  detach_attention_input="attn_input" in stop_gradient):
-            if input_grad:
-                inputs = inputs.detach().requires_grad_(True)
-            outputs = self.forward(inputs)
-            resolved = resolve_target(target, outputs.detach(), has_classes=self.family.has_classes)
-            scores = resolved.score(outputs, score)
-            found = self._backward(scores, recorder, inputs if input_grad else None) if backward else {}
-        records = []
-        for index, (entry, layout) in enumerate(zip(recorder.entries, recorder.layouts)):
-            parts = self.family.blocks[index]
-            values = {name: tensor.detach() for name, tensor in entry.items()}
-            gradients = found.get(index, {})
-            if layout is not None:  # the window batch in the recording's layout
-                values, gradients = layout.recorded(values), layout.recorded(gradients)
-            projection = parts.head_projection() if "v" in values else None
-            records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout,
-                                       grads=gradients))
-        batch = outputs.shape[0]
-        grid = self.grid_size(inputs)
-        return Recording(
-            logits=outputs.detach(), targets=resolved.labels(batch, outputs.device), scores=scores.detach(),
-            blocks=records, grid=grid, num_prefix_tokens=self.num_prefix_tokens,
-            class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
-            input_grad=found.get("input"), token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
-            target=resolved, stages=stage_grids(recorder.layouts, grid))
+        with float32_scope(self.model):  # internals and gradients are read in float32 (precision.py)
+            inputs = self.check_inputs(inputs)
+            if input_grad and not isinstance(inputs, Tensor):
+                raise ValueError("'input' gradients are taken with respect to images; token ids have none "
+                                 "(ask for 'residual': block 0's residual holds the embeddings)")
+            recorder = Recorder(self.num_blocks, fields, blocks, wanted)
+            backward = bool(wanted) or input_grad
+            gradient_from = 0 if input_grad else recorder.first_gradient_block
+            with evaluation_mode(self.model), torch.set_grad_enabled(backward), \
+                    self.instrumented(sink=_RecordingSink(recorder), gradient_from=gradient_from,
+                                      detach_attention_input="attn_input" in stop_gradient):
+                if input_grad:
+                    inputs = inputs.detach().requires_grad_(True)
+                outputs = self.forward(inputs)
+                resolved = resolve_target(target, outputs.detach(), has_classes=self.family.has_classes)
+                scores = resolved.score(outputs, score)
+                found = self._backward(scores, recorder, inputs if input_grad else None) if backward else {}
+            records = []
+            for index, (entry, layout) in enumerate(zip(recorder.entries, recorder.layouts)):
+                parts = self.family.blocks[index]
+                values = {name: tensor.detach() for name, tensor in entry.items()}
+                gradients = found.get(index, {})
+                if layout is not None:  # the window batch in the recording's layout
+                    values, gradients = layout.recorded(values), layout.recorded(gradients)
+                projection = parts.head_projection() if "v" in values else None
+                records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout,
+                                           grads=gradients))
+            batch = outputs.shape[0]
+            grid = self.grid_size(inputs)
+            return Recording(
+                logits=outputs.detach(), targets=resolved.labels(batch, outputs.device), scores=scores.detach(),
+                blocks=records, grid=grid, num_prefix_tokens=self.num_prefix_tokens,
+                class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
+                input_grad=found.get("input"), token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
+                target=resolved, stages=stage_grids(recorder.layouts, grid))
 
     @staticmethod
     def _backward(scores: Tensor, recorder: Recorder, images: Tensor | None) -> dict:
@@ -343,7 +349,8 @@ class ModelAdapter:
         if keep.ndim != 3 or keep.shape[0] != batch:
             raise ValueError(f"keep must be [B, M, K] patch indices with B={batch}, got {tuple(keep.shape)}")
         prefix = self.num_prefix_tokens
-        with torch.no_grad(), evaluation_mode(self.model):
+        with torch.no_grad(), evaluation_mode(self.model), caller_precision():
+            inputs = self.check_inputs(inputs)  # in the model's own dtype
             tokens, context = self.family.embed(inputs)
             num_patches = tokens.shape[1] - prefix
             if keep.numel() and (keep.min() < 0 or keep.max() >= num_patches):
@@ -358,7 +365,7 @@ class ModelAdapter:
                 with self.instrumented(positions=where):
                     outputs.append(self.family.encode(tokens[rows[:, None], where],
                                                       context.select(rows, where, prefix)))
-        return torch.cat(outputs).reshape(b, m, -1)
+        return torch.cat(outputs).float().reshape(b, m, -1)
 
 
 class _RecordingSink(Sink):

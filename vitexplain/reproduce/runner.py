@@ -240,7 +240,8 @@ def _cell(recipe: Recipe, plans: dict[str, SettingPlan], results: dict[str, Benc
 
 
 def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[str, nn.Module | str] | None = None,
-               output_dir: str | Path = "vitexplain-reproduce", device: str | None = None, batch_size: int = 16,
+               output_dir: str | Path = "vitexplain-reproduce", device: str | None = None, precision: str = "float32",
+               batch_size: int = 16,
                limit: int | None = None, method_options: dict[str, dict[str, Any]] | None = None,
                metric_options: dict[str, dict[str, Any]] | None = None, num_workers: int = 0,
                progress: bool = True) -> ReproducedTable:
@@ -256,6 +257,8 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
             in ``<output_dir>/bench`` (shared by all recipes, so a rerun resumes and tables share maps).
         device: ``cpu``, ``cuda`` ... (default: CUDA when available; under ``torchrun`` each process
             takes the GPU of its local rank, as in the bench).
+        precision: what the models run in (the bench's ``precision``: ``float32``, the papers', ``tf32``,
+            ``bfloat16``, ``float16``); a precision other than float32 is recorded as a deviation.
         batch_size: images per batch.
         limit: evaluate a seeded random subset of this many images per setting instead of the
             recipe's (a changed protocol).
@@ -291,7 +294,7 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
         results[setting.key] = run_benchmark(BenchConfig(
             models={setting.model: model.model}, methods=list(plan.methods.values()), metrics=list(plan.metrics.values()),
             dataset=bench_dataset(setting.data, root, indices, model.data_config, model.source), batch_size=batch_size,
-            output_dir=output_dir / "bench", device=device, seed=recipe.seed, limit=min(chosen) if chosen else None,
+            output_dir=output_dir / "bench", device=device, precision=precision, seed=recipe.seed, limit=min(chosen) if chosen else None,
             target=setting.target, num_workers=num_workers, progress=progress, gallery=0))
         setup.append(_setup_line(plan, model.source, root, results[setting.key]))
 
@@ -300,6 +303,8 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
                                             published.values[row.label, column.key], published.source_of(row.label))
              for row in recipe.rows for column in recipe.columns}
     deviations = [f"limit: {limit} images per setting"] if limit else []
+    if precision != "float32":
+        deviations.append(f"precision: the models ran in {precision} (the papers: float32)")
     deviations += [f"method {n} options {_describe_options(o)}" for n, o in (method_options or {}).items()]
     deviations += [f"metric {n} options {_describe_options(o)}" for n, o in (metric_options or {}).items()]
     deviations += [f"model {key} ({MODELS[key].source}) replaced by {loaded[key].source}"

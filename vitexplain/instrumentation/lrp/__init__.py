@@ -27,6 +27,7 @@ from ..adapter import READOUT, ModelAdapter, evaluation_mode
 from ..attention import Arithmetic, Sink
 from ..families.base import UnsupportedModelError
 from ..patching import ModelPatch
+from ..precision import float32_scope
 from ..targets import resolve_target
 from ..windows import Grid, WindowedMatrix, WindowLayout, mix_rows, mixing, stage_grids, to_tokens
 from . import rules as r
@@ -203,7 +204,7 @@ def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels:
     rules = resolve_rules(rules)
     _check_covered(adapter)
     trace = Trace()
-    with adapter.instrumented(arithmetic=RuleArithmetic(rules), sink=_TraceSink(trace, gradient_from or 0),
+    with float32_scope(adapter.model), adapter.instrumented(arithmetic=RuleArithmetic(rules), sink=_TraceSink(trace, gradient_from or 0),
                               gradient_from=gradient_from) as patch:
         _place(adapter, rules, trace, patch, pixels)
         yield trace
@@ -293,7 +294,12 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
         raise ValueError(f"cannot return relevance at {sorted(unknown)}; choose from {STAGES}")
     if gradients and "attn" not in at:
         raise ValueError("gradients are taken at the attention: ask for relevance at 'attn' too")
-    rules = resolve_rules(rules)
+    with float32_scope(adapter.model):  # the rules' denominators need float32 (precision.py)
+        return _relevance(adapter, images, targets, resolve_rules(rules), at, blocks, gradients)
+
+
+def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, at: Collection[str],
+               blocks: Collection[int] | None, gradients: bool) -> Relevance:
     below_blocks = "pixels" in at or "patches" in at
     images = adapter.check_images(images).detach().requires_grad_(below_blocks)
     num_blocks = adapter.num_blocks

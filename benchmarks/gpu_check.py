@@ -1,0 +1,202 @@
+"""The GPU check: every method's maps in the precisions users run, seeds across devices, the default bench's
+wall time, and method costs at batch 64 — one run, about 5 minutes on one GPU.
+
+    python benchmarks/gpu_check.py                              # on cuda: everything
+    python benchmarks/gpu_check.py --device cpu --images 4 --parts fidelity   # a smoke run on a CPU
+
+Parts (``--parts``, default all):
+
+* ``fidelity``: for every method and both shipped models, each of ``--images`` digits test canvases is
+  explained in float32 and in every reduced precision mode (TF32 products and convolutions, autocast
+  bfloat16 and float16 on the device, bfloat16 and float16 weights); printed: Pearson r of each canvas's
+  map to its float32 map, the lowest and the median, and the method's time in each mode relative to float32.
+  Sampling methods take the default bench's sample counts (``vitexplain/bench/default_digits.yaml``).
+* ``seeds``: every seeded method's float32 maps on the CPU and on the device with the same seed: r, lowest and median.
+* ``bench``: the default bench (``vitexplain bench``) on the device, in float32 and in bfloat16 autocast: wall seconds.
+* ``cost``: ``method_cost.py`` at batch 64 (ViT-B/16, random weights): ratios to one forward+backward in
+  float32, and each method's time under bfloat16 autocast relative to its float32 time.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+
+import torch
+
+import vitexplain
+from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
+from vitexplain.bench.config import read_yaml
+from vitexplain.datasets.base import collate, get_dataset
+from vitexplain.instrumentation.precision import precision_mode
+from vitexplain.models import load_model
+from vitexplain.registry import get_method
+
+from common import describe_machine
+
+SHIPPED = ("digits_vit", "digits_deit")
+PARTS = ("fidelity", "seeds", "bench", "cost")
+#: the methods of method_cost's batch-64 part: the single-pass ones and two samplers at bench sample counts
+COST_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken", "tokentm", "transformer_attribution",
+                "lrp", "attcat", "agcam"]
+COST_OPTIONS = {"tis": {"n_masks": 128}, "rise": {"n_masks": 256}}
+
+
+def bench_options() -> dict[str, dict]:
+    """Each method's options in the default bench (its sample counts), with large batches for a GPU."""
+    options = {}
+    for entry in read_yaml(DEFAULT_CONFIG)["methods"]:
+        if isinstance(entry, dict) and entry.get("label", entry["name"]) == entry["name"]:
+            options[entry["name"]] = dict(entry.get("options", {}))
+    for name in vitexplain.available_methods("image"):
+        if "batch_size" in get_method(name).options:
+            options.setdefault(name, {})["batch_size"] = 512
+    return options
+
+
+def canvases(count: int, device: torch.device) -> torch.Tensor:
+    dataset = get_dataset("digits", split="test", n=count)
+    return collate([dataset[i] for i in range(count)])["images"].to(device)
+
+
+def pearson(maps: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Pearson r of each map [B, ...] with its reference, in float64 (1 where both are the same constant)."""
+    a, b = (m.flatten(1).double().cpu() for m in (maps, reference))
+    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+    norms = a.norm(dim=1) * b.norm(dim=1)
+    same = (a - b).abs().amax(1) == 0
+    return torch.where(same, torch.ones_like(norms), (a * b).sum(1) / norms.clamp(min=1e-300))
+
+
+def modes(device: torch.device) -> dict[str, tuple[str | None, torch.dtype | None]]:
+    """Reduced precision modes: name -> (precision_mode name or None, weight dtype or None)."""
+    found = {"tf32": ("tf32", None)} if device.type == "cuda" else {}
+    found[f"{device.type} autocast bf16"] = ("bfloat16", None)
+    found[f"{device.type} autocast fp16"] = ("float16", None)
+    found["bf16 weights"] = (None, torch.bfloat16)
+    found["fp16 weights"] = (None, torch.float16)
+    return found
+
+
+def timed_explain(model, images, method, options, device) -> tuple[torch.Tensor, float]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    maps = vitexplain.explain(model, images, method, **options)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return maps, time.perf_counter() - start
+
+
+def fidelity(device: torch.device, count: int, methods: list[str]) -> None:
+    images = canvases(count, device)
+    options = bench_options()
+    names = list(modes(device))
+    print(f"\n## Maps in reduced precision: r to the float32 map, lowest / median of {count} canvases "
+          f"(time relative to float32)\n")
+    print("| method | model | " + " | ".join(names) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in names) + " |")
+    for model_name in SHIPPED:
+        model, _ = load_model(model_name, device=device)
+        for method in methods:
+            given = options.get(method, {})
+            vitexplain.explain(model, images[:2], method, **given)  # warm-up
+            reference, seconds = timed_explain(model, images, method, given, device)
+            cells = []
+            for mode, (precision, dtype) in modes(device).items():
+                try:
+                    if dtype is not None:
+                        model.to(dtype)
+                    with precision_mode(precision or "float32", device):
+                        maps, spent = timed_explain(model, images, method, given, device)
+                    r = pearson(maps, reference)
+                    bad = "" if torch.isfinite(maps).all() else " NaN"
+                    cells.append(f"{r.min():.3f} / {r.median():.3f} ({spent / seconds:.2f}x){bad}")
+                except Exception as error:  # noqa: BLE001 - a crash is a finding, printed in its cell
+                    cells.append(f"error: {str(error).splitlines()[0][:60]}")
+                finally:
+                    model.float()
+            print(f"| {method} | {model_name} | " + " | ".join(cells) + " |", flush=True)
+
+
+def seeds(device: torch.device, count: int) -> None:
+    images = canvases(count, device)
+    options = bench_options()
+    seeded = [m for m in vitexplain.available_methods("image") if get_method(m).randomised]
+    print(f"\n## One seed, two devices: r of the {device} maps to the CPU maps, lowest / median of {count} canvases\n")
+    print("| method | " + " | ".join(SHIPPED) + " |\n| --- | " + " | ".join("---" for _ in SHIPPED) + " |")
+    cpu = torch.device("cpu")
+    rows = {method: [] for method in seeded}
+    for model_name in SHIPPED:
+        model, _ = load_model(model_name, device=device)
+        for method in seeded:
+            here = vitexplain.explain(model, images, method, **options.get(method, {}))
+            there = vitexplain.explain(model.to(cpu), images.to(cpu), method, **options.get(method, {}))
+            model.to(device)
+            r = pearson(here, there)
+            rows[method].append(f"{r.min():.4f} / {r.median():.4f}")
+    for method, cells in rows.items():
+        print(f"| {method} | " + " | ".join(cells) + " |")
+
+
+def bench(device: torch.device) -> None:
+    print("\n## The default bench on this device (wall seconds, one process, fresh cache)\n")
+    for precision in ("float32", "bfloat16"):
+        with tempfile.TemporaryDirectory() as folder:
+            config = BenchConfig.from_dict({**read_yaml(DEFAULT_CONFIG), "output_dir": folder, "device": str(device),
+                                            "progress": False, "precision": precision})
+            start = time.perf_counter()
+            result = run_benchmark(config)
+            print(f"- {precision}: {time.perf_counter() - start:.1f} s, {len(result.errors)} error(s)", flush=True)
+            for error in result.errors[:5]:
+                print(f"  error: {error['model']} / {error['method']} / {error['metric']}: {error['error'][:100]}")
+
+
+def cost(device: torch.device, batch: int, repeats: int) -> None:
+    from method_cost import REFERENCE, measure, print_model
+
+    methods = COST_METHODS + list(COST_OPTIONS)
+    print(f"\n## method_cost at batch {batch}, vit_base_patch16_224 (random weights)\n")
+    found = {}
+    for precision in ("float32", "bfloat16"):
+        with precision_mode(precision, device):
+            found[precision] = measure("vit_base_patch16_224", {}, methods, batch, repeats, device, COST_OPTIONS, False)
+        print(f"{precision}:")
+        print_model(found[precision], batch, False)
+    print("\nbfloat16 autocast / float32, seconds per image:")
+    for name in [REFERENCE, *methods]:
+        fast, slow = found["bfloat16"].get(name), found["float32"].get(name)
+        if fast and slow:
+            print(f"  {name:26s} {fast[3] / slow[3]:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--images", type=int, default=32, help="digits test canvases per model")
+    parser.add_argument("--methods", nargs="+", default=None, help="methods of the fidelity part (default: all)")
+    parser.add_argument("--batch", type=int, default=64, help="batch of the cost part")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the cost part")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    methods = args.methods or [m for m in vitexplain.available_methods("image") if m != "constant_baseline"]
+    print(f"# GPU check — {describe_machine(device)}")
+    started = time.perf_counter()
+    for part in args.parts:
+        begun = time.perf_counter()
+        if part == "fidelity":
+            fidelity(device, args.images, methods)
+        elif part == "seeds":
+            seeds(device, args.images)
+        elif part == "bench":
+            bench(device)
+        else:
+            cost(device, args.batch, args.repeats)
+        print(f"\n({part}: {time.perf_counter() - begun:.0f} s)", flush=True)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
