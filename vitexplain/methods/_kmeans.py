@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..seeding import seeded_draw
+
 
 def initial_indices(num_points: int, n_clusters: int, seed: int) -> Tensor:
     """Indices of the points that start as centroids [n_clusters], drawn on the CPU from ``seed``.
@@ -18,8 +20,7 @@ def initial_indices(num_points: int, n_clusters: int, seed: int) -> Tensor:
     permutation is repeated; the extra centroids then start on top of others and stay empty.
     The same seed gives the same indices on every device and for every batch entry.
     """
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(num_points, generator=generator)
+    order = seeded_draw(seed, lambda generator: torch.randperm(num_points, generator=generator))
     return order[torch.arange(n_clusters) % num_points]
 
 

@@ -19,11 +19,6 @@ CHANNEL_REDUCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
-    """A generator of its own on ``device``, so the global RNG is never drawn from."""
-    return torch.Generator(device=device).manual_seed(seed)
-
-
 def interpolation_matrix(size_in: int, size_out: int, *, device: torch.device) -> Tensor:
     """1-D linear interpolation as a matrix [size_out, size_in] (float32).
 

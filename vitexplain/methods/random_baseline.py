@@ -6,18 +6,18 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
+from ..seeding import seeded_draw
 
 
 @register_method("random_baseline", class_specific=False, control=True, cost=0)
 def random_baseline(adapter: ModelAdapter, images: Tensor, target=None, *, seed: int = 0) -> Tensor:
     """Control, not an explanation: uniform noise U[0, 1) on the patch grid, ignoring the model.
 
-    One map is drawn from a ``torch.Generator`` seeded with ``seed`` and given to every image, so a
-    map depends neither on the image, the model, the target nor the batch. In the bench tables it is
-    the chance level of every protocol; in the model-randomisation check it must be flagged
-    (its maps do not change when the model does).
+    One map is drawn from ``seed`` (on the CPU, so every device gets the same one) and given to every
+    image, so a map depends neither on the image, the model, the target, the batch nor the device. In
+    the bench tables it is the chance level of every protocol; in the model-randomisation check it must
+    be flagged (its maps do not change when the model does).
     """
     height, width = adapter.grid_size(images)
-    generator = torch.Generator(device=images.device).manual_seed(seed)
-    noise = torch.rand(height, width, generator=generator, device=images.device)
+    noise = seeded_draw(seed, lambda generator: torch.rand(height, width, generator=generator), images.device)
     return noise.expand(images.shape[0], height, width).clone()

@@ -9,7 +9,8 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
 from ..options import PositiveInt, Probability, Score
-from ._pixel import chunks, interpolation_matrix, mask_major_pairs, seeded_generator
+from ..seeding import seeded_draw
+from ._pixel import chunks, interpolation_matrix, mask_major_pairs
 
 
 def random_grids(n_masks: int, grid_size: int, p1: float, image_size: tuple[int, int], seed: int,
@@ -17,13 +18,16 @@ def random_grids(n_masks: int, grid_size: int, p1: float, image_size: tuple[int,
     """The random part of RISE's masks: binary grids [N, s, s] and crop shifts [N, 2] (rows, columns).
 
     Each grid cell is 1 with probability p1; a shift is uniform in [0, C) per axis, C = ceil(size / s).
-    Drawn once from ``seed`` on ``device``, so every image of every batch gets the same masks.
+    Drawn once from ``seed`` (on the CPU, then moved to ``device``), so every image of every batch, on
+    every device, gets the same masks.
     """
-    generator = seeded_generator(seed, device)
-    grids = (torch.rand(n_masks, grid_size, grid_size, generator=generator, device=device) < p1).float()
-    shifts = torch.stack([torch.randint(0, math.ceil(size / grid_size), (n_masks,), generator=generator, device=device)
-                          for size in image_size], dim=1)
-    return grids, shifts
+    def draw(generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        grids = (torch.rand(n_masks, grid_size, grid_size, generator=generator) < p1).float()
+        shifts = torch.stack([torch.randint(0, math.ceil(size / grid_size), (n_masks,), generator=generator)
+                              for size in image_size], dim=1)
+        return grids, shifts
+
+    return seeded_draw(seed, draw, device)
 
 
 def grid_masks(grids: Tensor, shifts: Tensor, image_size: tuple[int, int]) -> Tensor:
@@ -65,7 +69,7 @@ def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positiv
         score: f, ``probability`` (softmax, as the paper and the authors' code), ``logit`` (what the
             TIS benchmark's wrapper passed) or ``log_probability``.
         batch_size: masked images per forward; bounds memory (masks are built per batch).
-        seed: seeds the grids and shifts (own generator on the images' device).
+        seed: seeds the grids and shifts (drawn on the CPU: the same masks on every device).
     """
     resolved = adapter.target(images, target)
     batch, _, height, width = images.shape

@@ -7,12 +7,14 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
 from ..options import NonNegative, PositiveInt
-from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, mask_major_pairs, seeded_generator
+from ..seeding import seeded_draw
+from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, mask_major_pairs
 
 
 def noise_samples(n_samples: int, image_shape: tuple[int, ...], seed: int, device: torch.device) -> Tensor:
-    """Standard normal noise [n_samples, C, H, W], the same for every image, drawn from ``seed`` on ``device``."""
-    return torch.randn((n_samples, *image_shape), generator=seeded_generator(seed, device), device=device)
+    """Standard normal noise [n_samples, C, H, W], the same for every image and device: drawn from ``seed``
+    on the CPU, moved to ``device`` once."""
+    return seeded_draw(seed, lambda generator: torch.randn((n_samples, *image_shape), generator=generator), device)
 
 
 @register_method("smoothgrad", resolution="pixel", cost=lambda o: 3 * o["n_samples"])

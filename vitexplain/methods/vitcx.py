@@ -9,8 +9,9 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter, Recording
 from ..registry import register_method
 from ..options import NonNegative, PositiveInt, Score
+from ..seeding import seeded_draw
 from ._heads import block_index
-from ._pixel import chunks, interpolation_matrix, mask_major_pairs, seeded_generator, upsample
+from ._pixel import chunks, interpolation_matrix, mask_major_pairs, upsample
 
 
 def patch_feature_maps(record: Recording, layer: int, features: str) -> Tensor:
@@ -114,13 +115,13 @@ def mask_noise(seed: int, first: int, last: int, shape: tuple[int, ...], max_mas
                device: torch.device) -> Tensor:
     """Standard normal noise ε_i for masks first..last [n, *shape]; ε_i depends only on (seed, i).
 
-    Every mask index has its own generator, seeded from ``seed`` by a CPU generator that draws
-    ``max_masks`` seeds, so an image's noise does not depend on the batch or on ``batch_size``.
+    Every mask index has its own generator, seeded from ``seed`` by one that draws ``max_masks`` seeds,
+    so an image's noise does not depend on the batch or on ``batch_size``. All are CPU generators, so
+    the noise does not depend on the device either; the masks' noise crosses to ``device`` together.
     """
-    seeds = torch.randint(0, 2**62, (max_masks,), generator=seeded_generator(seed, torch.device("cpu")))
-    return torch.stack([
-        torch.randn(shape, generator=torch.Generator(device=device).manual_seed(int(seeds[i])), device=device)
-        for i in range(first, last + 1)])
+    seeds = seeded_draw(seed, lambda generator: torch.randint(0, 2**62, (max_masks,), generator=generator))
+    return torch.stack([seeded_draw(int(seeds[i]), lambda generator: torch.randn(shape, generator=generator))
+                        for i in range(first, last + 1)]).to(device)
 
 
 @register_method("vitcx", resolution="pixel", cost=400)

@@ -13,8 +13,9 @@ TIS Sec. 4.2: 224 steps, four baselines (blur, random, black, mean). This reprod
 * baselines are made from the *preprocessed* image, exactly as the TIS code does:
   ``blur`` = torchvision ``gaussian_blur`` (kernel 11 x 11, sigma 5, reflect padding), ``black`` =
   zeros of the preprocessed tensor (the dataset-mean colour, not black pixels), ``mean`` = the
-  image's mean over channels and pixels, ``random`` = uniform [0, 1) values (drawn once from a
-  generator seeded with ``seed`` and shared by every image, so no image depends on its batch);
+  image's mean over channels and pixels, ``random`` = uniform [0, 1) values (drawn once on the CPU
+  from a generator seeded with ``seed`` and shared by every image, so no image depends on its batch
+  and no result on the device);
 * AUC of a curve: RISE's ``auc`` (``evaluation.py`` of eclique/RISE), the trapezoidal area with the
   n points spread evenly over [0, 1]: (sum - first / 2 - last / 2) / (n - 1); the TIS repository
   stores the curves and does not include its AUC step.
@@ -36,6 +37,7 @@ from ._common import (
 )
 from ._perturb import check_batch_size, mixed_logits
 from ..options import PositiveInt, Range
+from ..seeding import seeded_draw
 from .base import EvalBatch, Metric, register_metric
 
 BASELINES = ("blur", "black", "mean", "random")
@@ -50,8 +52,8 @@ def baseline_images(images: Tensor, baseline: str, seed: int = 0) -> Tensor:
         return torch.zeros_like(images[:1])
     if baseline == "mean":
         return images.mean(dim=(1, 2, 3), keepdim=True)
-    generator = torch.Generator().manual_seed(seed)
-    return torch.rand((1, *images.shape[1:]), generator=generator).to(images)
+    return seeded_draw(seed, lambda generator: torch.rand((1, *images.shape[1:]), generator=generator),
+                       images.device).to(images.dtype)
 
 
 def insertion_deletion(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,

@@ -22,7 +22,7 @@ Two options reproduce what the TIS authors' pipeline feeds Captum (docs/decision
   the spread of the method's own randomness. With ``reseed`` each perturbed call s runs the method
   with its own seed, derived from ``seed`` and s (:func:`sample_seeds`), so the run stays reproducible.
 
-Differences from Captum, both needed by vitexplain's contract: the noise comes from a
+Differences from Captum, both needed by vitexplain's contract: the noise comes from a CPU
 ``torch.Generator`` seeded with ``seed`` (Captum uses the global RNG), and the same n samples are
 added to every image, so an image's result does not depend on its batch. e(x) is the map already
 computed for the batch (``batch.maps``), which is what Captum recomputes for deterministic methods.
@@ -36,20 +36,25 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
+from ..seeding import seeded_draw
 from ._common import check_choice, check_images, check_maps, minmax
 from .base import EvalBatch, Metric, register_metric
 
 NORMALISATIONS = ("none", "minmax", "max")
 
 
-def sensitivity_noise(n_samples: int, shape: tuple[int, ...], radius: float, seed: int) -> Tensor:
-    """The n perturbations [n, *shape], uniform in [-radius, radius], drawn on the CPU from ``seed``."""
+def sensitivity_noise(n_samples: int, shape: tuple[int, ...], radius: float, seed: int,
+                      device: torch.device | str = "cpu") -> Tensor:
+    """The n perturbations [n, *shape], uniform in [-radius, radius], drawn on the CPU from ``seed``
+    (the same on every device) and moved to ``device``."""
     if not isinstance(n_samples, int) or n_samples < 1:
         raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}")
     if radius <= 0:
         raise ValueError(f"radius must be positive, got {radius}")
-    generator = torch.Generator().manual_seed(seed)
-    return torch.empty((n_samples, *shape)).uniform_(-radius, radius, generator=generator)
+    def draw(generator: torch.Generator) -> Tensor:
+        return torch.empty((n_samples, *shape)).uniform_(-radius, radius, generator=generator)
+
+    return seeded_draw(seed, draw, device)
 
 
 def sample_seeds(seed: int, n_samples: int) -> list[int]:
@@ -96,7 +101,7 @@ def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor
     if not isinstance(reseed, bool):
         raise TypeError(f"reseed must be a bool, got {reseed!r}")
     maps = check_maps(maps.to(images.device), images.shape[0])
-    noise = sensitivity_noise(n_samples, tuple(images.shape[1:]), radius, seed).to(images)
+    noise = sensitivity_noise(n_samples, tuple(images.shape[1:]), radius, seed, images.device).to(images.dtype)
     seeds = sample_seeds(seed, n_samples) if reseed else [None] * n_samples
     reference = normalise_maps(maps, normalise).flatten(1)
     scale = reference.norm(dim=1)
