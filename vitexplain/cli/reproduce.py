@@ -9,6 +9,8 @@ import argparse
 import os
 import sys
 
+from .shared import output_folder
+
 
 def add_parser(subparsers) -> None:
     from ..reproduce import DATA_INPUTS
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     data = {key: getattr(args, f"data_{key}") for key in DATA_INPUTS if getattr(args, f"data_{key}") is not None}
     status = 0
     try:
+        output_folder(args.output_dir)
         models = _models(args.model)
         for name in args.recipes:
             recipe = get_recipe(name)
