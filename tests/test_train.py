@@ -362,10 +362,11 @@ def test_the_train_command_records_a_command_that_parses_back_to_the_same_option
     argv = ["train", "--arch", "vit_tiny_patch16_224", "--patch-size", "16", "--embed-dim", "48", "--depth", "2",
             "--num-heads", "3", "--steps", "2", "--batch-size", "4", "--test-size", "8", "--threads", "1",
             "--nearest", "0.5", "--stroke", "2", "--contrast", "0.25", "--gradient", "0.1", "--noise", "0.05",
-            "--no-progress", "-o", str(out)]
+            "--device", "cpu", "--no-progress", "-o", str(out)]
     assert main(argv) == 0
     assert "test accuracy" in capsys.readouterr().out
     card = json.loads(out.with_suffix(".json").read_text())
+    assert card["training_time"]["device"] == "cpu"
     assert {key: card["training"][key] for key in AUGMENTED} == dict(nearest=0.5, stroke=2, contrast=0.25,
                                                                      gradient=0.1, noise=0.05)
     recorded = card["command"].split()

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..models import resolve_device
+
 
 @dataclass(frozen=True)
 class Place:
@@ -36,22 +38,16 @@ class Place:
         return box[0]
 
 
-def _device(requested: str | None, local_rank: int | None) -> torch.device:
-    device = torch.device(requested or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and device.index is None and local_rank is not None:
-        device = torch.device("cuda", local_rank)
-    return device
-
-
 @contextlib.contextmanager
 def place(requested_device: str | None) -> Iterator[Place]:
     """This process's place; joins the process group ``torchrun`` describes (gloo on CPU, nccl on GPU).
 
-    A process group that already exists is used as it is and left open.
+    The device is :func:`vitexplain.models.resolve_device`'s (under torchrun a plain ``cuda`` is the
+    local rank's GPU), checked before anything else is done. A process group that already exists is
+    used as it is and left open.
     """
+    device = resolve_device(requested_device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
-    device = _device(requested_device, local_rank if world > 1 or dist.is_initialized() else None)
     created = False
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

@@ -14,7 +14,7 @@ import textwrap
 import warnings
 from typing import Any
 
-from .shared import add_precision_option
+from .shared import add_precision_option, output_folder
 
 
 def add_parser(subparsers) -> None:
@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():          # the run's warnings (e.g. a repaired cache) as one plain line each
             warnings.showwarning = _show_warning
             config = config_from_args(args)
-            result = run_benchmark(config)
+            output_folder(config.output_dir)
+            result = run_benchmark(config)       # resolves the device before any data, model or cache
     except (ValueError, TypeError, OSError, ModelLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

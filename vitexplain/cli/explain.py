@@ -8,14 +8,14 @@ naming it; the rest still runs, and the exit code is 1. Output names follow :dat
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .shared import add_method_options, add_precision_option, method_options, positive_int, probability_text
+from .shared import add_method_options, add_precision_option, method_options, output_folder, positive_int, \
+    probability_text
 
 NAMING = """\
 output names:
@@ -53,20 +53,6 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def output_folder(path: str) -> Path:
-    """The output folder, created; a file in the way or a folder that cannot be written is a ValueError."""
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"output {path} is a file, not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"cannot create output folder {path}: {error.strerror or error}") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"output folder {path} is not writable")
-    return folder
-
-
 def output_names(paths: list[Path]) -> list[str]:
     """Unique output names of distinct absolute paths, as :data:`NAMING` describes: the stem, else the
     file name, else with parent folders; only names that clash grow, so a name does not depend on the
@@ -98,8 +84,8 @@ class Setup:
 
 
 def prepare(args, out: Path) -> Setup:
-    """Check the rest of what the user gave, cheapest first, before any image is read; raises
-    ValueError, TypeError or ModelLoadError with a one-line message."""
+    """Check the rest of what the user gave, cheapest first, before any image is read, then create the
+    output folder; raises ValueError, TypeError or ModelLoadError with a one-line message."""
     from ..models import class_names_for, load_model, resolve_device
     from ..registry import available_methods, get_method
 
@@ -112,6 +98,7 @@ def prepare(args, out: Path) -> Setup:
     if args.target is not None and not 0 <= args.target < len(names):
         raise ValueError(f"--target {args.target} is not a class of this model "
                          f"(it has {len(names)} classes, 0 to {len(names) - 1})")
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused command leaves no folder behind
     return Setup(out, methods, options, model, config, names)
 
 
@@ -166,7 +153,7 @@ def run(args) -> int:
 
     try:
         setup = prepare(args, out)
-    except (ValueError, TypeError, ModelLoadError) as error:
+    except (ValueError, TypeError, OSError, ModelLoadError) as error:
         return refuse(error)
 
     import torch

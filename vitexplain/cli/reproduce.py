@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from .shared import add_precision_option
+from .shared import add_precision_option, output_folder
 
 
 def add_parser(subparsers) -> None:
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     data = {key: getattr(args, f"data_{key}") for key in DATA_INPUTS if getattr(args, f"data_{key}") is not None}
     status = 0
     try:
+        output_folder(args.output_dir)
         models = _models(args.model)
         for name in args.recipes:
             recipe = get_recipe(name)

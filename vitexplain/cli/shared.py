@@ -1,7 +1,10 @@
-"""What several subcommands share: argument types, ``-O KEY=VALUE`` method options, number formatting."""
+"""What several subcommands share: argument types, output paths checked before any work, ``-O KEY=VALUE``
+method options, number formatting."""
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
 
@@ -22,6 +25,37 @@ def add_precision_option(parser: argparse.ArgumentParser, default: str | None = 
     parser.add_argument("--precision", choices=PRECISIONS, default=default,
                         help="what the models run in: float32 (the papers'; default), tf32, or bfloat16 / float16 "
                              "autocast; explanations keep computing in float32, forwards that only score inputs take it")
+
+
+def output_folder(path: str | Path) -> Path:
+    """``path`` as the folder a command writes into, checked but not created (a command refused after this
+    check leaves nothing behind): a file in the way, or a folder that cannot be created or written, is a
+    one-line ValueError naming it."""
+    folder = Path(path)
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if existing == folder and not folder.is_dir():
+        raise ValueError(f"output {path} is a file, not a folder")
+    if not existing.is_dir():
+        raise ValueError(f"cannot create output folder {path}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"output folder {path} is not writable" if existing == folder
+                         else f"cannot create output folder {path}: {existing} is not writable")
+    return folder
+
+
+def output_file(path: str | Path) -> Path:
+    """``path`` as a file a command writes, checked as :func:`output_folder` checks its folder (not created);
+    an existing folder at ``path`` is a ValueError too."""
+    file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"output {path} is a folder, not a file")
+    try:
+        output_folder(file.parent)
+    except ValueError as error:
+        raise ValueError(f"cannot write {path}: {error}") from None
+    return file
 
 
 def add_method_options(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ import sys
 
 from ..models import ModelLoadError
 from ..training import DISTILLATIONS, Recipe, train_digits
+from .shared import output_file
 
 #: model-shape options passed to timm when given (None: the architecture's own value)
 SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
@@ -54,6 +55,8 @@ def add_parser(subparsers) -> None:
     recipe.add_argument("--init", help="start from this digits model's weights (shipped name or checkpoint of the "
                         "same architecture and shape, or a plain ViT of a DeiT's shape) instead of a random "
                         "initialisation: fine-tuning")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available; the shipped models "
+                                          "were trained on the CPU: --device cpu retrains them as they were)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's setting)")
     parser.add_argument("--eval-every", type=int, help="also report the test accuracy every that many steps")
     parser.add_argument("--snapshot-every", type=int, help="save the training state every that many steps to "
@@ -78,8 +81,9 @@ def run(args) -> int:
     recipe = {name: getattr(args, name) for name in RECIPE_OPTIONS}
     recipe["clip_grad"] = recipe["clip_grad"] or None
     try:
+        output_file(args.out)  # train_digits then checks the device, before any model is built or canvas drawn
         result = train_digits(args.arch, model_kwargs, teacher=args.teacher, init=args.init, threads=args.threads,
-                              out=args.out,
+                              device=args.device, out=args.out,
                               command=command_line(args), eval_every=args.eval_every,
                               snapshot_every=args.snapshot_every,
                               progress=not args.no_progress, **recipe)
@@ -88,6 +92,6 @@ def run(args) -> int:
         return 2
     print(f"test accuracy {result['test_accuracy']:.4f} on {args.test_size} test canvases; {result['parameters']:,} "
           f"parameters; trained in {result['wall_seconds']:.0f} s wall, {result['cpu_seconds']:.0f} s CPU "
-          f"({result['threads']} threads)")
+          f"({result['threads']} threads) on {result['device']}")
     print(f"wrote {result['checkpoint']} and {result['card']}")
     return 0

@@ -22,7 +22,7 @@ from torch import nn
 from ..bench import BenchConfig, BenchResult, MethodEntry, MetricEntry, run_benchmark
 from ..datasets import available_datasets
 from ..metrics import available_metrics, get_metric
-from ..models import ModelLoadError, data_config, load_model, load_text_model
+from ..models import ModelLoadError, data_config, load_model, load_text_model, resolve_device
 from ..registry import available_methods, get_method
 from .data import bench_dataset, check_dataset
 from .published import load_published
@@ -256,7 +256,7 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
         output_dir: ``<output_dir>/<name>/table.{md,csv,html,json}``; the bench's cache and reports
             in ``<output_dir>/bench`` (shared by all recipes, so a rerun resumes and tables share maps).
         device: ``cpu``, ``cuda`` ... (default: CUDA when available; under ``torchrun`` each process
-            takes the GPU of its local rank, as in the bench).
+            takes the GPU of its local rank, as in the bench); checked first (:func:`vitexplain.models.resolve_device`).
         precision: what the models run in (the bench's ``precision``: ``float32``, the papers', ``tf32``,
             ``bfloat16``, ``float16``); a precision other than float32 is recorded as a deviation.
         batch_size: images per batch.
@@ -270,6 +270,7 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
         RecipeInputError: before any computation, listing every missing or unreadable input.
     """
     recipe = get_recipe(name)
+    device = resolve_device(device)  # before any model or data is read
     published = load_published(recipe)
     data, models = dict(data or {}), dict(models or {})
     unknown = sorted(set(data) - set(DATA_INPUTS))
@@ -294,7 +295,8 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
         results[setting.key] = run_benchmark(BenchConfig(
             models={setting.model: model.model}, methods=list(plan.methods.values()), metrics=list(plan.metrics.values()),
             dataset=bench_dataset(setting.data, root, indices, model.data_config, model.source), batch_size=batch_size,
-            output_dir=output_dir / "bench", device=device, precision=precision, seed=recipe.seed, limit=min(chosen) if chosen else None,
+            output_dir=output_dir / "bench", device=str(device), precision=precision, seed=recipe.seed,
+            limit=min(chosen) if chosen else None,
             target=setting.target, num_workers=num_workers, progress=progress, gallery=0))
         setup.append(_setup_line(plan, model.source, root, results[setting.key]))
 

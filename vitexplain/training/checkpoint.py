@@ -66,11 +66,16 @@ def _summary(model: nn.Module, kwargs: dict[str, Any], parameters: int, distille
             f"{len(CLASS_NAMES)} classes")
 
 
+def _device_name(device: torch.device) -> str:
+    """``cpu``, or ``cuda:0 (NVIDIA H100 80GB HBM3)``: a run is reproducible on the same kind of device only."""
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+
+
 def model_card(model: nn.Module, *, model_kwargs: dict[str, Any], recipe: Recipe, teacher: str | None,
                init: dict[str, Any] | None, command: str | None, accuracy: float, history: list[dict[str, Any]], run: dict[str, Any],
-               threads: int, train_canvases: int) -> dict[str, Any]:
+               threads: int, train_canvases: int, device: torch.device) -> dict[str, Any]:
     """The model card's fields after ``arch``, ``model_kwargs`` and ``class_names``: what the model is,
-    the recipe that trained it, its test accuracy, training time and machine, data and versions."""
+    the recipe that trained it, its test accuracy, training time, machine and device, data and versions."""
     distilled = hasattr(model, "set_distilled_training")
     return {
         "summary": _summary(model, model_kwargs, sum(p.numel() for p in model.parameters()), distilled),
@@ -79,12 +84,20 @@ def model_card(model: nn.Module, *, model_kwargs: dict[str, Any], recipe: Recipe
         "seed": recipe.seed, "command": command, "test_accuracy": accuracy, "history": history,
         "training_time": {"wall_seconds": round(run["wall_seconds"], 1), "cpu_seconds": round(run["cpu_seconds"], 1),
                           "threads": threads, "machine": f"{_cpu_name()}, {os.cpu_count()} logical CPUs",
-                          "sessions": run["sessions"]},
+                          "device": _device_name(device), "sessions": run["sessions"]},
         "date": datetime.date.today().isoformat(),
         "dataset": {"name": "digits", "train": {"canvases": train_canvases, "seed": recipe.data_seed},
                     "test": {"canvases": recipe.test_size, "seed": recipe.test_seed},
                     "split_seed": recipe.split_seed, "settings": _digits_settings()},
         "versions": {"torch": torch.__version__, "timm": __import__("timm").__version__}}
+
+
+def checkpoint_path(out: str | Path) -> Path:
+    """``out`` as a checkpoint path; one not ending in ``.safetensors`` is a ValueError (checked before training too)."""
+    out = Path(out)
+    if out.suffix != ".safetensors":
+        raise ValueError(f"the checkpoint is written as safetensors: give a path ending in .safetensors, got {out}")
+    return out
 
 
 def save_checkpoint(model: nn.Module, out: str | Path, *, arch: str, model_kwargs: dict[str, Any],
@@ -96,9 +109,7 @@ def save_checkpoint(model: nn.Module, out: str | Path, *, arch: str, model_kwarg
     """
     from safetensors.torch import save_file
 
-    out = Path(out)
-    if out.suffix != ".safetensors":
-        raise ValueError(f"the checkpoint is written as safetensors: give a path ending in .safetensors, got {out}")
+    out = checkpoint_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file({key: value.detach().float().contiguous().cpu() for key, value in model.state_dict().items()}, str(out))
     card_path = out.with_suffix(".json")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 
 from ..datasets.digits import CANVAS, DIGIT_SIZES, MEAN, STD, Digits
 from .augmentation import jitter, photometric, rendering_styles
-from .checkpoint import model_card, resume, save_checkpoint, save_snapshot
+from .checkpoint import checkpoint_path, model_card, resume, save_checkpoint, save_snapshot
 from .focus import digit_windows, focused
 from .recipe import Recipe, build_model, digits_model_kwargs, distillation_loss, learning_rate
 
@@ -36,12 +37,12 @@ def digits_labels(dataset: Digits, indices: Tensor) -> Tensor:
 
 
 @contextlib.contextmanager
-def _unfused_attention(models: list[nn.Module]) -> Iterator[None]:
-    """With more than one torch thread, turn timm's fused attention (``scaled_dot_product_attention``)
+def _unfused_attention(models: list[nn.Module], device: torch.device) -> Iterator[None]:
+    """On the CPU with more than one torch thread, turn timm's fused attention (``scaled_dot_product_attention``)
     off inside the block: the same arithmetic, but on 2 CPU threads its backward made a training step
-    about 3 times slower than two plain matmuls (on 1 thread both are as fast)."""
+    about 3 times slower than two plain matmuls (on 1 thread both are as fast; a GPU keeps its fused kernel)."""
     fused = [module for model in models for module in model.modules() if getattr(module, "fused_attn", False)]
-    if torch.get_num_threads() == 1:
+    if torch.get_num_threads() == 1 or device.type != "cpu":
         fused = []
     for module in fused:
         module.fused_attn = False
@@ -90,15 +91,18 @@ def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.AdamW:
                               {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr)
 
 
-def _resolve_teacher(teacher: nn.Module | str | None) -> tuple[nn.Module | None, str | None]:
-    """The teacher model (eval mode) and the name the model card records."""
+def _resolve_teacher(teacher: nn.Module | str | None, device: torch.device) -> tuple[nn.Module | None, str | None]:
+    """The teacher model (eval mode, on ``device``: a given module elsewhere is copied there, not moved) and the
+    name the model card records."""
     if teacher is None:
         return None, None
     if isinstance(teacher, nn.Module):
+        if any(parameter.device != device for parameter in teacher.parameters()):
+            teacher = copy.deepcopy(teacher).to(device)
         return teacher.eval(), type(teacher).__name__
     from ..models import load_model
 
-    model, config = load_model(teacher, device="cpu")
+    model, config = load_model(teacher, device=device)
     if tuple(config["input_size"][1:]) != (CANVAS, CANVAS) or tuple(config["mean"]) != MEAN or tuple(config["std"]) != STD:
         raise ValueError(f"teacher {teacher!r} expects {config['input_size']} images normalised with "
                          f"{config['mean']} / {config['std']}, not digits canvases")
@@ -146,8 +150,8 @@ def _load_initial_weights(model: nn.Module, weights: dict[str, Tensor], init: st
 
 
 def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teacher: nn.Module | str | None = None,
-                 init: str | Path | None = None, threads: int | None = None, out: str | Path | None = None,
-                 command: str | None = None,
+                 init: str | Path | None = None, threads: int | None = None, device: str | torch.device | None = None,
+                 out: str | Path | None = None, command: str | None = None,
                  eval_every: int | None = None, snapshot_every: int | None = None, progress: bool = True,
                  **recipe: Any) -> dict[str, Any]:
     """Train a timm Vision Transformer on ``digits`` — from scratch, or from ``init``'s weights — and measure
@@ -176,6 +180,10 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
             plain ViT of its shape: everything but the distillation token, its position and its head is copied.
             The card records it with its own card's command, recipe and accuracy, so a run in stages keeps its history.
         threads: torch intra-op threads during training (None: torch's current setting).
+        device: where the model trains (:func:`vitexplain.models.resolve_device`; default: CUDA when
+            available, else the CPU), checked first. Canvases, augmentation and the initialisation are
+            drawn on the CPU whatever the device, so only the arithmetic differs between devices; the
+            card records the device. The shipped models were trained on the CPU.
         out: where to write the checkpoint (``.safetensors``, float32) and its model card (``.json`` beside it).
         command: the command line to record in the model card.
         eval_every: also measure the test accuracy every that many steps (``history``; counts in the time).
@@ -191,6 +199,11 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
         process, all threads), ``threads``, ``model`` (the trained model, eval mode) and, with
         ``out``, ``checkpoint`` and ``card`` (paths).
     """
+    from ..models import resolve_device
+
+    device = resolve_device(device)
+    if out is not None:
+        out = checkpoint_path(out)
     recipe = Recipe(**recipe)
     kwargs = digits_model_kwargs(model_kwargs)
     grid = CANVAS // kwargs["patch_size"]
@@ -200,7 +213,7 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
                          f"(a digit can touch {needed} tokens per side), got {recipe.focus_window}")
     if snapshot_every is not None and (out is None or snapshot_every < 1):
         raise ValueError(f"snapshot_every needs an output path and a positive number of steps, got {snapshot_every!r}")
-    teacher_model, teacher_name = _resolve_teacher(teacher)
+    teacher_model, teacher_name = _resolve_teacher(teacher, device)
     initial_weights, initial = _initial_weights(init)
     snapshot = Path(out).with_suffix(".snapshot.pt") if snapshot_every else None
     identity = json.dumps({"arch": arch, "model_kwargs": kwargs, "recipe": dataclasses.asdict(recipe),
@@ -209,11 +222,12 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
                        split_seed=recipe.split_seed)
     test_set = Digits("test", n=recipe.test_size, seed=recipe.test_seed, split_seed=recipe.split_seed)
 
-    with _threads(threads) as used_threads, torch.random.fork_rng(devices=[]):
+    with _threads(threads) as used_threads, torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(recipe.seed)
         model = build_model(arch, kwargs).train()
         if initial_weights is not None:
             _load_initial_weights(model, initial_weights, init)
+        model.to(device)
         distilled = hasattr(model, "set_distilled_training")
         if distilled != (teacher_model is not None):
             raise ValueError(f"{arch} {'has' if distilled else 'has no'} distillation token but "
@@ -231,11 +245,11 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
     parameters = sum(p.numel() for p in model.parameters())
     result = {"test_accuracy": accuracy, "losses": run["losses"], "history": history, "parameters": parameters,
               "wall_seconds": run["wall_seconds"], "cpu_seconds": run["cpu_seconds"], "threads": used_threads,
-              "model": model}
+              "device": device, "model": model}
     if out is not None:
         card = model_card(model, model_kwargs=kwargs, recipe=recipe, teacher=teacher_name, init=initial, command=command,
                           accuracy=accuracy, history=history, run=run, threads=used_threads,
-                          train_canvases=len(train_set))
+                          train_canvases=len(train_set), device=device)
         result.update(save_checkpoint(model, out, arch=arch, model_kwargs=kwargs, card=card))
     return result
 
@@ -263,7 +277,8 @@ def _fit(model: nn.Module, teacher: nn.Module | None, recipe: Recipe, train_set:
     bar = tqdm(range(start, recipe.steps), desc=desc, disable=not progress, unit="step", mininterval=5,
                initial=start, total=recipe.steps)
     clock = (time.perf_counter() - run["wall_seconds"], time.process_time() - run["cpu_seconds"])
-    with _unfused_attention([m for m in (model, teacher) if m is not None]), contextlib.ExitStack() as focus:
+    device = next(model.parameters()).device
+    with _unfused_attention([m for m in (model, teacher) if m is not None], device), contextlib.ExitStack() as focus:
         keep = focus.enter_context(focused(viewers))
         for step in bar:
             if step >= recipe.focus_steps:
@@ -278,7 +293,8 @@ def _fit(model: nn.Module, teacher: nn.Module | None, recipe: Recipe, train_set:
                                      contrast=recipe.contrast, gradient=recipe.gradient, noise=recipe.noise,
                                      generator=generator)
             if step < recipe.focus_steps:
-                keep(digit_windows(train_set, indices, recipe.focus_window, grid, generator))
+                keep(digit_windows(train_set, indices, recipe.focus_window, grid, generator).to(device))
+            images, labels = images.to(device), labels.to(device)
             rate = learning_rate(step, steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps,
                                  min_lr=recipe.min_lr)
             for group in optimizer.param_groups:
