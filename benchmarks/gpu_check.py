@@ -19,6 +19,7 @@ Parts (``--parts``, default all):
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import tempfile
 import time
@@ -106,17 +107,14 @@ def fidelity(device: torch.device, count: int, methods: list[str]) -> None:
             cells = []
             for mode, (precision, dtype) in modes(device).items():
                 try:
-                    if dtype is not None:
-                        model.to(dtype)
+                    held = model if dtype is None else copy.deepcopy(model).to(dtype)  # the float32 model stays as it is
                     with precision_mode(precision or "float32", device):
-                        maps, spent = timed_explain(model, images, method, given, device)
+                        maps, spent = timed_explain(held, images, method, given, device)
                     r = pearson(maps, reference)
                     bad = "" if torch.isfinite(maps).all() else " NaN"
                     cells.append(f"{r.min():.3f} / {r.median():.3f} ({spent / seconds:.2f}x){bad}")
                 except Exception as error:  # noqa: BLE001 - a crash is a finding, printed in its cell
                     cells.append(f"error: {str(error).splitlines()[0][:60]}")
-                finally:
-                    model.float()
             print(f"| {method} | {model_name} | " + " | ".join(cells) + " |", flush=True)
 
 
@@ -140,12 +138,13 @@ def seeds(device: torch.device, count: int) -> None:
         print(f"| {method} | " + " | ".join(cells) + " |")
 
 
-def bench(device: torch.device) -> None:
+def bench(device: torch.device, limit: int | None) -> None:
     print("\n## The default bench on this device (wall seconds, one process, fresh cache)\n")
     for precision in ("float32", "bfloat16"):
         with tempfile.TemporaryDirectory() as folder:
-            config = BenchConfig.from_dict({**read_yaml(DEFAULT_CONFIG), "output_dir": folder, "device": str(device),
-                                            "progress": False, "precision": precision})
+            data = {**read_yaml(DEFAULT_CONFIG), "output_dir": folder, "device": str(device), "progress": False,
+                    "precision": precision}
+            config = BenchConfig.from_dict({**data, "limit": limit or data["limit"]})
             start = time.perf_counter()
             result = run_benchmark(config)
             print(f"- {precision}: {time.perf_counter() - start:.1f} s, {len(result.errors)} error(s)", flush=True)
@@ -153,15 +152,15 @@ def bench(device: torch.device) -> None:
                 print(f"  error: {error['model']} / {error['method']} / {error['metric']}: {error['error'][:100]}")
 
 
-def cost(device: torch.device, batch: int, repeats: int) -> None:
+def cost(device: torch.device, model: str, batch: int, repeats: int) -> None:
     from method_cost import REFERENCE, measure, print_model
 
     methods = COST_METHODS + list(COST_OPTIONS)
-    print(f"\n## method_cost at batch {batch}, vit_base_patch16_224 (random weights)\n")
+    print(f"\n## method_cost at batch {batch}, {model} (random weights)\n")
     found = {}
     for precision in ("float32", "bfloat16"):
         with precision_mode(precision, device):
-            found[precision] = measure("vit_base_patch16_224", {}, methods, batch, repeats, device, COST_OPTIONS, False)
+            found[precision] = measure(model, {}, methods, batch, repeats, device, COST_OPTIONS, False)
         print(f"{precision}:")
         print_model(found[precision], batch, False)
     print("\nbfloat16 autocast / float32, seconds per image:")
@@ -177,6 +176,8 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--images", type=int, default=32, help="digits test canvases per model")
     parser.add_argument("--methods", nargs="+", default=None, help="methods of the fidelity part (default: all)")
+    parser.add_argument("--limit", type=int, help="images per model of the bench part (default: the bench's)")
+    parser.add_argument("--model", default="vit_base_patch16_224", help="timm model of the cost part")
     parser.add_argument("--batch", type=int, default=64, help="batch of the cost part")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the cost part")
     args = parser.parse_args()
@@ -191,9 +192,9 @@ def main() -> None:
         elif part == "seeds":
             seeds(device, args.images)
         elif part == "bench":
-            bench(device)
+            bench(device, args.limit)
         else:
-            cost(device, args.batch, args.repeats)
+            cost(device, args.model, args.batch, args.repeats)
         print(f"\n({part}: {time.perf_counter() - begun:.0f} s)", flush=True)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 

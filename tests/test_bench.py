@@ -298,3 +298,27 @@ def test_cli_runs_the_benchmark_through_load_model_and_get_dataset(tmp_path, mon
     table_rows = [line.split()[0] for line in captured.out.splitlines() if line.strip()]
     assert "rollout" in table_rows and "1 error(s) on 1 image(s)" in captured.err
     assert json.loads((tmp_path / "results.json").read_text())["images"]["tiny.safetensors"]["rollout"]["bench_stats"] == 3
+
+
+def test_a_precision_runs_the_scoring_forwards_in_it_records_it_and_keeps_its_cache_apart(tmp_path):
+    metrics = [{"name": "insertion_deletion", "options": {"n_steps": 2}}]
+    results = {precision: run_benchmark(_config(tmp_path, RandomImages(3), precision=precision, metrics=metrics,
+                                                methods=[{"name": "rise", "options": {"n_masks": 8}}]))
+               for precision in ("float32", "bfloat16")}
+    cache = next((tmp_path / "out" / "cache").iterdir())
+    found = sorted(path.parent.relative_to(cache).parts[2:] for path in cache.rglob("rise-*/spec.json"))
+    assert [parts[:-1] for parts in found] == [("precision-bfloat16",), ()]  # float32: the folders it always had
+    for precision, result in results.items():
+        assert not result.errors and result.settings["precision"] == precision
+        assert result.markdown().startswith(f"# Benchmark on RandomImages, {precision}")
+        assert result.text().startswith(f"Benchmark on RandomImages, {precision}")
+    assert "Benchmark on RandomImages, bfloat16" in (tmp_path / "out" / "report.html").read_text()
+    float32, bfloat16 = (results[p].scores["tiny"]["rise(n_masks=8)"]["insertion_deletion"] for p in ("float32", "bfloat16"))
+    assert float32 != bfloat16                                  # RISE's and the metric's forwards ran in bfloat16
+    assert float32.keys() == bfloat16.keys()
+    for key in float32:
+        assert abs(float32[key] - bfloat16[key]) < 0.05
+    with pytest.raises(ValueError, match="precision must be one of float32, tf32, bfloat16, float16, got 'fp8'"):
+        _config(tmp_path, RandomImages(2), precision="fp8")
+    assert bench_cli.config_from_args(_parse(["--model", "a", "--method", "gae", "--metric", "sparseness",
+                                              "--dataset", "digits", "--precision", "tf32"])).precision == "tf32"

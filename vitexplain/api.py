@@ -39,6 +39,12 @@ def explain(
             ``outputs [R, ...] -> [R]`` applied to every row alike (see :mod:`vitexplain.instrumentation.targets`).
         **options: the method's options; an unknown one raises an error listing the valid ones.
 
+    Precision: the explanation computes in float32 with full-precision matrix products whatever the caller
+    runs (autocast, TF32, bfloat16 / float16 weights, seen in float32 for the length of the call); only the
+    forwards that score perturbed inputs (RISE, TIS, ViT-CX, and the metrics') run in the caller's precision,
+    where it buys speed. Every flag and weight comes back as it was. A method measured to move in the
+    caller's precision (e.g. LRP with rounded weights) warns once (docs/decisions/precision.md).
+
     Returns:
         Raw relevance scores, float32, on the inputs' device: [B, h, w] on the patch grid for
         token-level methods and at image size for pixel-level ones; for text, [B, T], one score per

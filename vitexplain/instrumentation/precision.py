@@ -37,16 +37,20 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 # -- matrix-product precision flags ------------------------------------------------------------
-#: the legacy switches: (getter, setter, full-precision value)
-_LEGACY_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None], Any]] = {
-    "cublas_tf32": (torch._C._get_cublas_allow_tf32, torch._C._set_cublas_allow_tf32, False),
-    "cudnn_tf32": (torch._C._get_cudnn_allow_tf32, torch._C._set_cudnn_allow_tf32, False),
+#: the legacy switches: (getter, setter, full-precision value, TF32 value, the newer switches it stands for)
+_LEGACY_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None], Any, Any, tuple[tuple[str, str], ...]]] = {
+    "cublas_tf32": (torch._C._get_cublas_allow_tf32, torch._C._set_cublas_allow_tf32, False, True,
+                    (("cuda", "matmul"),)),
+    "cudnn_tf32": (torch._C._get_cudnn_allow_tf32, torch._C._set_cudnn_allow_tf32, False, True,
+                   (("cuda", "conv"), ("cuda", "rnn"))),
     "float32_matmul_precision": (torch._C._get_float32_matmul_precision, torch._C._set_float32_matmul_precision,
-                                 "highest"),
+                                 "highest", "high", (("cuda", "matmul"), ("mkldnn", "matmul"))),
 }
 #: the per-backend, per-operation precisions of torch >= 2.9 (``torch.backends.*.fp32_precision``)
 _PRECISION_KEYS = (("generic", "all"), ("cuda", "all"), ("cuda", "matmul"), ("cuda", "conv"), ("cuda", "rnn"),
                    ("mkldnn", "all"), ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))
+#: the newer switches that reach float32 matrix products
+_MATMUL_KEYS = (("generic", "all"), ("cuda", "matmul"), ("mkldnn", "all"), ("mkldnn", "matmul"))
 _HAS_PRECISION_API = hasattr(torch._C, "_get_fp32_precision_getter")
 #: precisions of the newer switches that are below float32
 _REDUCED = ("tf32", "bf16")
@@ -74,38 +78,53 @@ class MatmulFlags:
 
     @classmethod
     def read(cls) -> MatmulFlags:
-        legacy = {name: _read(getter) for name, (getter, _, _) in _LEGACY_FLAGS.items()}
+        legacy = {name: _read(getter) for name, (getter, *_) in _LEGACY_FLAGS.items()}
         precisions = {key: torch._C._get_fp32_precision_getter(*key) for key in _PRECISION_KEYS} if _HAS_PRECISION_API else {}
         return cls(legacy, precisions)
 
     @property
     def full_precision(self) -> bool:
         """Whether float32 products and convolutions run in full precision (no TF32, no bf16 on oneDNN)."""
-        legacy_full = all(value in (None, full) for (_, _, full), value in zip(_LEGACY_FLAGS.values(), self.legacy.values()))
+        legacy_full = all(value in (None, full) for (_, _, full, *_), value in zip(_LEGACY_FLAGS.values(), self.legacy.values()))
         return legacy_full and not any(value in _REDUCED for value in self.precisions.values())
 
+    @property
+    def tf32_matmuls(self) -> bool:
+        """Whether float32 matrix products run in a reduced precision (what users switch on; cuDNN's TF32
+        convolutions, on by default in PyTorch, are not counted)."""
+        legacy = self.legacy["cublas_tf32"] or self.legacy["float32_matmul_precision"] not in (None, "highest")
+        return bool(legacy) or any(self.precisions.get(key) in _REDUCED for key in _MATMUL_KEYS)
+
     @staticmethod
-    def set_full_precision() -> None:
-        """Switch every float32 product and convolution to full precision, through the switches the caller used:
-        the legacy ones where they read, then any newer one still reduced."""
-        for getter, setter, full in _LEGACY_FLAGS.values():
-            if _read(getter) is not None:
-                setter(full)
+    def _switch(tf32: bool) -> None:
+        """Every switch to full precision or to TF32, through the switches the caller used: a legacy one where
+        torch reads it back, else the newer ones it stands for (so a mixture stays the caller's kind)."""
+        readable = [_read(getter) is not None for getter, *_ in _LEGACY_FLAGS.values()]  # before any switch moves
+        for (_, setter, full, reduced, keys), legacy in zip(_LEGACY_FLAGS.values(), readable):
+            if legacy:
+                setter(reduced if tf32 else full)
+            elif _HAS_PRECISION_API:
+                for key in keys:
+                    torch._C._set_fp32_precision_setter(*key, "tf32" if tf32 else "ieee")
+
+    @classmethod
+    def set_full_precision(cls) -> None:
+        """Switch every float32 product and convolution to full precision (any newer switch still reduced too)."""
+        cls._switch(tf32=False)
         if _HAS_PRECISION_API:
             for key in _PRECISION_KEYS:
                 if torch._C._get_fp32_precision_getter(*key) in _REDUCED:
                     torch._C._set_fp32_precision_setter(*key, "ieee")
 
-    @staticmethod
-    def set_tf32() -> None:
+    @classmethod
+    def set_tf32(cls) -> None:
         """Switch TF32 on for float32 matrix products and cuDNN convolutions, as
         ``torch.set_float32_matmul_precision("high")`` and ``torch.backends.cudnn.allow_tf32 = True`` do."""
-        torch._C._set_float32_matmul_precision("high")
-        torch._C._set_cudnn_allow_tf32(True)
+        cls._switch(tf32=True)
 
     def restore(self) -> None:
         """Put every switch back to what it was when read (legacy ones first: they also move the newer ones)."""
-        for name, (_, setter, _) in _LEGACY_FLAGS.items():
+        for name, (_, setter, *_) in _LEGACY_FLAGS.items():
             if self.legacy[name] is not None:
                 setter(self.legacy[name])
         for key, value in self.precisions.items():
@@ -214,7 +233,8 @@ def caller_precision() -> Iterator[None]:
 
 def precision_modes(model: nn.Module) -> list[str]:
     """The reduced precisions the caller runs ``model`` in, by name: ``"bfloat16 weights"``, ``"float16
-    weights"``, ``"<device> autocast <dtype>"`` (e.g. ``"cuda autocast bfloat16"``), ``"tf32"``; [] in float32.
+    weights"``, ``"<device> autocast <dtype>"`` (e.g. ``"cuda autocast bfloat16"``), ``"tf32"`` (TF32 matrix
+    products); [] in float32 (PyTorch's default TF32 cuDNN convolutions included).
     Within a :func:`float32_scope`, the caller's."""
     scope = _SCOPE.get()
     autocast = scope.caller_autocast if scope else _autocast_state()
@@ -224,7 +244,7 @@ def precision_modes(model: nn.Module) -> list[str]:
     modes = [f"{str(dtype).removeprefix('torch.')} weights" for dtype in LOW_PRECISION if dtype in dtypes]
     modes += [f"{device} autocast {str(dtype).removeprefix('torch.')}" for device, (enabled, dtype) in autocast.items()
               if enabled]
-    return modes + ([] if flags.full_precision else ["tf32"])
+    return modes + (["tf32"] if flags.tf32_matmuls else [])
 
 
 # -- running in a user's precision ---------------------------------------------------------------
