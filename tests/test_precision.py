@@ -13,6 +13,7 @@ import torch
 from conftest import make_vit
 
 import vitexplain
+from vitexplain import api
 from vitexplain.datasets.base import collate, get_dataset
 from vitexplain.instrumentation.precision import (MatmulFlags, caller_precision, float32_scope, precision_mode,
                                                   precision_modes)
@@ -49,7 +50,7 @@ def shipped(request):
 def test_maps_hold_under_cpu_autocast_and_low_precision_weights(shipped, canvases, method, monkeypatch):
     """Autocast: the float32 map. bfloat16 weights: the float32 map of those weights (the rounding of the weights
     is a different model; where it was measured to move a method's maps, the method warns with the figure)."""
-    monkeypatch.setattr(vitexplain.api, "_WARNED", set())
+    monkeypatch.setattr(api, "_WARNED", set())
     options = QUICK.get(method, {})
     reference = vitexplain.explain(shipped, canvases, method, **options)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -127,7 +128,7 @@ def test_precision_modes_name_what_the_caller_runs():
 def test_a_caveat_warns_once_naming_the_mode_and_the_figure(monkeypatch, canvases):
     spec = get_method("gae")
     monkeypatch.setitem(spec.precision_caveats, "bfloat16 weights", 0.97)
-    monkeypatch.setattr(vitexplain.api, "_WARNED", set())
+    monkeypatch.setattr(api, "_WARNED", set())
     model = make_vit(img_size=112).to(torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
