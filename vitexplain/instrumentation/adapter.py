@@ -233,6 +233,7 @@ class ModelAdapter:
         grads: Collection[str] | Mapping[str, Collection[int] | None] = (),
         score: str | Callable[[Tensor, Tensor], Tensor] = "logit",
         stop_gradient: Sequence[str] = (),
+        reduce: Callable[[Recording, BlockRecord], Any] | None = None,
     ) -> Recording:
         """One instrumented forward over a batch and, if ``grads`` names any field, one backward.
 
@@ -252,6 +253,12 @@ class ModelAdapter:
                 the sum over the batch gives each input its own gradient.
             stop_gradient: ``("attn_input",)`` makes every attention read a detached input, so the backward
                 does not flow through attention into lower blocks (as Leem & Seo's AG-CAM model does).
+            reduce: ``(recording, block) -> value``: the attention fields asked for (``attn_logits``, ``attn``,
+                values or gradients) are then not kept but handed, block by block as the backward passes
+                each block's attention, to ``reduce``, whose value is kept as ``block.reduced``. Its
+                ``block`` holds them beside the block's other fields; ``recording`` has everything but the
+                gradients. Only a reduction's size is kept of each block's attention (no N×N matrix is
+                kept from the forward either), and the backward runs even if no gradient is asked.
         """
         if set(stop_gradient) - {"attn_input"}:
             raise ValueError(f"stop_gradient supports only 'attn_input', got {sorted(stop_gradient)}")
@@ -265,8 +272,9 @@ class ModelAdapter:
             if input_grad and not isinstance(inputs, Tensor):
                 raise ValueError("'input' gradients are taken with respect to images; token ids have none "
                                  "(ask for 'residual': block 0's residual holds the embeddings)")
-            recorder = Recorder(self.num_blocks, fields, blocks, wanted)
-            backward = bool(wanted) or input_grad
+            anchor = None if reduce is None else torch.zeros((), device=self.device, requires_grad=True)
+            recorder = Recorder(self.num_blocks, fields, blocks, wanted, anchor)
+            backward = bool(wanted) or input_grad or bool(recorder.reduced_blocks)
             gradient_from = 0 if input_grad else recorder.first_gradient_block
             with evaluation_mode(self.model), torch.set_grad_enabled(backward), \
                     self.instrumented(sink=_RecordingSink(recorder), gradient_from=gradient_from,
@@ -276,39 +284,50 @@ class ModelAdapter:
                 outputs = self.forward(inputs)
                 resolved = resolve_target(target, outputs.detach(), has_classes=self.family.has_classes)
                 scores = resolved.score(outputs, score)
-                found = self._backward(scores, recorder, inputs if input_grad else None) if backward else {}
-            records = []
-            for index, (entry, layout) in enumerate(zip(recorder.entries, recorder.layouts)):
-                parts = self.family.blocks[index]
-                values = {name: tensor.detach() for name, tensor in entry.items()}
-                gradients = found.get(index, {})
-                if layout is not None:  # the window batch in the recording's layout
-                    values, gradients = layout.recorded(values), layout.recorded(gradients)
-                projection = parts.head_projection() if "v" in values else None
-                records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout,
-                                           grads=gradients))
-            batch = outputs.shape[0]
-            grid = self.grid_size(inputs)
-            return Recording(
-                logits=outputs.detach(), targets=resolved.labels(batch, outputs.device), scores=scores.detach(),
-                blocks=records, grid=grid, num_prefix_tokens=self.num_prefix_tokens,
-                class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
-                input_grad=found.get("input"), token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
-                target=resolved, stages=stage_grids(recorder.layouts, grid))
+                recording = self._recording(recorder, inputs, outputs, resolved, scores)
+                if backward:
+                    self._backward(scores, recorder, recording, reduce, inputs if input_grad else None)
+            return recording
+
+    def _recording(self, recorder: Recorder, inputs: Any, outputs: Tensor, resolved: Target, scores: Tensor) -> Recording:
+        """What the forward left in ``recorder``, as a :class:`Recording` (gradients to come)."""
+        records = []
+        for index, (entry, layout) in enumerate(zip(recorder.entries, recorder.layouts)):
+            parts = self.family.blocks[index]
+            values = recorder.laid_out(index, {name: tensor.detach() for name, tensor in entry.items()})
+            projection = parts.head_projection() if "v" in values else None
+            records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout))
+        batch = outputs.shape[0]
+        grid = self.grid_size(inputs)
+        return Recording(
+            logits=outputs.detach(), targets=resolved.labels(batch, outputs.device), scores=scores.detach(),
+            blocks=records, grid=grid, num_prefix_tokens=self.num_prefix_tokens,
+            class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
+            token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
+            target=resolved, stages=stage_grids(recorder.layouts, grid))
 
     @staticmethod
-    def _backward(scores: Tensor, recorder: Recorder, images: Tensor | None) -> dict:
-        """Gradients of the summed scores: {block index: {field: gradient}} and "input"."""
+    def _backward(scores: Tensor, recorder: Recorder, recording: Recording,
+                  reduce: Callable[[Recording, BlockRecord], Any] | None, images: Tensor | None) -> None:
+        """The backward of the summed scores: the gradients asked for into ``recording`` (each block's
+        ``grads``, ``input_grad``), and ``reduce``'s value of each reduced block's attention as it passes."""
+        def reduce_block(index: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
+            block = recording.blocks[index]
+            block.reduced = reduce(recording, dataclasses.replace(block, **tensors, grads=gradients))
+
+        recorder.reduce = reduce_block
         inputs = recorder.gradient_inputs()
         tensors = [tensor for _, _, tensor in inputs] + ([images] if images is not None else [])
-        found = torch.autograd.grad(scores.sum(), tensors, allow_unused=True)
+        anchors = [recorder.anchor_leaf] if recorder.reduced_blocks else []
+        found = torch.autograd.grad(scores.sum(), tensors + anchors, allow_unused=True)
         found = [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, found)]
-        result: dict = {}
         if images is not None:
-            result["input"] = found.pop()
+            recording.input_grad = found.pop()
+        by_block: dict[int, dict[str, Tensor]] = {}
         for (block, name, _), gradient in zip(inputs, found):
-            result.setdefault(block, {})[name] = gradient
-        return result
+            by_block.setdefault(block, {})[name] = gradient
+        for block, gradients in by_block.items():
+            recording.blocks[block].grads = recorder.laid_out(block, gradients)
 
     def readout_weights(self, tokens: int, batch: int, probe_attn: Tensor | None = None) -> Readout:
         """What the output takes from each of the last block's ``tokens`` tokens (see :class:`Readout`);
@@ -379,11 +398,20 @@ class _RecordingSink(Sink):
             return name == "attn"
         return self.recorder.wants(block, name)
 
+    def wants_gradient(self, block: int, name: str) -> bool:
+        return block != READOUT and self.recorder.wants_gradient(block, name)
+
+    def anchor(self, block: int) -> Tensor | None:
+        return None if block == READOUT else self.recorder.anchor(block)
+
     def put(self, block: int, **tensors: Tensor) -> None:
         if block == READOUT:
             self.recorder.readout_attn = tensors.get("attn")
         else:
             self.recorder.put(block, **tensors)
+
+    def put_backward(self, block: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
+        self.recorder.put_backward(block, tensors, gradients)
 
     def layout(self, block: int, layout) -> None:
         self.recorder.layout(block, layout)

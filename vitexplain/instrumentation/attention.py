@@ -20,6 +20,7 @@ Windowed attention (Swin) runs this same function on window batches (:mod:`.wind
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -87,8 +88,25 @@ class Sink:
     def wants(self, block: int, name: str) -> bool:
         return False
 
+    def wants_gradient(self, block: int, name: str) -> bool:
+        """Whether the gradient of block's ``name`` is wanted (however it is delivered)."""
+        return False
+
     def put(self, block: int, **tensors: Tensor) -> None:
         pass
+
+    def anchor(self, block: int) -> Tensor | None:
+        """A leaf requiring a gradient when block's scores and probabilities are to be handed over in the
+        backward (:meth:`put_backward`) rather than kept from the forward; None otherwise.
+
+        The attention then saves q, k and v instead of an N×N matrix and computes its probabilities
+        again as the backward passes it; it depends on the anchor (adding nothing to it), so a backward
+        to the anchor passes every such attention even where its input is detached."""
+        return None
+
+    def put_backward(self, block: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
+        """Block's ``attn_logits`` and ``attn`` and their gradients, as the backward passes its attention
+        (only for blocks with an :meth:`anchor`)."""
 
     def layout(self, block: int, layout) -> None:
         """A windowed block's :class:`~.windows.WindowLayout` for this forward (how its windows map to tokens)."""
@@ -257,38 +275,96 @@ def additive_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def _scores(arithmetic: Arithmetic, q_scaled: Tensor, k_scored: Tensor, bias: Tensor | None, mask: Tensor | None,
+            constant_query: bool = False) -> Tensor:
+    """The scores before the softmax: q kᵀ (q already scaled), plus the position bias and the mask."""
+    logits = arithmetic.scores(q_scaled, k_scored, constant_query=constant_query)
+    if bias is not None:
+        logits = arithmetic.offset(logits, bias)
+    return logits if mask is None else logits + mask
+
+
+def _fused(q_scaled: Tensor, k_scored: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None) -> Tensor:
+    """softmax(q kᵀ + bias + mask) v by PyTorch's fused attention (no N×N matrix kept for the backward)."""
+    both = bias if mask is None else (mask if bias is None else bias + mask)
+    return F.scaled_dot_product_attention(q_scaled, k_scored, v, attn_mask=both, scale=1.0)
+
+
+class _RecomputedAttention(torch.autograd.Function):
+    """softmax(scores) v whose backward computes the scores and probabilities again, written out, and hands
+    them and their gradients to the sink.
+
+    The forward is the fused attention of a block that records nothing, keeping q, k and v for the
+    backward, not an N×N matrix. Plain arithmetic in eval mode (attention dropout is the identity), as
+    recording runs; the backward's gradients are those of the written-out attention.
+    """
+
+    @staticmethod
+    def forward(ctx, q_scaled: Tensor, k_scored: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None,
+                anchor: Tensor, sink: Sink, block: int) -> Tensor:
+        ctx.save_for_backward(q_scaled, k_scored, v, bias, mask)
+        ctx.sink, ctx.block = weakref.ref(sink), block  # a strong one would tie the graph to what the sink keeps
+        return _fused(q_scaled, k_scored, v, bias, mask)
+
+    @staticmethod
+    def backward(ctx, grad_mixed: Tensor) -> tuple[Tensor | None, ...]:
+        q_scaled, k_scored, v, bias, mask = ctx.saved_tensors
+        sink, needs = ctx.sink(), ctx.needs_input_grad
+        with torch.enable_grad():  # the scores' and the softmax's own backward, as in the written-out graph
+            leaves = {position: None if t is None else t.detach().requires_grad_(needs[position])
+                      for position, t in ((0, q_scaled), (1, k_scored), (3, bias))}
+            logits = _scores(PLAIN, leaves[0], leaves[1], leaves[3], mask)
+            differentiable = {position: t for position, t in leaves.items() if t is not None and t.requires_grad}
+            through_softmax = bool(differentiable) or sink.wants_gradient(ctx.block, "attn_logits")
+            if through_softmax and not differentiable:
+                logits.requires_grad_(True)
+            attn = PLAIN.softmax(logits)
+        grads: list[Tensor | None] = [None] * 8  # one per input of forward
+        gradients = {"attn": grad_mixed @ v.transpose(-2, -1)}
+        if needs[2]:
+            grads[2] = attn.detach().transpose(-2, -1) @ grad_mixed
+        if through_softmax:
+            gradients["attn_logits"], *found = torch.autograd.grad(attn, [logits, *differentiable.values()],
+                                                                   gradients["attn"])
+            for position, gradient in zip(differentiable, found):
+                grads[position] = gradient
+        sink.put_backward(ctx.block, {"attn_logits": logits.detach(), "attn": attn.detach()}, gradients)
+        return tuple(grads)
+
+
 def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionInput(), *,
            arithmetic: Arithmetic = PLAIN, sink: Sink = NOTHING, block: int = -1) -> Tensor:
     """The attention's output for tokens ``x`` [B, N, C], as the module computes it.
 
     Hands ``q``, ``k``, ``v``, ``attn_logits`` and ``attn`` of block ``block`` to ``sink`` when it wants
     them; when it wants neither the scores nor the probabilities and the arithmetic is plain, they are
-    never materialised (PyTorch's fused attention runs instead).
+    never materialised (PyTorch's fused attention runs instead). When the sink gives the block an
+    :meth:`~Sink.anchor`, the scores and probabilities reach it in the backward instead
+    (:meth:`~Sink.put_backward`), and no N×N matrix is kept from the forward.
     """
     q, k, v = project(parts, arithmetic.attention_input(x), extra, arithmetic)
     biases = [cut_bias(b, extra.positions) for b in (parts.position_bias and parts.position_bias(), extra.bias)
               if b is not None]
     bias = sum(biases[1:], biases[0]) if biases else None
     mask = additive_mask(extra.mask, q.dtype)
+    anchor = sink.anchor(block)
     explicit = arithmetic.explicit or sink.wants(block, "attn_logits") or sink.wants(block, "attn")
     if parts.logit_scale is not None:  # cosine scores: q and k are recorded as projected, not normalised
         q_scaled, k_scored = arithmetic.normalize(q) * parts.logit_scale(), arithmetic.normalize(k)
     else:
         q_scaled, k_scored = q * parts.scale, k
-    if explicit:
-        logits = arithmetic.scores(q_scaled, k_scored, constant_query=parts.latent is not None)
-        if bias is not None:
-            logits = arithmetic.offset(logits, bias)
-        if mask is not None:
-            logits = logits + mask
+    if anchor is not None:
+        sink.put(block, q=q, k=k, v=v)
+        mixed = _RecomputedAttention.apply(q_scaled, k_scored, v, bias, mask, anchor, sink, block)
+    elif explicit:
+        logits = _scores(arithmetic, q_scaled, k_scored, bias, mask, constant_query=parts.latent is not None)
         attn = arithmetic.dropout(arithmetic.softmax(logits), parts.attn_drop)
         sink.put(block, q=q, k=k, v=v, attn_logits=logits, attn=attn)
         mixed = arithmetic.mix(attn, v)
     else:
         if any(sink.wants(block, name) for name in ("q", "k", "v")):
             sink.put(block, q=q, k=k, v=v)
-        both = bias if mask is None else (mask if bias is None else bias + mask)
-        mixed = F.scaled_dot_product_attention(q_scaled, k_scored, v, attn_mask=both, scale=1.0)
+        mixed = _fused(q_scaled, k_scored, v, bias, mask)
     out = mixed.transpose(1, 2).reshape(x.shape[0], mixed.shape[2], -1)
     if parts.output_norm is not None:
         out = parts.output_norm(out)

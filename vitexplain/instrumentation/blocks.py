@@ -100,7 +100,10 @@ def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = Attentio
     def attention_of(h: Tensor) -> Tensor:
         sink.put(index, attn_input=h)
         if detach_attention_input:
-            h = h.detach().requires_grad_(torch.is_grad_enabled())
+            # an anchored attention is reached through its anchor: the copy then needs a gradient only for
+            # q's, k's or v's, and without one no gradient is computed for them
+            needed = sink.anchor(index) is None or any(sink.wants_gradient(index, name) for name in ("q", "k", "v"))
+            h = h.detach().requires_grad_(torch.is_grad_enabled() and needed)
         return _attention(parts, h, extra, arithmetic, sink, index)
 
     if parts.layout == "pre_norm":

@@ -3,12 +3,13 @@
 These containers are model-family neutral: every family fills them the same way, so the
 explanation methods only ever read a :class:`Recording` and never look inside a model. A recording
 holds only what was asked for (:class:`Recorder`): the fields and blocks a method names, and the
-gradients of some fields in some blocks, so memory and backward cost follow the method.
+gradients of some fields in some blocks — or, of each block's attention, only what the method's
+reduction makes of it — so memory and backward cost follow the method.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,6 +22,8 @@ from .windows import Grid, WindowedMatrix, WindowLayout, mix_rows, mixing, to_to
 #: Per-block tensors that can be recorded, and whose gradients can be asked for.
 BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_residual",
                 "mlp_input", "mlp_branch")
+#: The attention's N×N fields, which a recording can reduce per block instead of keeping (:class:`Recorder`).
+ATTENTION_FIELDS = ("attn_logits", "attn")
 
 
 @dataclass
@@ -52,6 +55,8 @@ class BlockRecord:
         windows: for windowed attention, the :class:`~vitexplain.instrumentation.windows.WindowLayout`
             that maps per-window attention to tokens; None for global attention.
         grads: gradient of the target score with respect to any of the fields above, by field name.
+        reduced: what the recording's ``reduce`` made of this block's attention (see :class:`Recorder`);
+            None where it did not run.
     """
 
     residual: Tensor | None = None
@@ -70,6 +75,7 @@ class BlockRecord:
     block_output: Tensor | None = None
     windows: Any = None
     grads: dict[str, Tensor] = field(default_factory=dict)
+    reduced: Any = None
 
     @property
     def output(self) -> Tensor:
@@ -209,10 +215,15 @@ class Recorder(Sink):
             blocks each is kept in (None: ``blocks``).
         blocks: the blocks whose fields are kept (None: all); negative indices count from the end.
         grads: fields whose gradient is wanted, each with the blocks it is wanted in (None: all).
+        anchor: given, the attention fields (:data:`ATTENTION_FIELDS`) asked for — values or gradients —
+            are not kept: in each block that asks for them, they reach :attr:`reduce` as the backward
+            passes the block's attention (see :meth:`~.attention.Sink.anchor`), and this leaf, which
+            every such attention depends on, is what the backward must reach.
     """
 
     def __init__(self, num_blocks: int, fields: Collection[str] | Mapping[str, Collection[int] | None] | None = None,
-                 blocks: Collection[int] | None = None, grads: Mapping[str, Collection[int] | None] | None = None):
+                 blocks: Collection[int] | None = None, grads: Mapping[str, Collection[int] | None] | None = None,
+                 anchor: Tensor | None = None):
         everything = range(num_blocks)
         resolve = lambda chosen: set(everything) if chosen is None else {i % num_blocks for i in chosen}  # noqa: E731
         default = resolve(blocks)
@@ -228,12 +239,24 @@ class Recorder(Sink):
         self.readout_attn: Tensor | None = None
         #: each windowed block's layout in this forward (None for global attention)
         self.layouts: list[WindowLayout | None] = [None for _ in everything]
+        self.anchor_leaf = anchor
+        #: the blocks whose attention fields go to :attr:`reduce` instead of being kept
+        self.reduced_blocks = set() if anchor is None else {
+            block for name in ATTENTION_FIELDS for block in self.fields.get(name, set()) | self.grads.get(name, set())}
+        #: (block, its attention fields and their gradients, asked for and laid out) -> None, called in the backward
+        self.reduce: Callable[[int, dict[str, Tensor], dict[str, Tensor]], None] | None = None
 
     def layout(self, block: int, layout: WindowLayout) -> None:
         self.layouts[block] = layout
 
     def wants(self, block: int, name: str) -> bool:
         return block in self.fields.get(name, ()) or block in self.grads.get(name, ())
+
+    def wants_gradient(self, block: int, name: str) -> bool:
+        return block in self.grads.get(name, ())
+
+    def anchor(self, block: int) -> Tensor | None:
+        return self.anchor_leaf if block in self.reduced_blocks else None
 
     def put(self, block: int, **tensors: Tensor) -> None:
         if "residual" in tensors:
@@ -242,10 +265,22 @@ class Recorder(Sink):
             if self.wants(block, name) or name == "block_output":
                 self.entries[block][name] = tensor
 
+    def put_backward(self, block: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
+        asked = {name: tensor for name, tensor in tensors.items() if block in self.fields.get(name, ())}
+        gradients = {name: gradient for name, gradient in gradients.items() if self.wants_gradient(block, name)}
+        self.reduce(block, self.laid_out(block, asked), self.laid_out(block, gradients))
+
+    def laid_out(self, block: int, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        """A block's recorded tensors in the recording's layout (a windowed block's per window, see
+        :meth:`~.windows.WindowLayout.recorded`)."""
+        layout = self.layouts[block]
+        return tensors if layout is None else layout.recorded(tensors)
+
     @property
     def first_gradient_block(self) -> int | None:
-        """The lowest block holding a tensor whose gradient is wanted (None: no gradient in any block)."""
-        found = [min(chosen) for chosen in self.grads.values() if chosen]
+        """The lowest block holding a tensor whose gradient is wanted or whose attention is reduced in the
+        backward (None: neither in any block)."""
+        found = [min(chosen) for chosen in (*self.grads.values(), self.reduced_blocks) if chosen]
         return min(found) if found else None
 
     def gradient_inputs(self) -> list[tuple[int, str, Tensor]]:

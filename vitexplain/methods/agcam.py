@@ -6,7 +6,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter
+from ..instrumentation import BlockRecord, ModelAdapter, Recording
 from ..registry import register_method
 from ._products import readout_rows
 Fusion = Literal["sum", "mean", "max", "min"]
@@ -48,12 +48,10 @@ def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: Fu
         detach_attention_input: stop gradients at every attention sublayer's input (the authors'
             model, default) or let them flow through the attention of later blocks (False).
     """
-    record = adapter.record(images, target, fields=("attn_logits",), grads=(gradient_of,),
+    def block_map(record: Recording, block: BlockRecord) -> Tensor:  # Σ_h α_h ⊙ F_h of one block [B, h, w]
+        weighted = block.mixing(block.grads[gradient_of].clamp(min=0) * block.attn_logits.sigmoid())
+        return record.patch_grid(fuse(readout_rows(record, weighted)[..., record.num_prefix_tokens:], 1, head_fusion))
+
+    record = adapter.record(images, target, fields=("attn_logits",), grads=(gradient_of,), reduce=block_map,
                             stop_gradient=("attn_input",) if detach_attention_input else ())
-    prefix = record.num_prefix_tokens
-    per_block = torch.stack([
-        record.patch_grid(fuse(readout_rows(record, block.mixing(
-            block.grads[gradient_of].clamp(min=0) * block.attn_logits.sigmoid()))[..., prefix:], 1, head_fusion))
-        for block in record.blocks
-    ], dim=1)  # [B, blocks, h, w]
-    return fuse(per_block, 1, layer_fusion)
+    return fuse(torch.stack([block.reduced for block in record.blocks], dim=1), 1, layer_fusion)

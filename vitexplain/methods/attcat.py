@@ -6,7 +6,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter
+from ..instrumentation import BlockRecord, ModelAdapter, Recording
 from ..registry import register_method
 from ..instrumentation.windows import mix_rows
 from ._products import readout_rows
@@ -36,8 +36,15 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
             pooled readouts).
         tokens: ``input`` (block input, the authors' code) | ``output`` (block output).
     """
+    def attentive(record: Recording, block: BlockRecord) -> Tensor:  # α of one block [B, N]
+        heads = block.mixing(block.attn.mean(1))
+        if attention_row == "class":
+            return readout_rows(record, heads)
+        every_query = torch.full_like(block.residual[..., 0], 1 / block.residual.shape[1])
+        return mix_rows(every_query, heads)
+
     gradient_of = "residual" if tokens == "input" else "mlp_branch"
-    record = adapter.record(images, target, grads=(gradient_of,),
+    record = adapter.record(images, target, grads=(gradient_of,), reduce=attentive,
                             fields=("attn", "residual") if tokens == "input" else ("attn", "residual", "attn_branch",
                                                                                    "mlp_branch"))
     relevance = 0
@@ -45,8 +52,5 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
         # the MLP branch is added straight to the block output, so its gradient is the output's
         features = block.residual if tokens == "input" else block.output
         cat = (block.grads[gradient_of] * features).sum(-1)  # [B, N]
-        heads = block.mixing(block.attn.mean(1))
-        every_query = torch.full_like(cat, 1 / cat.shape[-1])
-        weights = mix_rows(every_query, heads) if attention_row == "mean" else readout_rows(record, heads)
-        relevance = relevance + record.patch_grid((weights * cat)[:, record.num_prefix_tokens:])
+        relevance = relevance + record.patch_grid((block.reduced * cat)[:, record.num_prefix_tokens:])
     return relevance

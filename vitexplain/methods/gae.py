@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter
+from ..instrumentation import BlockRecord, ModelAdapter, Recording
 from ..registry import register_method
 from ._products import readout_map
 
@@ -18,6 +18,10 @@ def gae(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     pooled readouts, docs/decisions/readouts.md; hierarchical models, docs/decisions/families.md).
     Gradients are of the target logit, as in hila-chefer/Transformer-MM-Explainability.
     """
-    record = adapter.record(images, target, fields=("attn",), grads=("attn",))
-    cams = [block.mixing((block.grads["attn"] * block.attn).clamp(min=0).mean(1)) for block in record.blocks]
-    return readout_map(record, cams)
+    record = adapter.record(images, target, fields=("attn",), grads=("attn",), reduce=_cam)
+    return readout_map(record, [block.reduced for block in record.blocks])
+
+
+def _cam(record: Recording, block: BlockRecord):
+    """mean_h((∇A ⊙ A)^+) of one block, as a product factor."""
+    return block.mixing((block.grads["attn"] * block.attn).clamp(min=0).mean(1))

@@ -6,7 +6,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..instrumentation import BlockRecord, ModelAdapter, UnsupportedModelError
+from ..instrumentation import BlockRecord, ModelAdapter, Recording, UnsupportedModelError
 from ..registry import register_method
 from ._heads import block_index
 from ._products import readout_map
@@ -29,7 +29,7 @@ def transformation_weights(reference_norm: Tensor, transformed_norm: Tensor, dot
 
 
 def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use_length: bool,
-                      use_necc: bool, index: int) -> Tensor:
+                      use_necc: bool) -> Tensor:
     """W of the MHSA sublayer (Eq. 13) as [B, H, N] (per head) or [B, 1, N] (shared by the heads).
 
     Head h's transformed tokens are Ẽ_h = v_h @ head_projection[h] (value bias and LayerScale
@@ -41,8 +41,8 @@ def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use
     projection = block.head_projection  # [H, D, C]
     if projection is None:
         raise UnsupportedModelError(
-            f"tokentm needs each head's output projection, but block {index}'s attention is not a plain "
-            "sum over heads (it has an output norm, a gate, or a norm after the branch as res-post-norm blocks do)")
+            "tokentm needs each head's output projection, but this model's attention is not a plain sum over "
+            "heads (it has an output norm, a gate, or a norm after the branch as res-post-norm blocks do)")
     reference_norm = reference.norm(dim=-1)[:, None]  # [B, 1, N]
     if per_head:
         gram = projection @ projection.transpose(1, 2)  # [H, D, D]
@@ -101,22 +101,23 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
     references = ("attn_input", "mlp_input") if normalized else ("residual", "mlp_residual")
     fields = dict.fromkeys(references + ("attn", "mlp_branch") + (("v",) if use_length or use_necc else ()), chosen)
     fields["residual"] = chosen if "residual" in references else (0,)
-    record = adapter.record(images, target, fields=fields, grads={"attn": chosen}, score=score)
     switches = dict(per_head=per_head, use_length=use_length, use_necc=use_necc)
 
+    def update(record: Recording, block: BlockRecord):  # the MHSA update, as the backward reaches the block
+        return attention_update(block, attention_weights(block, block.attn_input if normalized else block.residual,
+                                                         **switches))
+
+    record = adapter.record(images, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
     if not aggregate:
-        first = record.blocks[0]
-        weights = attention_weights(first, first.attn_input if normalized else first.residual, index=0, **switches)
-        return readout_map(record, [attention_update(first, weights)])
+        return readout_map(record, [record.blocks[0].reduced])
 
     updates = []  # per sublayer, first to last: MHSA U = I + cam (Eq. 15), FFN U = I + diag(W) (Eq. 17)
-    for index, block in enumerate(record.blocks[:len(chosen)]):
-        weights = attention_weights(block, block.attn_input if normalized else block.residual, index=index, **switches)
+    for block in record.blocks[:len(chosen)]:
         mlp_reference = block.mlp_input if normalized else block.mlp_residual
         mlp_weights = transformation_weights(
             mlp_reference.norm(dim=-1), block.mlp_branch.norm(dim=-1), (block.mlp_branch * mlp_reference).sum(-1),
             use_length, use_necc)
-        updates += [attention_update(block, weights), mlp_weights]
+        updates += [block.reduced, mlp_weights]
     embeddings = record.embeddings  # C⁰ = diag(L(E⁰)) (Eq. 18), on the right of the product
     initial = embeddings.norm(dim=-1) if use_length else torch.ones_like(embeddings[..., 0])
     return readout_map(record, [initial - 1, *updates])

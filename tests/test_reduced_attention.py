@@ -1,0 +1,118 @@
+"""``record(reduce=)``: each block's attention handed to a reducer as the backward passes it, and nothing more kept.
+
+The reducer sees what a plain recording keeps (the attention, its gradients, the block's other fields,
+the readout), on every family, windowed blocks and a detached attention input included; the forward
+keeps no N×N matrix for the backward, and each block's attention and gradients are gone before the next
+block's reduction runs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from vitexplain.instrumentation import adapter_for
+
+from conftest import make_vit
+from zoo import ZOO, build, images
+
+ATTENTION = ("attn_logits", "attn")
+
+
+def _handed(record, block):
+    """Everything a reducer can read of a block, copied out of the view it is given."""
+    return {"fields": {name: getattr(block, name) for name in ("attn_logits", "attn", "v", "residual")},
+            "grads": dict(block.grads), "readout_rows": record.readout_rows(block.mixing(block.attn.mean(1)))}
+
+
+def _assert_close(found, expected):
+    """Equal up to float rounding (the reduced recording's forward runs the fused attention)."""
+    torch.testing.assert_close(found, expected, rtol=1e-4, atol=1e-5 * expected.abs().max().item())
+
+
+def _assert_handed_as_kept(plain, reduced):
+    assert reduced.readout.kind == plain.readout.kind
+    for kept, block in zip(plain.blocks, reduced.blocks):
+        handed = block.reduced
+        for name, value in handed["fields"].items():
+            _assert_close(value, getattr(kept, name))
+        assert handed["grads"].keys() == kept.grads.keys() - {"q"}
+        for name, gradient in handed["grads"].items():
+            _assert_close(gradient, kept.grads[name])
+            assert gradient.abs().sum() > 0
+        _assert_close(handed["readout_rows"], plain.readout_rows(kept.mixing(kept.attn.mean(1))))
+        assert block.attn is block.attn_logits is None and set(block.grads) <= {"q"}  # the attention is not kept
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_reducers_see_what_a_plain_recording_keeps_in_every_family(name):
+    model, batch = build(name), images(2)
+    adapter = adapter_for(model)
+    asked = dict(fields=ATTENTION + ("v", "residual"), grads=ATTENTION)
+    _assert_handed_as_kept(adapter.record(batch, **asked), adapter.record(batch, **asked, reduce=_handed))
+
+
+@pytest.mark.parametrize("name", ["vit", "swin"])
+@pytest.mark.parametrize("grads", [("attn",), ("attn_logits", "q")])
+def test_a_detached_attention_input_still_hands_every_attention_over(name, grads):
+    """AG-CAM's recording: nothing below an attention needs a gradient, the anchor carries the backward there
+    (with q's gradient asked, the detached input takes one again)."""
+    model, batch = build(name), images(2)
+    adapter = adapter_for(model)
+    asked = dict(fields=ATTENTION + ("v", "residual"), grads=grads, stop_gradient=("attn_input",))
+    plain, reduced = adapter.record(batch, **asked), adapter.record(batch, **asked, reduce=_handed)
+    _assert_handed_as_kept(plain, reduced)
+    for kept, block in zip(plain.blocks, reduced.blocks):
+        assert block.grads.keys() == kept.grads.keys() - set(ATTENTION)
+        if "q" in grads:
+            _assert_close(block.grads["q"], kept.grads["q"])
+
+
+def test_only_the_blocks_asking_for_the_attention_reduce_it_and_the_rest_is_kept():
+    adapter, batch = adapter_for(make_vit(depth=3)), images(2)
+    record = adapter.record(batch, fields={"attn": (1,), "mlp_branch": None}, grads={"residual": (0, 2)},
+                            reduce=lambda record, block: block.attn.sum())
+    assert [block.reduced is not None for block in record.blocks] == [False, True, False]
+    plain = adapter.record(batch, fields={"attn": (1,), "mlp_branch": None}, grads={"residual": (0, 2)})
+    _assert_close(record.blocks[1].reduced, plain.blocks[1].attn.sum())
+    for kept, block in zip(plain.blocks, record.blocks):
+        _assert_close(block.mlp_branch, kept.mlp_branch)
+        assert block.grads.keys() == kept.grads.keys()
+        for name, gradient in block.grads.items():
+            _assert_close(gradient, kept.grads[name])
+
+
+def _saved_in_the_forward(adapter, batch, **asked):
+    """Shapes of the tensors autograd saves while the forward runs (a score function marks its end)."""
+    saved, forward = [], [True]
+
+    def score(logits, classes):
+        forward[0] = False
+        return logits.gather(1, classes[:, None])[:, 0]
+
+    def pack(tensor):
+        if forward[0]:
+            saved.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        adapter.record(batch, grads=("attn",), score=score, **asked)
+    return saved
+
+
+def test_the_forward_keeps_no_attention_matrix_and_each_block_is_freed_before_the_next():
+    model, batch = make_vit(depth=4), images(2)
+    adapter, tokens = adapter_for(model), 17
+    square = lambda shapes: [shape for shape in shapes if shape[-2:] == (tokens, tokens)]  # noqa: E731
+    assert len(square(_saved_in_the_forward(adapter, batch, fields=("attn",)))) >= 4  # what the check would catch
+    assert square(_saved_in_the_forward(adapter, batch, fields=("attn",), reduce=lambda record, block: None)) == []
+
+    handed = []  # weak references to the storages of every block's attention and gradient handed over so far
+
+    def reduce(record, block):
+        assert all(reference.expired() for reference in handed), "an earlier block's attention is still held"
+        handed.extend(StorageWeakRef(t.untyped_storage()) for t in (block.attn, block.grads["attn"]))
+        return block.attn.shape
+
+    record = adapter.record(batch, fields=("attn",), grads=("attn",), reduce=reduce)
+    assert len(handed) == 8 and all(block.reduced == (2, 3, tokens, tokens) for block in record.blocks)
