@@ -11,6 +11,12 @@ import torch.nn.functional as F
 
 def manual_forward(model, images):
     """Return (logits, attentions, residuals): attentions[l] is [B, H, N, N] with ``retain_grad``."""
+    attentions, stream = manual_blocks(model, images)
+    return model.forward_head(model.norm(stream[-1])), attentions, stream[:-1]
+
+
+def manual_blocks(model, images):
+    """Return (attentions, stream): stream[l] is block l's input and stream[-1] the last block's output."""
     tokens = model.norm_pre(model._pos_embed(model.patch_embed(images)))
     attentions, residuals = [], []
     for block in model.blocks:
@@ -29,5 +35,4 @@ def manual_forward(model, images):
         branch = F.linear(mixed, attn.proj.weight, attn.proj.bias)
         tokens = tokens + block.ls1(branch)
         tokens = tokens + block.ls2(block.mlp(block.norm2(tokens)))
-    logits = model.forward_head(model.norm(tokens))
-    return logits, attentions, residuals
+    return attentions, residuals + [tokens]

@@ -3,6 +3,8 @@ exactly, recordings equal to hooks on the real modules, token subsets follow pos
 (Hierarchical Swin, whose blocks live in stages and attend in windows: tests/test_swin.py.)"""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -118,6 +120,29 @@ def test_outputs_unchanged_and_model_restored_also_after_an_exception(name):
     handle.remove()
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x), expected)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_the_head_reads_any_blocks_output_as_the_model_would_if_it_ended_there(name):
+    """On the last block's output (as the real block module returns it) the head gives the model's output; on an
+    earlier block's, the output of the model cut after that block (the last stage's blocks for Swin); without
+    the final norm, the head on the normed tokens."""
+    model, x = build(name), images()
+    family = adapter_for(model).family
+    outputs = []
+    handles = [parts.module.register_forward_hook(lambda module, args, out: outputs.append(out)) for parts in family.blocks]
+    with torch.no_grad():
+        expected = model(x)
+        for handle in handles:
+            handle.remove()
+        torch.testing.assert_close(family.head(outputs[-1]), expected)
+        torch.testing.assert_close(family.head(model.norm(outputs[-1]), final_norm=False), expected)
+        cut = copy.deepcopy(model)
+        if name.startswith("swin"):
+            cut.layers[-1].blocks, earlier = cut.layers[-1].blocks[:1], outputs[-2]
+        else:
+            cut.blocks, earlier = cut.blocks[:1], outputs[0]
+        torch.testing.assert_close(family.head(earlier), cut(x))
 
 
 @pytest.mark.parametrize("name", NEW)

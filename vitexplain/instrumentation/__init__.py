@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .adapter import ModelAdapter, evaluation_mode
+from .adapter import LayerScores, ModelAdapter, evaluation_mode
 from .families import FAMILIES, Family, UnsupportedModelError
 from .inputs import TokenBatch
 from .recording import BLOCK_FIELDS, BlockRecord, Readout, Recording, identity_like
@@ -39,7 +39,7 @@ def adapter_for(model: nn.Module | ModelAdapter) -> ModelAdapter:
 
 
 __all__ = [
-    "BLOCK_FIELDS", "BlockRecord", "FAMILIES", "Family", "ModelAdapter", "Readout", "Recording", "Target", "TokenBatch",
+    "BLOCK_FIELDS", "BlockRecord", "FAMILIES", "Family", "LayerScores", "ModelAdapter", "Readout", "Recording", "Target", "TokenBatch",
     "UnsupportedModelError", "adapter_for", "evaluation_mode", "family_of", "identity_like", "resolve_target",
     "resolve_targets",
 ]

@@ -24,7 +24,7 @@ from .families.base import Family, ProbeParts, UnsupportedModelError
 from .inputs import TokenBatch
 from .patching import ModelPatch
 from .precision import caller_precision, float32_scope
-from .recording import BLOCK_FIELDS, BlockRecord, Readout, Recorder, Recording
+from .recording import BLOCK_FIELDS, HEAD_FIELDS, BlockRecord, Readout, Recorder, Recording
 from .targets import Target, TargetLike, resolve_target
 from .windows import stage_grids
 
@@ -44,6 +44,28 @@ def evaluation_mode(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerScores:
+    """The target scored at the outputs of some blocks, read through the model's head (``Family.head``),
+    instead of at the model's output: what the model would score if it ended at each of those blocks.
+
+    Every block from the lowest gradient asked for on starts its own gradient graph at its input, so the
+    one backward of the layer scores' sum leaves in each block the gradient of the score read at its own
+    output only (∂s_l/∂A_l for every l at the cost of one backward; a block whose output is not scored gets
+    zero gradients).
+
+    Attributes:
+        blocks: the blocks whose outputs are scored (negative indices count from the end).
+        mean_token: the head reads a sequence whose every token is the mean of the block's tokens (prefix
+            included), so that any readout weighting the tokens reads their mean, rather than the tokens.
+        final_norm: the model's final norm comes before the head (False: the head reads the tokens as they are).
+    """
+
+    blocks: Collection[int]
+    mean_token: bool = False
+    final_norm: bool = True
+
+
 @dataclasses.dataclass
 class _State:
     """How the instrumented blocks compute during one ``with adapter.instrumented(...)``."""
@@ -53,6 +75,7 @@ class _State:
     positions: Tensor | None
     gradient_from: int | None
     detach_attention_input: bool
+    separate_graphs: bool
 
 
 def _instrumented_block(parts: BlockParts, index: int, state: _State, *args: Any, **kwargs: Any) -> Any:
@@ -62,11 +85,16 @@ def _instrumented_block(parts: BlockParts, index: int, state: _State, *args: Any
         extra.positions = state.positions
     below = state.gradient_from is not None and index < state.gradient_from
     with torch.set_grad_enabled(torch.is_grad_enabled() and not below):
-        if index == state.gradient_from and torch.is_grad_enabled() and not x.requires_grad:
-            x = x.detach().requires_grad_(True)  # frozen weights or a cut below: the graph starts here
+        starts = (state.separate_graphs and state.gradient_from is not None and not below) or (
+            index == state.gradient_from and not x.requires_grad)
+        if starts and torch.is_grad_enabled():
+            x = x.detach().requires_grad_(True)  # frozen weights, a cut below, or the block's own graph
         out = block_forward(parts, x, extra, index=index, arithmetic=state.arithmetic, sink=state.sink,
                             detach_attention_input=state.detach_attention_input)
-    return parts.output(out, args[0] if args else next(iter(kwargs.values())))
+    returned = parts.output(out, args[0] if args else next(iter(kwargs.values())))
+    if state.sink.wants(index, "output"):
+        state.sink.put(index, output=returned)
+    return returned
 
 
 def _instrumented_probe(parts: ProbeParts, state: _State, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
@@ -204,7 +232,8 @@ class ModelAdapter:
     # -- instrumented forwards --------------------------------------------------------------------
     @contextlib.contextmanager
     def instrumented(self, *, arithmetic: Arithmetic = PLAIN, sink: Sink = NOTHING, positions: Tensor | None = None,
-                     gradient_from: int | None = None, detach_attention_input: bool = False) -> Iterator[ModelPatch]:
+                     gradient_from: int | None = None, detach_attention_input: bool = False,
+                     separate_graphs: bool = False) -> Iterator[ModelPatch]:
         """Within the block, every Transformer block (and an attention-pooling head) computes through the
         written-out forward of :mod:`.blocks`, with ``arithmetic`` and handing what it computes to
         ``sink``; yields the :class:`ModelPatch` holding the changes, for further ones (LRP rules).
@@ -214,8 +243,12 @@ class ModelAdapter:
             gradient_from: blocks below this index run without gradients and this block's input starts
                 the graph (so a backward stops there); None: as the surrounding mode says.
             detach_attention_input: every attention reads a detached copy of its input.
+            separate_graphs: every block from ``gradient_from`` on starts its own graph at its input, so a
+                backward from a block's output reaches that block only.
+
+        A block hands its output, as it returns it, to ``sink`` as ``output`` when the sink wants it.
         """
-        state = _State(arithmetic, sink, positions, gradient_from, detach_attention_input)
+        state = _State(arithmetic, sink, positions, gradient_from, detach_attention_input, separate_graphs)
         with ModelPatch() as patch:
             for index, parts in enumerate(self.family.blocks):
                 patch.replace_forward(parts.module, functools.partial(_instrumented_block, parts, index, state))
@@ -234,6 +267,7 @@ class ModelAdapter:
         score: str | Callable[[Tensor, Tensor], Tensor] = "logit",
         stop_gradient: Sequence[str] = (),
         reduce: Callable[[Recording, BlockRecord], Any] | None = None,
+        layer_scores: LayerScores | None = None,
     ) -> Recording:
         """One instrumented forward over a batch and, if ``grads`` names any field, one backward.
 
@@ -248,6 +282,8 @@ class ModelAdapter:
             blocks: the blocks whose fields are kept (None: all; negative indices count from the end).
             grads: fields whose gradient is wanted — names (every block) or a mapping from names to the
                 blocks they are wanted in — and/or ``"input"``, the gradient with respect to the images.
+                ``"probe_attn"`` (:data:`~vitexplain.instrumentation.recording.HEAD_FIELDS`), the attention of
+                an attention-pooling head reading a block's output, is there for ``layer_scores`` only.
             score: what is differentiated for class targets: ``"logit"``, ``"probability"``,
                 ``"log_probability"`` or a callable (logits, classes) -> [B]. Inputs are independent, so
                 the sum over the batch gives each input its own gradient.
@@ -259,14 +295,18 @@ class ModelAdapter:
                 ``block`` holds them beside the block's other fields; ``recording`` has everything but the
                 gradients. Only a reduction's size is kept of each block's attention (no N×N matrix is
                 kept from the forward either), and the backward runs even if no gradient is asked.
+            layer_scores: differentiate the target scored at some blocks' outputs through the model's head
+                (:class:`LayerScores`, each block's gradients those of its own score) instead of at the
+                model's output; ``scores`` stays the output's.
         """
         if set(stop_gradient) - {"attn_input"}:
             raise ValueError(f"stop_gradient supports only 'attn_input', got {sorted(stop_gradient)}")
         wanted = dict(grads) if isinstance(grads, Mapping) else {name: None for name in grads}
         input_grad = wanted.pop("input", False) is not False
         for name in set(wanted) | set(fields or ()):
-            if name not in BLOCK_FIELDS:
-                raise ValueError(f"cannot record {name!r}; choose from {list(BLOCK_FIELDS) + ['input']}")
+            if name not in BLOCK_FIELDS + HEAD_FIELDS:
+                raise ValueError(f"cannot record {name!r}; choose from {list(BLOCK_FIELDS + HEAD_FIELDS) + ['input']}")
+        self._check_layer_scores(layer_scores, set(wanted) | set(fields or ()), input_grad)
         with float32_scope(self.model):  # internals and gradients are read in float32 (precision.py)
             inputs = self.check_inputs(inputs)
             if input_grad and not isinstance(inputs, Tensor):
@@ -274,19 +314,23 @@ class ModelAdapter:
                                  "(ask for 'residual': block 0's residual holds the embeddings)")
             anchor = None if reduce is None else torch.zeros((), device=self.device, requires_grad=True)
             recorder = Recorder(self.num_blocks, fields, blocks, wanted, anchor)
+            scored = sorted({block % self.num_blocks for block in layer_scores.blocks}) if layer_scores else []
             backward = bool(wanted) or input_grad or bool(recorder.reduced_blocks)
-            gradient_from = 0 if input_grad else recorder.first_gradient_block
+            lowest = [block for block in (recorder.first_gradient_block, *scored[:1]) if block is not None]
+            gradient_from = 0 if input_grad else min(lowest, default=None)
+            sink = _RecordingSink(recorder, scored)
             with evaluation_mode(self.model), torch.set_grad_enabled(backward), \
-                    self.instrumented(sink=_RecordingSink(recorder), gradient_from=gradient_from,
-                                      detach_attention_input="attn_input" in stop_gradient):
+                    self.instrumented(sink=sink, gradient_from=gradient_from,
+                                      detach_attention_input="attn_input" in stop_gradient, separate_graphs=bool(scored)):
                 if input_grad:
                     inputs = inputs.detach().requires_grad_(True)
                 outputs = self.forward(inputs)
                 resolved = resolve_target(target, outputs.detach(), has_classes=self.family.has_classes)
                 scores = resolved.score(outputs, score)
+                differentiated = scores if layer_scores is None else self._layer_scores(sink, layer_scores, resolved, score)
                 recording = self._recording(recorder, inputs, outputs, resolved, scores)
                 if backward:
-                    self._backward(scores, recorder, recording, reduce, inputs if input_grad else None)
+                    self._backward(differentiated, recorder, recording, reduce, inputs if input_grad else None)
             return recording
 
     def _recording(self, recorder: Recorder, inputs: Any, outputs: Tensor, resolved: Target, scores: Tensor) -> Recording:
@@ -305,6 +349,39 @@ class ModelAdapter:
             class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
             token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
             target=resolved, stages=stage_grids(recorder.layouts, grid))
+
+    def _check_layer_scores(self, layer_scores: LayerScores | None, names: set[str], input_grad: bool) -> None:
+        """Refuse what layer scores cannot give, and head fields without them."""
+        if layer_scores is None:
+            if names & set(HEAD_FIELDS):
+                raise ValueError(f"{sorted(names & set(HEAD_FIELDS))} are recorded when the head reads blocks' outputs: "
+                                 "pass layer_scores")
+            return
+        if "probe_attn" in names and self.family.probe is None:
+            raise ValueError(f"'probe_attn' needs an attention-pooling head; this model's head reads the tokens by "
+                             f"{self.readout!r} pooling")
+        if input_grad:
+            raise ValueError("layer scores cut the graph at every block, so they have no gradient with respect to the images")
+        if not layer_scores.blocks:
+            raise ValueError("layer_scores names no block")
+
+    def _layer_scores(self, sink: _RecordingSink, layer_scores: LayerScores, target: Target, score: Any) -> Tensor:
+        """The target's score read at each scored block's output through the head, summed over the blocks -> [B]
+        (the head's probe attention goes to the block it reads)."""
+        last = sink.recorder.tokens[-1]
+        total = 0
+        for block, output in sink.outputs.items():
+            if sink.recorder.tokens[block] != last:
+                raise UnsupportedModelError(
+                    f"block {block} has {sink.recorder.tokens[block]} tokens, the last block {last} (a patch merge comes "
+                    "between), so the model's head cannot read its output; read blocks of the last stage only")
+            if layer_scores.mean_token:
+                mean = output.flatten(1, -2).mean(1)
+                output = mean.reshape(mean.shape[0], *(1,) * (output.ndim - 2), mean.shape[-1]).expand_as(output)
+            sink.reading = block
+            total = total + target.score(self.family.head(output, final_norm=layer_scores.final_norm), score)
+        sink.reading = None
+        return total
 
     @staticmethod
     def _backward(scores: Tensor, recorder: Recorder, recording: Recording,
@@ -388,14 +465,23 @@ class ModelAdapter:
 
 
 class _RecordingSink(Sink):
-    """Routes a forward's tensors to a :class:`Recorder`, the pooling head's attention to its readout slot."""
+    """Routes a forward's tensors to a :class:`Recorder`, the pooling head's attention to its readout slot (or,
+    while the head reads a scored block's output, to that block's ``probe_attn``), and keeps the outputs of
+    the scored blocks."""
 
-    def __init__(self, recorder: Recorder):
+    def __init__(self, recorder: Recorder, scored: Collection[int] = ()):
         self.recorder = recorder
+        self.scored = set(scored)
+        #: each scored block's output, as the block returns it (in the graph)
+        self.outputs: dict[int, Tensor] = {}
+        #: the block whose output the head is reading, None while the model runs
+        self.reading: int | None = None
 
     def wants(self, block: int, name: str) -> bool:
         if block == READOUT:
             return name == "attn"
+        if name == "output":
+            return block in self.scored
         return self.recorder.wants(block, name)
 
     def wants_gradient(self, block: int, name: str) -> bool:
@@ -405,8 +491,12 @@ class _RecordingSink(Sink):
         return None if block == READOUT else self.recorder.anchor(block)
 
     def put(self, block: int, **tensors: Tensor) -> None:
-        if block == READOUT:
+        if block == READOUT and self.reading is not None:
+            self.recorder.put(self.reading, probe_attn=tensors.get("attn"))
+        elif block == READOUT:
             self.recorder.readout_attn = tensors.get("attn")
+        elif "output" in tensors:
+            self.outputs[block] = tensors["output"]
         else:
             self.recorder.put(block, **tensors)
 

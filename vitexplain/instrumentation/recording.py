@@ -24,6 +24,9 @@ BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", 
                 "mlp_input", "mlp_branch")
 #: The attention's N×N fields, which a recording can reduce per block instead of keeping (:class:`Recorder`).
 ATTENTION_FIELDS = ("attn_logits", "attn")
+#: What the model's head leaves when it reads a block's output (recorded with ``layer_scores`` only, see
+#: :class:`~vitexplain.instrumentation.adapter.LayerScores`).
+HEAD_FIELDS = ("probe_attn",)
 
 
 @dataclass
@@ -47,6 +50,9 @@ class BlockRecord:
             attn_branch, or in ``post_norm`` blocks ``mlp_input`` (a tensor the backward keeps anyway).
         mlp_input: the input the feed-forward sublayer reads [B, N, C].
         mlp_branch: what the feed-forward sublayer adds [B, N, C].
+        probe_attn: the attention of the model's attention-pooling head reading this block's output
+            [B, H, 1, N'] (N' the tokens it reads), when the block's output is scored through the head
+            (:class:`~vitexplain.instrumentation.adapter.LayerScores`).
         head_projection: per-head output projection [H, D, C] (LayerScale folded in), so that
             ``v[:, h] @ head_projection[h]`` is head h's share of ``attn_branch`` without the output bias;
             None when the branch is not a sum over heads (output norm, gate, post-branch norm) or not asked.
@@ -70,6 +76,7 @@ class BlockRecord:
     mlp_residual: Tensor | None = None
     mlp_input: Tensor | None = None
     mlp_branch: Tensor | None = None
+    probe_attn: Tensor | None = None
     head_projection: Tensor | None = None
     layout: str = "pre_norm"
     block_output: Tensor | None = None
@@ -286,7 +293,7 @@ class Recorder(Sink):
     def gradient_inputs(self) -> list[tuple[int, str, Tensor]]:
         """(block, field, tensor) of every recorded tensor whose gradient is wanted, in block order."""
         return [(block, name, self.entries[block][name]) for block in range(len(self.entries))
-                for name in BLOCK_FIELDS if block in self.grads.get(name, ()) and name in self.entries[block]]
+                for name in BLOCK_FIELDS + HEAD_FIELDS if block in self.grads.get(name, ()) and name in self.entries[block]]
 
 
 def identity_like(matrix: Tensor) -> Tensor:

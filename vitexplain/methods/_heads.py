@@ -1,4 +1,4 @@
-"""Small tensor helpers several attention-based methods share."""
+"""Small tensor helpers several methods share."""
 from __future__ import annotations
 
 from typing import Literal
@@ -31,3 +31,10 @@ def block_index(option: str, value: int, num_blocks: int) -> int:
         raise ValueError(f"{option} must index one of the model's {num_blocks} blocks (-{num_blocks} … {num_blocks - 1}), "
                          f"got {value}")
     return value % num_blocks
+
+
+def min_max(maps: Tensor) -> Tensor:
+    """Each map [..., H, W] rescaled to [0, 1]; a constant map becomes 0."""
+    low = maps.amin((-2, -1), keepdim=True)
+    span = maps.amax((-2, -1), keepdim=True) - low
+    return torch.where(span > 0, (maps - low) / torch.where(span > 0, span, 1), torch.zeros_like(maps))

@@ -10,7 +10,7 @@ from ..instrumentation import ModelAdapter, Recording
 from ..registry import register_method
 from ..options import NonNegative, PositiveInt, Score
 from ..seeding import seeded_draw
-from ._heads import block_index
+from ._heads import block_index, min_max
 from ._pixel import chunks, interpolation_matrix, mask_major_pairs, upsample
 
 
@@ -102,13 +102,6 @@ def cluster_maps(maps: Tensor, scale: Tensor, labels: Tensor) -> tuple[Tensor, T
     summed = weighted.new_zeros(batch, int(counts.max()), height * width)
     summed.scatter_add_(1, rank[:, :, None].expand_as(weighted), weighted)
     return summed.view(batch, -1, height, width), counts
-
-
-def min_max(maps: Tensor) -> Tensor:
-    """Each map [..., H, W] rescaled to [0, 1]; a constant map becomes 0."""
-    low = maps.amin((-2, -1), keepdim=True)
-    span = maps.amax((-2, -1), keepdim=True) - low
-    return torch.where(span > 0, (maps - low) / torch.where(span > 0, span, 1), torch.zeros_like(maps))
 
 
 def mask_noise(seed: int, first: int, last: int, shape: tuple[int, ...], max_masks: int,

@@ -177,6 +177,14 @@ class Family(ABC):
         """Run the blocks, the final norm and the head on tokens [B, N', C] -> outputs."""
         raise UnsupportedModelError(self.token_subsets_reason())
 
+    # -- reading any block's output (LeGrad) -----------------------------------------------------
+    def head(self, tokens: Any, *, final_norm: bool = True) -> Tensor:
+        """The outputs the model computes from its last block's output ``tokens`` (as a block returns them):
+        the final norm (unless ``final_norm`` is False), the pooling or attention-pooling head, the
+        classifier. Given an earlier block's output, what the model would output if it ended there."""
+        raise UnsupportedModelError(f"the head of {self.name} models is not described, so no block's output can "
+                                    "be read through it")
+
     # -- for LRP ---------------------------------------------------------------------------------
     def embedding(self) -> EmbeddingParts:
         """Where the patch and position embeddings are."""

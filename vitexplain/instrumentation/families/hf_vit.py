@@ -103,6 +103,15 @@ class TransformersViT(TransformersClassifier):
         with replaced_output(embeddings, tokens):
             return self.forward(placeholder)
 
+    def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
+        """The final layer norm, then the classifier on the [CLS] token (with a teacher, the mean of the
+        [CLS] and distillation classifiers), as the classifiers' ``forward`` computes them."""
+        model = self.model
+        tokens = model.base_model.layernorm(tokens) if final_norm else tokens
+        if hasattr(model, "distillation_classifier"):
+            return (model.cls_classifier(tokens[:, 0]) + model.distillation_classifier(tokens[:, 1])) / 2
+        return model.classifier(tokens[:, 0])
+
     def embedding(self) -> EmbeddingParts:
         embeddings = self.model.base_model.embeddings
         return EmbeddingParts(embeddings.patch_embeddings, embeddings.patch_embeddings.projection, embeddings.dropout)

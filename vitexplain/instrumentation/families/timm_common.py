@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import ClassVar
 
-from torch import nn
+from torch import Tensor, nn
 
 from ..attention import AttentionParts
 from .base import EmbeddingParts, Family, ProbeParts, optional
@@ -22,6 +22,12 @@ def attention_pool(pool: nn.Module) -> ProbeParts:
     mlp = getattr(pool, "mlp", None)
     return ProbeParts(module=pool, attention=attention, position=position, norm=getattr(pool, "norm", None),
                       mlp=mlp, pool=pool.pool or None, activation=getattr(mlp, "act", None))
+
+
+def timm_head(model: nn.Module, tokens: Tensor, final_norm: bool) -> Tensor:
+    """A timm model's outputs from its last block's output: ``norm`` (the final norm), then ``forward_head``
+    (pooling or attention pool, ``fc_norm``, classifier)."""
+    return model.forward_head(model.norm(tokens) if final_norm else tokens)
 
 
 def block_type_reason(blocks: nn.Module, accepted: Collection[str], described: str) -> str | None:
@@ -62,6 +68,9 @@ class TimmSequenceFamily(Family):
     @property
     def class_token_index(self) -> int | None:
         return 0 if getattr(self.model, "cls_token", None) is not None else None
+
+    def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
+        return timm_head(self.model, tokens, final_norm)
 
     def embedding(self) -> EmbeddingParts:
         return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None),

@@ -102,7 +102,7 @@ class TimmEva(TimmSequenceFamily):
         mixed = getattr(model, "rope_mixed", False) and context.rope is not None
         for i, block in enumerate(model.blocks):
             tokens = block(tokens, rope=context.rope[:, i] if mixed else context.rope)
-        return model.forward_head(model.norm(tokens))
+        return self.head(tokens)
 
     def lrp_allowed(self) -> tuple[type, ...]:
         from timm.layers import AttentionPoolLatent, DropPath, GluMlp, Mlp, PatchEmbed, SwiGLU

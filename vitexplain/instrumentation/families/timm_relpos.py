@@ -57,7 +57,7 @@ class TimmBeit(TimmSequenceFamily):
         shared = model.rel_pos_bias() if model.rel_pos_bias is not None else None
         for block in model.blocks:
             tokens = block(tokens, shared_rel_pos_bias=shared)
-        return model.forward_head(model.norm(tokens))
+        return self.head(tokens)
 
     def lrp_allowed(self) -> tuple[type, ...]:
         from timm.layers import DropPath, Mlp, PatchEmbed, SwiGLU
@@ -110,7 +110,7 @@ class TimmRelPos(TimmSequenceFamily):
         shared = model.shared_rel_pos.get_bias() if model.shared_rel_pos is not None else None
         for block in model.blocks:
             tokens = block(tokens, shared_rel_pos=shared)
-        return model.forward_head(model.norm(tokens))
+        return self.head(tokens)
 
     def embedding(self) -> EmbeddingParts:
         return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None), None)

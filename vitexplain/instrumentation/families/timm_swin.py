@@ -13,6 +13,7 @@ from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
 from ..windows import Windows
 from .base import EmbeddingParts, Family, timm_example
+from .timm_common import timm_head
 
 #: timm block classes and the layout their forward computes
 BLOCK_LAYOUTS = {"SwinTransformerBlock": "pre_norm", "SwinTransformerV2Block": "res_post_norm"}
@@ -129,6 +130,10 @@ class TimmSwin(Family):
     @property
     def class_token_index(self) -> int | None:
         return None
+
+    def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
+        """``tokens`` as a last-stage block returns them, a grid [B, h, w, C]."""
+        return timm_head(self.model, tokens, final_norm)
 
     def token_subsets_reason(self) -> str | None:
         return ("a Swin Transformer's windows and patch merging need the whole token grid, so dropping tokens "

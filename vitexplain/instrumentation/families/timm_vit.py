@@ -83,8 +83,7 @@ class TimmViT(TimmSequenceFamily):
         return model.norm_pre(model.patch_drop(tokens)), TokenContext()
 
     def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
-        model = self.model
-        return model.forward_head(model.norm(model.blocks(tokens)))
+        return self.head(self.model.blocks(tokens))
 
     def lrp_allowed(self) -> tuple[type, ...]:
         from timm.layers import AttentionPoolLatent, DropPath, LayerScale, Mlp, PatchDropout, PatchEmbed
