@@ -8,9 +8,9 @@ import vitexplain
 from vitexplain.metrics import EvalBatch, get_metric
 from conftest import make_vit
 
-CHEAP = {"insertion_deletion": {"n_steps": 6}, "max_sensitivity": {"n_samples": 3}}
+CHEAP = {"insertion_deletion": {"n_steps": 6}, "max_sensitivity": {"n_samples": 3}, "road": {"fractions": [0.2, 0.7]}}
 PROTOCOLS = ["segmentation", "perturbation", "aopc", "insertion_deletion", "pointing_game", "max_sensitivity",
-             "sparseness", "class_sensitivity"]
+             "sparseness", "class_sensitivity", "road", "saco"]
 
 
 def make_batch(model, method, rows=slice(None)):

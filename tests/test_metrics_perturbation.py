@@ -85,7 +85,7 @@ def test_registered_protocols_take_black_from_the_batch_normalisation():
     seen = torch.cat(model.seen)
     assert torch.allclose(seen[3, :, 0, 0], torch.tensor([-1.0, -2.0, -3.0]))
     assert torch.equal(seen[3, :, 0, 1], images[0, :, 0, 1])
-    for name in ("perturbation", "aopc"):                  # no normalisation known: refused, not guessed
+    for name in ("perturbation", "aopc", "road"):          # no normalisation known: refused, not guessed
         with pytest.raises(ValueError, match="mean and std the images were normalised with"):
             get_metric(name).compute(dataclasses.replace(batch, mean=None, std=None))
     with pytest.raises(ValueError, match="one per channel"):
