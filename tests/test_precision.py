@@ -66,7 +66,7 @@ def test_maps_hold_under_cpu_autocast_and_low_precision_weights(shipped, canvase
     assert pearson(weights, rounded).min() >= 0.99
     caveat = get_method(method).precision_caveats.get("bfloat16 weights")
     said = [str(w.message) for w in caught if str(w.message).startswith(f"{method} in bfloat16 weights")]
-    assert len(said) == (caveat is not None) and (caveat is None or f"r = {caveat:.2f}" in said[0])
+    assert len(said) == (caveat is not None) and (caveat is None or f"r = {caveat:.3f}" in said[0])
 
 
 def test_the_model_comes_back_as_it_was_also_after_an_error(canvases):
@@ -136,8 +136,8 @@ def test_a_caveat_warns_once_naming_the_mode_and_the_figure(monkeypatch, canvase
         vitexplain.explain(model, canvases, "gae")
         vitexplain.explain(model.float(), canvases, "gae")
     messages = [str(w.message) for w in caught if "gae in" in str(w.message)]
-    assert messages == ["gae in bfloat16 weights: its maps were measured at r = 0.97 (worst image) to the float32 "
-                        "model's; see docs/decisions/precision.md"]
+    assert messages == ["gae in bfloat16 weights: its maps were measured at r = 0.970 to the float32 model's (worst "
+                        "of 64 digits test canvases); see docs/decisions/precision.md"]
 
 
 FLAG_CHECK = textwrap.dedent('''

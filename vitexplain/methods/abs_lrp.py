@@ -11,7 +11,8 @@ from ..registry import register_method
 
 
 @register_method("abs_lrp", resolution="pixel", cost=lambda o: 4 * (1 + o["contrastive"]),
-                 score_targets=False)
+                 score_targets=False,
+                 precision_caveats={"bfloat16 weights": 0.764, "float16 weights": 0.988})
 def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: bool = True) -> Tensor:
     """absLRP pixel relevance of the target class, minus that of all other classes, summed over channels.
 

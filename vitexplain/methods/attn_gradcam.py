@@ -8,7 +8,8 @@ from ..registry import register_method
 from ._products import readout_rows
 
 
-@register_method("attn_gradcam", modalities=("image", "text"))
+@register_method("attn_gradcam", modalities=("image", "text"),
+                 precision_caveats={"bfloat16 weights": 0.986})
 def attn_gradcam(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Gradient-weighted last-block attention ("GradCAM" baseline of Chefer et al., CVPR 2021).
 
