@@ -61,10 +61,7 @@ def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, 
         batch_size: path points (images × steps) per forward/backward; bounds memory.
     """
     reduce = CHANNEL_REDUCTIONS[channel_reduction]
-    try:
-        from captum.attr import IntegratedGradients
-    except ImportError:
-        raise ImportError("integrated_gradients runs through Captum; install it with `pip install captum`") from None
+    from captum.attr import IntegratedGradients  # a dependency; imported here to keep `import vitexplain` light
     resolved = adapter.target(images, target)
     baselines = baseline_images(baseline, images)
     with adapter.differentiable_forward() as forward:
