@@ -23,11 +23,6 @@ _EXPORTS = {
 __all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "get_method", "register_method",
            "__version__"]
 
-# the built-in methods register themselves on import; the registry loads them before its first lookup
-from . import registry as _registry  # noqa: E402  (light: no torch until a method is looked up)
-
-_registry.METHODS.load_with(lambda: importlib.import_module(f"{__name__}.methods"))
-
 if TYPE_CHECKING:
     from .api import explain
     from .instrumentation import UnsupportedModelError, adapter_for

@@ -1,21 +1,26 @@
 """Things registered by name — explanation methods, metrics, datasets, reproduce recipes — in one kind of registry.
 
 A :class:`Registry` maps names to entries, refuses a second entry under a taken name, and answers an
-unknown name with the closest match and the full list. Everything a part of the library needs to
+unknown name with the closest match and the full list. Built-in entries are found one way for every
+kind: each lives in a module of the registry's package (methods in :mod:`vitexplain.methods`, metrics in
+:mod:`vitexplain.metrics`, datasets in :mod:`vitexplain.datasets`, model families in
+:mod:`vitexplain.instrumentation.families`, recipes in :mod:`vitexplain.reproduce.tables`), registers itself
+when imported, and the registry imports every module of its package whose name does not start with ``_``
+before its first lookup; adding one is adding a module. Everything a part of the library needs to
 know about an entry lives on the entry (for a method: its resolution, whether it is class-specific,
 randomised or a control, which inputs it explains, what it costs), so adding one touches no table
 elsewhere.
 
 Explanation methods are functions ``fn(adapter, images, target, *, option=default, ...) -> Tensor
 [B, h, w]`` decorated with :func:`register_method`. Their keyword-only parameters are their options,
-checked by name and by annotated type (:mod:`vitexplain.options`). Each built-in method lives in its
-own module under :mod:`vitexplain.methods`, which imports them all (the package loads it before the
-first lookup).
+checked by name and by annotated type (:mod:`vitexplain.options`).
 """
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -31,26 +36,32 @@ RESOLUTIONS = ("token", "pixel")
 MODALITIES = ("image", "text")
 
 
+def import_modules(package: str) -> None:
+    """Import every module of ``package`` whose name does not start with ``_`` (in name order): the
+    built-in entries of a registry register themselves on import."""
+    found = importlib.import_module(package)
+    for module in sorted(pkgutil.iter_modules(found.__path__), key=lambda info: info.name):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{package}.{module.name}")
+
+
 class Registry(Generic[T]):
-    """Entries of one kind by name; ``loader`` (called before any lookup) registers the built-in ones.
+    """Entries of one kind by name; the built-in ones are the modules of ``package`` (dotted name),
+    imported before the first lookup.
 
     Names are listed sorted, or in registration order with ``sort=False`` (e.g. recipes in table order).
     """
 
-    def __init__(self, kind: str, loader: Callable[[], None] | None = None, *, sort: bool = True):
+    def __init__(self, kind: str, package: str | None = None, *, sort: bool = True):
         self.kind = kind
         self._entries: dict[str, T] = {}
-        self._loader = loader
+        self._package = package
         self._sort = sort
 
-    def load_with(self, loader: Callable[[], None]) -> None:
-        """Call ``loader`` (which registers the built-in entries) before the first lookup."""
-        self._loader = loader
-
     def _load(self) -> None:
-        if self._loader is not None:
-            loader, self._loader = self._loader, None
-            loader()
+        if self._package is not None:
+            package, self._package = self._package, None
+            import_modules(package)
 
     def add(self, name: str, entry: T) -> T:
         if not isinstance(name, str) or not name:
@@ -153,9 +164,7 @@ class MethodSpec:
         return self.cost({**self.options, **(options or {})})
 
 
-#: the built-in methods register themselves when :mod:`vitexplain.methods` is imported, which the
-#: package's ``__init__`` arranges before the first lookup (the registry imports nothing above it)
-METHODS: Registry[MethodSpec] = Registry("explanation method")
+METHODS: Registry[MethodSpec] = Registry("explanation method", "vitexplain.methods")
 
 
 def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,

@@ -10,8 +10,6 @@ docs/decisions/reproduce.md). Each paper's tables live in a module of :mod:`vite
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,16 +182,8 @@ MODELS = {
 }
 
 
-def _load_tables() -> None:
-    """Import every module of :mod:`vitexplain.reproduce.tables` (one per paper; each registers its tables)."""
-    from . import tables
-    for module in sorted(pkgutil.iter_modules(tables.__path__), key=lambda found: found.name):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{tables.__name__}.{module.name}")
-
-
 #: recipes by name: papers in the order of their modules' names, each paper's tables in its order
-RECIPES: Registry[TableRecipe] = Registry("recipe", _load_tables, sort=False)
+RECIPES: Registry[TableRecipe] = Registry("recipe", "vitexplain.reproduce.tables", sort=False)
 
 
 def register_recipes(*recipes: TableRecipe) -> None:
