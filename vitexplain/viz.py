@@ -27,7 +27,7 @@ without torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -134,7 +134,7 @@ def map_scale(values, *, signed: bool | None = None, percentile: float = ROBUST_
     return MapScale(False, minimum, end, minimum, maximum, used)
 
 
-@lru_cache(maxsize=None)
+@cache
 def palette(name: str) -> np.ndarray:
     """:data:`PALETTE_SIZE` colours of matplotlib's colour map ``name``, uint8 RGB [PALETTE_SIZE, 3] (read-only)."""
     from matplotlib import colormaps
