@@ -16,6 +16,7 @@ import pytest
 import torch
 from chromium import start_chromium
 from PIL import Image
+from test_viz import plain_percentile
 
 from vitexplain.explorer import ExplorerItem, explorer_html, write_explorer
 
@@ -267,14 +268,6 @@ def test_arrow_keys_move_over_the_tokens(driver, items):
 
 # ---------- colour scales and interpolation ----------
 
-def _percentile(values, q: float = 99) -> float:
-    """numpy's default percentile written out: linear between the order statistics around rank q/100 * (n - 1)."""
-    ordered = sorted(float(v) for v in np.ravel(values))
-    rank = q / 100 * (len(ordered) - 1)
-    below = int(rank)
-    return ordered[below] + (rank - below) * (ordered[min(below + 1, len(ordered) - 1)] - ordered[below])
-
-
 def test_signed_maps_are_diverging_centred_at_zero_with_robust_ends(driver, items):
     _select(driver, "method", "signed")
     _opacity(driver, 100)
@@ -283,7 +276,7 @@ def test_signed_maps_are_diverging_centred_at_zero_with_robust_ends(driver, item
         assert np.abs(_token_block(pixels, row, col).astype(int) - colour).max() <= 1, (row, col)
     minimum = _token_block(pixels, 3, 3)[0].astype(int)                  # -0.6 of ±(about 1.4): blue, not the end
     assert minimum[2] > minimum[0] + 50 and (minimum > RDBU_BLUE).all()
-    end = _percentile(np.abs(items[0].maps["signed"]))                   # 16 values: between the 2 largest |v|
+    end = plain_percentile(np.abs(items[0].maps["signed"]))              # 16 values: between the 2 largest |v|
     assert 1.0 < end < 1.5
     ticks = driver.find_element("css selector", "figure.panel .ticks").text.split()
     assert ticks[0] == "-" + ticks[-1] and ticks[1] == "0" and float(ticks[-1]) == pytest.approx(end, rel=1e-3)
@@ -299,7 +292,7 @@ def test_non_negative_maps_are_sequential_from_the_minimum_to_the_99th_percentil
     pixels = _pixels(driver, "tokens")
     assert np.abs(_token_block(pixels, 0, 3).astype(int) - VIRIDIS_LOW).max() <= 1       # the minimum
     assert np.abs(_token_block(pixels, 2, 2).astype(int) - VIRIDIS_HIGH).max() <= 1      # the maximum: saturated
-    end = _percentile(items[0].maps["tokens"])
+    end = plain_percentile(items[0].maps["tokens"])
     ticks = driver.find_element("css selector", "figure.panel .ticks").text.replace("≥ ", "").split()
     assert [float(t) for t in ticks] == pytest.approx([0.05, (0.05 + end) / 2, end], rel=1e-3)
     assert "minimum to 99th percentile" in driver.find_element("css selector", "figure.panel .scale").text
@@ -456,15 +449,16 @@ def test_the_explorer_the_png_overlay_and_the_gallery_colour_a_map_alike(browser
     rng = np.random.default_rng(5)
     image = rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
     signed = rng.standard_t(2, (SIZE, SIZE))                             # heavy tailed, as LRP / IG maps are
-    signed[9, 9] = 20 * _percentile(np.abs(signed))                    # an outlier, saturated
+    signed[9, 9] = 20 * plain_percentile(np.abs(signed))                # an outlier, saturated
     sequential = rng.random((SIZE, SIZE)) ** 4
     sequential[3, 30] = 40.0
     maps = {"signed": signed, "sequential": sequential}
     blend = lambda colour: 0.5 * image + 0.5 * colour[..., :3] * 255  # noqa: E731 - at the convention's 50 %
     continuous = lambda name: colormaps[name].resampled(4096)  # noqa: E731 - finer than any palette
-    expected = {"signed": blend(continuous("RdBu_r")(np.clip(0.5 + signed / (2 * _percentile(np.abs(signed))), 0, 1))),
+    end = plain_percentile(np.abs(signed))
+    expected = {"signed": blend(continuous("RdBu_r")(np.clip(0.5 + signed / (2 * end), 0, 1))),
                 "sequential": blend(continuous("viridis")(np.clip(
-                    (sequential - sequential.min()) / (_percentile(sequential) - sequential.min()), 0, 1)))}
+                    (sequential - sequential.min()) / (plain_percentile(sequential) - sequential.min()), 0, 1)))}
 
     page = write_explorer(tmp_path / "one" / "explorer.html", [ExplorerItem("x", image, maps)])
     browser.get(page.as_uri())

@@ -203,9 +203,9 @@ def _draw(fig, ax, image: np.ndarray, saliency: torch.Tensor, cmap: str | None, 
     ax.imshow(overlay(image, saliency, scale=scale, alpha=alpha, palette_name=name))
     ax.set_axis_off()
     below, above = scale.saturated
+    arrows = "both" if below and above else "min" if below else "max" if above else "neither"
     shown = ScalarMappable(Normalize(scale.low, scale.high), ListedColormap(palette(name) / 255.0, name=name))
-    bar = fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04,
-                       extend={(True, True): "both", (True, False): "min", (False, True): "max"}.get((below, above), "neither"))
+    bar = fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04, extend=arrows)
     bar.set_label(scale.label(name), fontsize=7)
     bar.ax.tick_params(labelsize=7)
     return bar
