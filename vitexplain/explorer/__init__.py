@@ -18,10 +18,12 @@ modulo 2**16, high bytes then low bytes, zlib-compressed and base64-encoded; the
 with the browser's ``DecompressionStream``. Smooth pixel-level maps shrink to a fifth to a third of
 their 16-bit size; noisy ones (gradients) hardly shrink, as no lossless code can shrink noise.
 
-Colour scales: a map with no negative value is min-max scaled onto a sequential palette (viridis by
-default); a map with a negative value is shown on a diverging palette (RdBu by default) centred at 0
-and symmetric, ``[-max|v|, +max|v|]``, so 0 is always the neutral middle colour. Each map has its own
-scale (methods' units are not comparable). Maps are upsampled to the image by nearest neighbour by
+Colours follow the convention of :mod:`vitexplain.viz` (the PNG overlays and the bench gallery use
+it too): a map with a negative value on a diverging palette (RdBu by default), 0 at its centre, its
+ends at ± the 99th percentile of |v|; any other map on a sequential palette (viridis by default) from
+its minimum to its 99th percentile; beyond the ends, saturated. The ends are computed here, from the
+raw map, and stored with it; the page only applies them. Each map has its own scale (methods' units
+are not comparable). Maps are upsampled to the image by nearest neighbour by
 default, so each token is drawn as the block of pixels it covers, in the colour of the value hover
 reports; bilinear (as :func:`vitexplain.viz.upsample`, ``align_corners=False``) is a switch in the page.
 """
@@ -42,13 +44,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..viz import DIVERGING, OVERLAY_ALPHA, SEQUENTIAL, as_array, map_scale, palette
+
 __all__ = ["ExplorerItem", "explorer_html", "write_explorer"]
 
-#: The palettes offered in the page, first is the default: (matplotlib name, label shown).
-SEQUENTIAL_PALETTES = (("viridis", "viridis"), ("inferno", "inferno"), ("jet", "jet"))
-DIVERGING_PALETTES = (("RdBu_r", "RdBu (blue − / red +)"), ("coolwarm", "coolwarm"), ("bwr", "bwr"))
-#: Colours per palette: odd, so that the middle entry (index 128) is exactly the palette's centre.
-PALETTE_SIZE = 257
+#: The palettes offered in the page, first the convention's (:mod:`vitexplain.viz`): (matplotlib name, label shown).
+SEQUENTIAL_PALETTES = ((SEQUENTIAL, SEQUENTIAL), ("inferno", "inferno"), ("jet", "jet"))
+DIVERGING_PALETTES = ((DIVERGING, "RdBu (blue − / red +)"), ("coolwarm", "coolwarm"), ("bwr", "bwr"))
 LEVELS = 65535
 SIGNED_ZERO = 32767
 
@@ -95,7 +97,7 @@ def explorer_html(items: Sequence[ExplorerItem], *, title: str = "vitexplain exp
         "items": [_item_data(item) for item in items],
     }
     package = resources.files(__name__)
-    parts = {"title": html.escape(title), "data": _script_json(data),
+    parts = {"title": html.escape(title), "data": _script_json(data), "opacity": str(round(100 * OVERLAY_ALPHA)),
              "style": package.joinpath("explorer.css").read_text(encoding="utf-8"),
              "script": package.joinpath("explorer.js").read_text(encoding="utf-8")}
     template = package.joinpath("template.html").read_text(encoding="utf-8")
@@ -105,7 +107,7 @@ def explorer_html(items: Sequence[ExplorerItem], *, title: str = "vitexplain exp
 def _item_data(item: ExplorerItem) -> dict:
     """One item as the page reads it, after checking every field."""
     where = f"item {item.name!r}"
-    image = _as_array(item.image)
+    image = as_array(item.image)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
         raise ValueError(f"{where}: image must be uint8 [H, W, 3] (as the model sees it, not normalised); "
                          f"got {image.dtype} {list(image.shape)}")
@@ -120,7 +122,7 @@ def _item_data(item: ExplorerItem) -> dict:
         raise ValueError(f"{where}: options must be a dict per method; not for {', '.join(map(repr, not_dicts))}")
     maps = []
     for label, values in item.maps.items():
-        values = _as_array(values)
+        values = as_array(values)
         if values.ndim != 2 or 0 in values.shape:
             raise ValueError(f"{where}, method {label!r}: a map must be 2-D [h, w]; got shape {list(values.shape)}")
         if values.dtype.kind not in "iuf":
@@ -129,19 +131,12 @@ def _item_data(item: ExplorerItem) -> dict:
             raise ValueError(f"{where}, method {label!r}: the map holds non-finite values (NaN or inf)")
         shape = tuple(values.shape)
         kind = "token" if shape == grid else "pixel" if shape == image.shape[:2] else "cell"
+        scale = map_scale(values)
         maps.append({"label": str(label), "kind": kind, "options": _jsonable(item.options.get(label, {})),
-                     **_encode_map(values)})
+                     "scale": {"low": scale.low, "high": scale.high, "rule": scale.rule}, **_encode_map(values)})
     return {"name": str(item.name), "image": _png_uri(image), "height": image.shape[0], "width": image.shape[1],
             "grid": list(grid) if grid else None, "top5": _top5(item.top5, where),
             "target": None if item.target is None else str(item.target), "maps": maps}
-
-
-def _as_array(value) -> np.ndarray:
-    """A numpy array from an array or a torch tensor (without importing torch; float16 / bfloat16 as float64)."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu()
-        value = (value.double() if value.is_floating_point() else value).numpy()
-    return np.asarray(value)
 
 
 def _grid(grid, where: str) -> tuple[int, int] | None:
@@ -198,12 +193,8 @@ def _png_uri(image: np.ndarray) -> str:
 
 
 def _palettes(palettes: Sequence[tuple[str, str]]) -> list[dict]:
-    """Each palette as PALETTE_SIZE RGB triples, base64, sampled from matplotlib's colour maps."""
-    import matplotlib
-
-    return [{"name": name, "label": label,
-             "rgb": base64.b64encode(matplotlib.colormaps[name].resampled(PALETTE_SIZE)(
-                 np.arange(PALETTE_SIZE), bytes=True)[:, :3].tobytes()).decode("ascii")}
+    """Each palette's colours (:func:`vitexplain.viz.palette`) as RGB triples, base64."""
+    return [{"name": name, "label": label, "rgb": base64.b64encode(palette(name).tobytes()).decode("ascii")}
             for name, label in palettes]
 
 
@@ -220,7 +211,7 @@ def _jsonable(value):
     if isinstance(value, np.generic):
         return _jsonable(value.item())
     if hasattr(value, "shape") and hasattr(value, "tolist"):          # numpy arrays and torch tensors
-        array = _as_array(value)
+        array = as_array(value)
         return _jsonable(array.tolist()) if array.size <= 64 else f"{array.dtype} array of shape {list(array.shape)}"
     if isinstance(value, Path):
         return str(value)
