@@ -82,6 +82,29 @@ class TransformersTwoTower(Family):
             self.probe = siglip_probe(self.vision.head)
 
     @classmethod
+    def examples(cls):
+        def builder(kind: str):
+            def build():
+                import transformers
+
+                vision = dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                              num_attention_heads=3)
+                text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            max_position_embeddings=16, bos_token_id=62, eos_token_id=63, pad_token_id=63)
+                torch.manual_seed(0)
+                if kind == "clip":
+                    model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision,
+                                                                           projection_dim=24))
+                else:
+                    model = transformers.SiglipModel(transformers.SiglipConfig(text_config=dict(text, projection_size=48),
+                                                                               vision_config=vision))
+                return model.eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+            return build
+
+        return {"transformers CLIP (image–text)": builder("clip"), "transformers SigLIP (image–text)": builder("siglip")}
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
         reason = transformers_reason(model)
         if reason is not None:
