@@ -221,6 +221,9 @@ def test_cli_refuses_before_reading_images(clip_folder, tmp_path, capsys):
     assert main(["explain", missing, "--model", str(clip_folder), "--method", "gae", "--text", "a dog", "--target", "1",
                  "--device", "cpu", "-o", str(out)]) == 2
     assert "exclusive" in capsys.readouterr().err
+    assert main(["explain", missing, "--model", str(clip_folder), "--method", "gae,lrp", "--text", "a dog",
+                 "--device", "cpu", "-o", str(out)]) == 2
+    assert "method lrp explains classes only" in capsys.readouterr().err
     assert main(["explain", missing, "--model", "digits_vit", "--method", "gae", "--text", "a dog", "--device", "cpu",
                  "-o", str(out)]) == 2
     assert "two-tower model" in capsys.readouterr().err

@@ -105,6 +105,12 @@ def prepare(args, out: Path) -> Setup:
     model, config = load_model(args.model, arch=args.arch, device=device)
     names = class_names_for(model, config)
     texts = check_texts(args, model, config)
+    if texts:  # a text is a score target: 'all' means the methods that explain one, and a named LRP method is refused
+        methods = [name for name in methods if args.method != "all" or get_method(name).score_targets]
+        for name in methods:
+            if not get_method(name).score_targets:
+                raise ValueError(f"method {name} explains classes only (LRP starts from relevance on the class logits), "
+                                 "not the similarity to a --text")
     if args.target is not None and not 0 <= args.target < len(names):
         raise ValueError(f"--target {args.target} is not a class of this model "
                          f"(it has {len(names)} classes, 0 to {len(names) - 1})")
@@ -168,9 +174,9 @@ def explain_texts_batch(setup: Setup, names: list[str], stems: list[Path], batch
     for i, name in enumerate(names):
         for t, (text, slug) in enumerate(zip(setup.texts, text_slugs(setup.texts))):
             title = f'"{text}" (cosine {float(cosine[i, t]):.3f})'
-            found = {method: found[i, t] for method, found in maps.items()}
+            pair = {method: method_maps[i, t] for method, method_maps in maps.items()}
             try:
-                save_outputs(stems[i].with_name(f"{stems[i].name}.{slug}"), shown[i], found, title,
+                save_outputs(stems[i].with_name(f"{stems[i].name}.{slug}"), shown[i], pair, title,
                              grid=len(setup.methods) > 1)
             except OSError as error:
                 report(f"{name}: cannot write its outputs ({error})")
@@ -178,11 +184,10 @@ def explain_texts_batch(setup: Setup, names: list[str], stems: list[Path], batch
             bar.write(f"{name} -> {title}", file=sys.stdout)
             if html:
                 items.append(ExplorerItem(
-                    name=f"{name}: {text}", image=shown[i], maps={m: v.numpy() for m, v in found.items()},
-                    options={m: {**get_method(m).options, **setup.options[m]} for m in found}, target=title,
+                    name=f"{name}: {text}", image=shown[i], maps={m: v.numpy() for m, v in pair.items()},
+                    options={m: {**get_method(m).options, **setup.options[m]} for m in pair}, target=title,
                     grid=tuple(adapter.grid_size(batch))))
     return items
-
 
 
 def unique_files(images: list[str]) -> dict[Path, str]:
