@@ -85,6 +85,17 @@ def saved(request, tmp_path_factory):
     return request.param, loaded, tok, folder
 
 
+def test_a_folder_loads_with_its_processors_preprocessing(saved):
+    from vitexplain.models import load_model
+
+    kind, model, _, folder = saved
+    loaded, config = load_model(str(folder), device="cpu")
+    assert type(loaded) is type(model) and not loaded.training
+    assert config["input_size"] == (3, 32, 32)
+    assert config["mean"] == ((0.5,) * 3 if kind == "siglip" else (0.48145466, 0.4578275, 0.40821073))
+    assert config["crop_mode"] == ("squash" if kind == "siglip" else "center")
+
+
 def test_text_target_scores_the_models_image_text_similarity(saved):
     kind, model, tok, _ = saved
     pixels = images(2)
@@ -195,8 +206,10 @@ def test_cli_explains_each_text(clip_folder, tmp_path):
     picture = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(picture)
     done = _run_cli("explain", str(picture), "--model", str(clip_folder), "--method", "gae", "--text", "a dog",
-                    "--text", "A cat!", "--device", "cpu", "-o", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+                    "--text", "A cat!", "--device", "cpu", "-o", str(tmp_path / "out"), "--no-progress", "--html", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+    page = (tmp_path / "out" / "explorer.html").read_text()
+    assert "photo.png: a dog" in page and "photo.png: A cat!" in page
     loaded, config = load_model(str(clip_folder), device="cpu")
     batch = make_transform(config)(load_image(str(picture)))[None]
     expected = vitexplain.explain_texts(loaded, batch, ["a dog", "A cat!"], "gae")
