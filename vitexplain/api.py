@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from .instrumentation import ModelAdapter, TokenBatch, adapter_for
 from .instrumentation.precision import float32_scope, precision_modes
 from .instrumentation.targets import is_score_target
+from .instrumentation.two_tower import is_text, text_directions
 from .registry import MethodSpec, available_methods, get_method
 
 
@@ -36,7 +37,10 @@ def explain(
             registered with ``score_targets`` (all but the LRP family), any score of the output: an
             embedding direction (float tensor [D] or [B, D]; the score is the cosine similarity of the
             output — for a model without a classifier head, its pooled embedding — to it) or a function
-            ``outputs [R, ...] -> [R]`` applied to every row alike (see :mod:`vitexplain.instrumentation.targets`).
+            ``outputs [R, ...] -> [R]`` applied to every row alike (see :mod:`vitexplain.instrumentation.targets`);
+            for a two-tower model (transformers' ``CLIPModel`` / ``SiglipModel``), a text or one text per image:
+            its text embedding is the direction, read with the tokenizer saved beside the model
+            (:func:`vitexplain.text_embeddings` takes another; :func:`vitexplain.explain_texts` runs several texts).
         **options: the method's options; an unknown one raises an error listing the valid ones.
 
     Precision: the explanation computes in float32 with full-precision matrix products whatever the caller
@@ -53,6 +57,8 @@ def explain(
     """
     spec = get_method(method)
     spec.check_options(options)
+    if is_text(target):  # a text (or one per image) of a two-tower model: its text embedding, a direction
+        target = text_directions(model, target, inputs.shape[0] if isinstance(inputs, Tensor) and inputs.ndim else 1)
     if is_score_target(target) and not spec.score_targets:
         raise ValueError(f"method {spec.name!r} explains classes only (LRP starts from relevance on the class "
                          "logits); give target= class indices, or use a method that explains any score")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .base import EmbeddingParts, Family, ProbeParts, TokenContext, UnsupportedModelError
 from .hf_bert import TransformersText
+from .hf_two_tower import TransformersTwoTower
 from .hf_vit import TransformersViT
 from .timm_eva import TimmEva
 from .timm_relpos import TimmBeit, TimmRelPos
@@ -13,7 +14,7 @@ from .timm_swin import TimmSwin
 from .timm_vit import TimmViT
 
 #: every family, in the order they are tried
-FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersText]
+FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersTwoTower, TransformersText]
 
 __all__ = ["EmbeddingParts", "FAMILIES", "Family", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos", "TimmSwin", "TimmViT",
-           "TokenContext", "TransformersText", "TransformersViT", "UnsupportedModelError"]
+           "TokenContext", "TransformersText", "TransformersTwoTower", "TransformersViT", "UnsupportedModelError"]
