@@ -5,7 +5,8 @@ Each family description lists tiny randomly initialised example models
 registered method on each (with its sample counts at their minimum) and records whether it works or
 why it is refused; a model without a classifier (a two-tower model's image tower) explains a fixed
 embedding direction. ``vitexplain methods --models`` prints the matrix stored with the package
-(``assets/support.md``, written by :func:`write_support_table`); a test regenerates it and compares,
+(``assets/support.md``, written by :func:`write_support_table` when ``python -m vitexplain.readme_tables``
+runs); a test regenerates it and compares,
 so the stored table cannot drift from the code.
 """
 from __future__ import annotations
@@ -125,7 +126,3 @@ def write_support_table(path: Path = TABLE) -> str:
     table = support_markdown(support_matrix(builtin_methods(), progress=True))
     path.write_text(table)
     return table
-
-
-if __name__ == "__main__":
-    print(write_support_table())
