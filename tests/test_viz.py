@@ -117,3 +117,21 @@ def test_a_grid_draws_each_map_by_its_own_sign_and_titles_without_a_gap(tmp_path
     # the band between the figure title and the first row's titles (a dozen pixels; 62 before constrained layout)
     top, title_band = _blank_runs(tmp_path / "grid.png")[:2]
     assert top[0] == 0 and title_band[1] < 25, title_band
+
+
+def test_min_max_and_resize_against_plain_arithmetic():
+    """vitexplain.maps: per map (m - min) / (max - min), a constant map the caller's value; bilinear resize."""
+    import torch
+    import torch.nn.functional as F
+
+    from vitexplain.maps import min_max, resize
+
+    maps = torch.tensor([[[1.0, 3.0], [2.0, 5.0]], [[4.0, 4.0], [4.0, 4.0]]])
+    expected = torch.tensor([[0.0, 0.5], [0.25, 1.0]])
+    torch.testing.assert_close(min_max(maps, constant=0.0)[0], expected)
+    assert (min_max(maps, constant=0.0)[1] == 0).all() and min_max(maps, constant=float("nan"))[1].isnan().all()
+    stacked = maps[None].repeat(3, 1, 1, 1)                                   # any leading dimensions
+    torch.testing.assert_close(min_max(stacked, constant=0.0)[2, 0], expected)
+    plain = F.interpolate(maps[:, None], size=(6, 4), mode="bilinear", align_corners=False)[:, 0]
+    torch.testing.assert_close(resize(stacked, (6, 4))[1], plain)
+    assert resize(maps, (2, 2)) is maps

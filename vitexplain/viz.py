@@ -161,11 +161,13 @@ def overlay(image, saliency, *, scale: MapScale | None = None, signed: bool | No
     float RGB [H, W, 3] in [0, 1]. ``image``: uint8, or floats in [0, 1]."""
     import torch
 
+    from .maps import resize
+
     picture = as_array(image)
     picture = picture / 255.0 if picture.dtype == np.uint8 else picture.astype(np.float64)
     saliency = torch.as_tensor(saliency).detach().float().cpu()
     scale = map_scale(saliency, signed=signed) if scale is None else scale
-    heat = upsample(saliency, tuple(picture.shape[:2])).numpy().astype(np.float64)
+    heat = resize(saliency, tuple(picture.shape[:2])).numpy().astype(np.float64)
     return (1 - alpha) * picture + alpha * colours(heat, scale, palette_name) / 255.0
 
 
@@ -184,13 +186,6 @@ def as_array(value) -> np.ndarray:
 
 def _array(values) -> np.ndarray:
     return np.asarray(as_array(values), dtype=np.float64)
-
-
-def upsample(saliency: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Bilinear upsampling of a map [h, w] to ``size`` (H, W)."""
-    import torch.nn.functional as F
-
-    return F.interpolate(saliency[None, None].float(), size=size, mode="bilinear", align_corners=False)[0, 0]
 
 
 def _draw(fig, ax, image: np.ndarray, saliency: torch.Tensor, cmap: str | None, diverging_cmap: str | None, alpha: float):

@@ -7,7 +7,7 @@ its minimum to its 99th percentile; beyond the ends, saturated. The ends are com
 raw map, and stored with it; the page only applies them. Each map has its own scale (methods' units
 are not comparable). Maps are upsampled to the image by nearest neighbour by
 default, so each token is drawn as the block of pixels it covers, in the colour of the value hover
-reports; bilinear (as :func:`vitexplain.viz.upsample`, ``align_corners=False``) is a switch in the page.
+reports; bilinear (as :func:`vitexplain.maps.resize`, ``align_corners=False``) is a switch in the page.
 """
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
 #: How per-channel attributions [B, C, H, W] become a map [B, H, W]: ``sum`` Σ_c a_c (signed; what the TIS
 #: authors' Captum wrapper does), ``abs_sum`` Σ_c |a_c|, ``max_abs`` max_c |a_c| (Simonyan et al., 2014).
 ChannelReduction = Literal["sum", "abs_sum", "max_abs"]

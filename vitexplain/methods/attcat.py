@@ -7,8 +7,8 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording
-from ..registry import register_method
 from ..instrumentation.windows import mix_rows
+from ..registry import register_method
 from ._products import readout_rows
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 
 
 @register_method("gradcam", modalities=("image", "text"))

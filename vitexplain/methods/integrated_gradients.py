@@ -6,10 +6,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter
-from ..registry import register_method
+from ..instrumentation import ModelAdapter, Target
 from ..options import PositiveInt
-from ..instrumentation import Target
+from ..registry import register_method
 from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks
 
 Quadrature = Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]

@@ -7,8 +7,8 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..registry import register_method
 from ..options import PositiveInt, Probability, Score
+from ..registry import register_method
 from ..seeding import seeded_draw
 from ._pixel import chunks, interpolation_matrix, mask_major_pairs
 

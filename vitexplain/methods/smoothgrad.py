@@ -5,8 +5,8 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..registry import register_method
 from ..options import NonNegative, PositiveInt
+from ..registry import register_method
 from ..seeding import seeded_draw
 from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, mask_major_pairs
 

@@ -11,9 +11,9 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Recording
 from ..instrumentation.windows import to_tokens
+from ..options import PositiveInt, Share
 from ..registry import register_method
 from ._kmeans import kmeans
-from ..options import PositiveInt, Share
 from ._pixel import chunks
 
 

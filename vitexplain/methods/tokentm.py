@@ -7,9 +7,10 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording, UnsupportedModelError
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 from ._products import readout_map
+
 
 def transformation_weights(reference_norm: Tensor, transformed_norm: Tensor, dot: Tensor,
                            use_length: bool, use_necc: bool) -> Tensor:

@@ -7,10 +7,10 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Recording
+from ..maps import min_max
+from ..options import NonNegative, PositiveInt, Score, block_index
 from ..registry import register_method
-from ..options import NonNegative, PositiveInt, Score
 from ..seeding import seeded_draw
-from ._heads import block_index, min_max
 from ._pixel import chunks, interpolation_matrix, mask_major_pairs, upsample
 
 
@@ -168,7 +168,7 @@ def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1
     for part in chunks(len(image_idx), max(1, batch_size // 2)):
         img, msk = image_idx[part], mask_idx[part]
         first, last = int(msk[0]), int(msk[-1])
-        masks = min_max(upsample(clusters[img, msk], rows, cols))
+        masks = min_max(upsample(clusters[img, msk], rows, cols), constant=0.0)
         noise = mask_noise(seed, first, last, (channels, height, width), maps.shape[1], images.device)[msk - first]
         filler = (noise_std * noise * (1 - masks[:, None])).to(images.dtype)
         inputs = images[img]
