@@ -28,7 +28,7 @@ def interpolation_matrix(size_in: int, size_out: int, *, device: torch.device) -
     return F.interpolate(basis, size=size_out, mode="linear", align_corners=False)[:, 0, :].T
 
 
-def upsample(maps: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+def resize_by_factors(maps: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
     """Bilinear resize of maps [..., h, w] -> [..., H, W] with :func:`interpolation_matrix` factors."""
     return rows @ maps @ cols.T
 
