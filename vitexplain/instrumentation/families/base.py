@@ -110,10 +110,11 @@ class Family(ABC):
 
     # -- what a family must say ------------------------------------------------------------------
     @classmethod
-    @abstractmethod
     def recognises(cls, model: nn.Module) -> bool:
         """Whether ``model`` is of the kind (the class) this family describes, whatever its settings: a
-        refusal then gives this family's reason, not a list of every family's."""
+        refusal then gives this family's reason, not a list of every family's. A family that does not say
+        recognises the models it describes."""
+        return cls.unsupported_reason(model) is None
 
     @classmethod
     @abstractmethod
@@ -164,8 +165,8 @@ class Family(ABC):
 
     @property
     def in_channels(self) -> int | None:
-        """Channels of the images the model takes (None: not known, not checked)."""
-        return self.model.patch_embed.proj.in_channels
+        """Channels of the images the model takes (None: not known, not checked): a patch convolution's."""
+        return getattr(self.model.patch_embed.proj, "in_channels", None)
 
     def grid_size(self, images: Tensor) -> tuple[int, ...]:
         """Patch grid (h, w) of a batch of images; raises on sizes the model cannot take."""
