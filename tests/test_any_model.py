@@ -266,6 +266,18 @@ def test_channels_and_sizes_are_checked_before_the_model_sees_them(name, argumen
         explain(build(name, **arguments), torch.randn(shape), "gae")
 
 
+@pytest.mark.parametrize("channels", [1, 4])
+def test_a_model_known_by_its_outputs_that_fails_on_the_channels_is_told_so(channels):
+    """Its channels are not known before it runs; its failure is then put in the library's words, naming the
+    convolution that says what it takes (an unrelated failure stays the model's: the restoring test above)."""
+    torch.manual_seed(0)
+    convnext = timm.create_model("convnext_atto", pretrained=False, num_classes=10).eval()
+    for model, first in [(_resnet(), "conv1"), (nn.Sequential(nn.Identity(), convnext), r"1\.stem\.0")]:
+        with pytest.raises(ValueError, match=rf"^this model takes 3-channel images \(its first convolution, {first}, "
+                                             rf"does\), got {channels} channel\(s\) in shape \(2, {channels}, 32, 32\)"):
+            explain(model, torch.randn(2, channels, 32, 32), "rise", n_masks=2)
+
+
 def test_a_model_with_padding_patches_takes_any_size():
     model = build("vit", dynamic_img_size=True, dynamic_img_pad=True)
     assert explain(model, torch.randn(1, 3, 33, 40), "gae").shape == (1, 5, 5)

@@ -259,14 +259,19 @@ def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int 
     if images.shape[0] == 0:
         raise ValueError("images is an empty batch")
     if channels is not None and images.shape[1] != channels:
-        raise ValueError(f"this model takes {channels}-channel images, got {images.shape[1]} channel(s) in shape "
-                         f"{tuple(images.shape)}; convert them (e.g. grey to RGB, or drop an alpha channel)")
+        raise ValueError(wrong_channels(channels, images.shape))
     finite = torch.isfinite(images).flatten(1).all(1)
     if not finite.all():
         bad = ", ".join(str(i) for i in (~finite).nonzero()[:, 0].tolist())
         raise ValueError(f"NaN or infinite values in the batch's image(s) {bad} (counted from 0)")
     grid_size(images)
     return images
+
+
+def wrong_channels(channels: int, shape: Sequence[int], known_from: str = "") -> str:
+    """The message for images [B, C, H, W] of ``shape`` given to a model that takes ``channels`` channels."""
+    return (f"this model takes {channels}-channel images{known_from}, got {shape[1]} channel(s) in shape "
+            f"{tuple(shape)}; convert them (e.g. grey to RGB, or drop an alpha channel)")
 
 
 #: words of a timm architecture name or pretrained tag that mark an image-text tower: CLIP (and MetaCLIP,
@@ -325,4 +330,4 @@ def optional(module: nn.Module | None) -> nn.Module | None:
 
 
 __all__ = ["AttentionInput", "EmbeddingParts", "Family", "ProbeParts", "TokenContext", "UnsupportedModelError",
-           "check_images", "layer_scale", "missing", "optional", "projection_head"]
+           "check_images", "layer_scale", "missing", "optional", "projection_head", "wrong_channels"]

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import Family, UnsupportedModelError
+from .base import Family, UnsupportedModelError, wrong_channels
 
 
 class ForwardOnly(Family):
@@ -64,7 +64,7 @@ class ForwardOnly(Family):
 
     @property
     def in_channels(self) -> None:
-        """Not known from the outside: a wrong channel count gets the model's own error."""
+        """Not known from the outside (see :meth:`forward`)."""
         return None
 
     def grid_size(self, images: Tensor) -> tuple[int, int]:
@@ -74,8 +74,20 @@ class ForwardOnly(Family):
         return self.unreachable
 
     def forward(self, images: Tensor) -> Tensor:
-        """The model's scores [B, K]: its output tensor, or the ``logits`` of an output object (transformers)."""
-        outputs = self.model(images)
+        """The model's scores [B, K]: its output tensor, or the ``logits`` of an output object (transformers).
+
+        The channels a model takes are not known from outside, so they are not checked before it runs; when
+        it fails on images whose channels its first convolution does not take, that is said instead of
+        torch's error (any other failure is the model's own)."""
+        try:
+            outputs = self.model(images)
+        except RuntimeError as error:
+            first = next(((name, module) for name, module in self.model.named_modules()
+                          if isinstance(module, nn.Conv2d)), None)
+            if first is not None and first[1].in_channels != images.shape[1]:
+                raise ValueError(wrong_channels(first[1].in_channels, images.shape,
+                                                f" (its first convolution, {first[0]}, does)")) from error
+            raise
         outputs = getattr(outputs, "logits", outputs)
         if not isinstance(outputs, Tensor) or outputs.ndim != 2 or outputs.shape[0] != images.shape[0]:
             found = f"shape {tuple(outputs.shape)}" if isinstance(outputs, Tensor) else f"a {type(outputs).__name__}"
