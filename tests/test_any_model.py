@@ -209,6 +209,10 @@ def test_a_clip_tower_refuses_classes_unless_told_and_explains_directions():
     assert explain(tower, x, "gae", direction).shape == (2, 4, 4)
     assert explain(tower, x, "random_baseline").shape == (2, 4, 4)  # a control reads no target
     assert explain(_tower("vit_base_patch16_clip_224.openai", num_classes=10), x, "gae").shape == (2, 4, 4)
+    with pytest.raises(ValueError, match=r"^the caller said its outputs are not classes \(classes=False\), so it has no "
+                                         r"classes to explain"):
+        explain(build("vit"), x, "gae", classes=False)
+    assert explain(build("vit"), x, "gae", direction[:10], classes=False).shape == (2, 4, 4)
 
 
 def test_a_float_scalar_target_is_refused_as_a_class_that_is_not_an_integer():
