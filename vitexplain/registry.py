@@ -34,6 +34,9 @@ T = TypeVar("T")
 
 RESOLUTIONS = ("token", "pixel")
 MODALITIES = ("image", "text")
+#: what a method reads of a model, least first: only its ``output`` (and gradients with respect to the
+#: inputs: any differentiable model), a Transformer block's ``tokens``, or its ``attention``
+READS = ("output", "tokens", "attention")
 
 
 def import_modules(package: str) -> None:
@@ -124,6 +127,8 @@ class MethodSpec:
         precision_caveats: reduced precisions (named as
             :func:`~vitexplain.instrumentation.precision.precision_modes` names them) in which its maps were
             measured below r = 0.99 to the float32 ones, with the worst r measured; ``explain`` warns once.
+        reads: what it reads of a model (one of :data:`READS`); ``explain`` refuses a model from which
+            that cannot be read, naming it.
     """
 
     name: str
@@ -135,6 +140,7 @@ class MethodSpec:
     cost: Callable[[dict[str, Any]], float]
     score_targets: bool = True
     precision_caveats: Mapping[str, float] = field(default_factory=dict)
+    reads: str = "attention"
 
     @property
     def randomised(self) -> bool:
@@ -170,14 +176,17 @@ METHODS: Registry[MethodSpec] = Registry("explanation method", "vitexplain.metho
 def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
                     modalities: tuple[str, ...] = ("image",), control: bool = False,
                     cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True,
-                    precision_caveats: Mapping[str, float] | None = None) -> Callable:
+                    precision_caveats: Mapping[str, float] | None = None, reads: str = "attention") -> Callable:
     """Decorator that registers an explanation method under ``name`` (see :class:`MethodSpec`).
 
     ``cost`` is a number of model passes, or a function of the effective options returning one; the
-    default, 3, is one forward and one backward.
+    default, 3, is one forward and one backward. ``reads`` defaults to the most a method can read, so
+    that a method which does not say is never run on a model whose attention cannot be read.
     """
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
+    if reads not in READS:
+        raise ValueError(f"reads must be one of {READS}, got {reads!r}")
     unknown = set(modalities) - set(MODALITIES)
     if not modalities or unknown:
         raise ValueError(f"modalities must be a non-empty subset of {MODALITIES}, got {modalities!r}")
@@ -185,7 +194,7 @@ def register_method(name: str, *, resolution: str = "token", class_specific: boo
 
     def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
-                                     score_targets, dict(precision_caveats or {})))
+                                     score_targets, dict(precision_caveats or {}), reads))
         return fn
 
     return decorate

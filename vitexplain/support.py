@@ -36,10 +36,11 @@ def quick_options(method: str) -> dict[str, Any]:
 
 
 def examples() -> dict[str, Callable[[], tuple[Any, Any]]]:
-    """Every family's example builders, by label, in the order families are tried."""
-    from .instrumentation import FAMILIES
+    """Every family's example builders, by label, in the order families are tried, then a model known by its
+    outputs only."""
+    from .instrumentation import FAMILIES, ForwardOnly
 
-    return {label: build for family in FAMILIES for label, build in family.examples().items()}
+    return {label: build for family in (*FAMILIES, ForwardOnly) for label, build in family.examples().items()}
 
 
 def builtin_methods() -> list[str]:
@@ -81,8 +82,8 @@ def support_matrix(methods: list[str] | None = None, progress: bool = False) -> 
             try:
                 explain(model, inputs, method, target=target, **quick_options(method))
                 row[method] = None
-            except UnsupportedModelError as error:
-                row[method] = str(error)
+            except UnsupportedModelError as error:  # the row names the method: one reason for all it applies to
+                row[method] = str(error).removeprefix(f"method {method!r} ")
         matrix[label] = row
     return matrix
 

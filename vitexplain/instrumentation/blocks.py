@@ -64,10 +64,16 @@ class BlockParts:
     output: Callable[[Tensor, Tensor], Any] = lambda tokens, given: tokens
     windows: Any = None
 
+    def heads_reason(self) -> str | None:
+        """None when the attention branch is a plain sum over heads (each head's share can be read), else why not."""
+        if self.layout == "res_post_norm":
+            return "its blocks normalise the attention branch after the heads are summed (res-post-norm)"
+        return self.attention.heads_reason()
+
     def head_projection(self) -> Tensor | None:
         """Per-head output projection [H, D, C] with the attention branch's LayerScale folded in (see
         :meth:`AttentionParts.head_projection`); None when the branch is not a plain sum over heads."""
-        if self.layout != "pre_norm" and self.layout != "post_norm":
+        if self.heads_reason() is not None:
             return None
         return self.attention.head_projection(None if self.gamma1 is None else self.gamma1())
 

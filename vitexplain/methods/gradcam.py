@@ -8,7 +8,7 @@ from ..options import block_index
 from ..registry import register_method
 
 
-@register_method("gradcam", modalities=("image", "text"))
+@register_method("gradcam", modalities=("image", "text"), reads="tokens")
 def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1) -> Tensor:
     """Grad-CAM with the patch tokens of a block's first LayerNorm output as the feature map.
 

@@ -1,10 +1,12 @@
 """Model family descriptions, one module each, in the order they are tried (the first that describes a model wins).
 
 Adding a family is one module here with a :class:`~.base.Family` subclass, and its name in :data:`FAMILIES`.
+A model no family instruments is described by its forward alone (:class:`~.forward_only.ForwardOnly`).
 """
 from __future__ import annotations
 
 from .base import EmbeddingParts, Family, ProbeParts, TokenContext, UnsupportedModelError
+from .forward_only import ForwardOnly
 from .hf_bert import TransformersText
 from .hf_two_tower import TransformersTwoTower
 from .hf_vit import TransformersViT
@@ -16,5 +18,6 @@ from .timm_vit import TimmViT
 #: every family, in the order they are tried
 FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersTwoTower, TransformersText]
 
-__all__ = ["EmbeddingParts", "FAMILIES", "Family", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos", "TimmSwin", "TimmViT",
-           "TokenContext", "TransformersText", "TransformersTwoTower", "TransformersViT", "UnsupportedModelError"]
+__all__ = ["EmbeddingParts", "FAMILIES", "Family", "ForwardOnly", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos",
+           "TimmSwin", "TimmViT", "TokenContext", "TransformersText", "TransformersTwoTower", "TransformersViT",
+           "UnsupportedModelError"]

@@ -18,15 +18,13 @@ from .base import Family
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
-def transformers_reason(model: nn.Module) -> str | None:
-    """None when ``model`` is a Hugging Face transformers model, else why not."""
+def is_transformers_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a Hugging Face transformers model (without importing transformers for any other)."""
     if "transformers" not in sys.modules:  # a transformers model's class has imported it
-        return f"{type(model).__name__} is not a Hugging Face transformers model"
+        return False
     from transformers import PreTrainedModel
 
-    if not isinstance(model, PreTrainedModel):
-        return f"{type(model).__name__} is not a Hugging Face transformers model"
-    return None
+    return isinstance(model, PreTrainedModel)
 
 
 def attention_reason(model: nn.Module) -> str | None:
@@ -60,7 +58,3 @@ class TransformersClassifier(Family):
     @property
     def class_token_index(self) -> int:
         return 0
-
-    @property
-    def has_classes(self) -> bool:
-        return True

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..attention import AttentionParts
 from ..blocks import BlockParts
 from .base import Family, ProbeParts, TokenContext, missing
-from .hf_common import attention_reason, layer_inputs, replaced_output, transformers_reason
+from .hf_common import attention_reason, is_transformers_model, layer_inputs, replaced_output
 
 LAYER_ATTRIBUTES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
                     "layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2", "mlp.activation_fn")
@@ -105,14 +105,13 @@ class TransformersTwoTower(Family):
         return {"transformers CLIP (image–text)": builder("clip"), "transformers SigLIP (image–text)": builder("siglip")}
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        """A transformers CLIP or SigLIP model (two towers, or the image tower alone)."""
+        return is_transformers_model(model) and type(model) in _served()
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        reason = transformers_reason(model)
-        if reason is not None:
-            return reason
-        served = _served()
-        if type(model) not in served:
-            return f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in served)}"
-        kind, layer_class = served[type(model)]
+        kind, layer_class = _served()[type(model)]
         vision = vision_tower(model)
         for i, layer in enumerate(vision.encoder.layers):
             if type(layer) is not layer_class:
@@ -148,12 +147,18 @@ class TransformersTwoTower(Family):
         return 0 if self.kind == "clip" else None
 
     @property
-    def has_classes(self) -> bool:
-        return False
+    def head_reason(self) -> str | None:
+        if self.classes:
+            return None
+        return "its output is an image embedding, compared with texts (give a text or a direction as the target)"
 
     @property
     def patch_size(self) -> tuple[int, int]:
         return tuple(self.vision.embeddings.patch_embedding.kernel_size)
+
+    @property
+    def in_channels(self) -> int:
+        return self.vision.embeddings.patch_embedding.in_channels
 
     def grid_size(self, images: Tensor) -> tuple[int, int]:
         size = self.vision.embeddings.image_size
@@ -178,8 +183,7 @@ class TransformersTwoTower(Family):
     def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
         """The tower's own forward with the first block's input replaced by ``tokens`` [B, N', C]."""
         size = self.vision.embeddings.image_size
-        channels = self.vision.embeddings.patch_embedding.in_channels
-        placeholder = torch.zeros(tokens.shape[0], channels, size, size, device=tokens.device, dtype=tokens.dtype)
+        placeholder = torch.zeros(tokens.shape[0], self.in_channels, size, size, device=tokens.device, dtype=tokens.dtype)
         with replaced_output(self._first_module(), tokens):
             return self.forward(placeholder)
 

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from ..attention import AttentionParts
 from ..blocks import BlockParts
 from .base import EmbeddingParts, TokenContext, missing
-from .hf_common import TransformersClassifier, attention_reason, layer_inputs, replaced_output, transformers_reason
+from .hf_common import TransformersClassifier, attention_reason, is_transformers_model, layer_inputs, replaced_output
 
 LAYER_ATTRIBUTES = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
                     "layernorm_before", "layernorm_after", "mlp")
@@ -42,10 +42,16 @@ class TransformersViT(TransformersClassifier):
         return {"transformers ViT": build}
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        """Any transformers ViT or DeiT model, classifier or not."""
+        if not is_transformers_model(model):
+            return False
+        from transformers import DeiTPreTrainedModel, ViTPreTrainedModel
+
+        return isinstance(model, (ViTPreTrainedModel, DeiTPreTrainedModel))
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        reason = transformers_reason(model)
-        if reason is not None:
-            return reason
         classifiers, layer_classes = _served_classes()
         if not isinstance(model, classifiers):
             return f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in classifiers)}"
@@ -79,6 +85,10 @@ class TransformersViT(TransformersClassifier):
     @property
     def patch_size(self) -> tuple[int, int]:
         return tuple(self.model.base_model.embeddings.patch_embeddings.patch_size)
+
+    @property
+    def in_channels(self) -> int:
+        return self.model.base_model.embeddings.patch_embeddings.num_channels
 
     def grid_size(self, images: Tensor) -> tuple[int, int]:
         expected = tuple(self.model.base_model.embeddings.patch_embeddings.image_size)

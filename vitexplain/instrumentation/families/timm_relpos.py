@@ -22,11 +22,13 @@ class TimmBeit(TimmSequenceFamily):
         return {"BEiT (relative position bias)": timm_example("beit_base_patch16_224")}
 
     @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
+    def recognises(cls, model: nn.Module) -> bool:
         from timm.models.beit import Beit
 
-        if not isinstance(model, Beit):
-            return f"{type(model).__name__} is not a timm Beit"
+        return isinstance(model, Beit)
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
         return block_type_reason(model.blocks, ("Block",), "BEiT's Block") or cls.pooling_reason(model)
 
     def block(self, module: nn.Module) -> BlockParts:
@@ -78,11 +80,13 @@ class TimmRelPos(TimmSequenceFamily):
         return {"relative-position ViT (MLP bias)": timm_example("vit_srelpos_small_patch16_224")}
 
     @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
+    def recognises(cls, model: nn.Module) -> bool:
         from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
-        if not isinstance(model, VisionTransformerRelPos):
-            return f"{type(model).__name__} is not a timm VisionTransformerRelPos"
+        return isinstance(model, VisionTransformerRelPos)
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
         return block_type_reason(model.blocks, ("RelPosBlock",), "RelPosBlock") or cls.pooling_reason(model)
 
     def block(self, module: nn.Module) -> BlockParts:

@@ -95,9 +95,11 @@ class TimmSwin(Family):
     readout = "avg"
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        return isinstance(model, _swin_classes())
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if not isinstance(model, _swin_classes()):
-            return f"{type(model).__name__} is not a timm SwinTransformer or SwinTransformerV2"
         if model.global_pool != "avg":
             return (f"its head pools with global_pool={model.global_pool!r}, which is not a weighting of the tokens "
                     "(supported: 'avg')")

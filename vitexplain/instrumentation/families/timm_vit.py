@@ -43,9 +43,11 @@ class TimmViT(TimmSequenceFamily):
     name = "timm VisionTransformer"
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        return isinstance(model, _vit_classes())
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if not isinstance(model, _vit_classes()):
-            return f"{type(model).__name__} is not a timm VisionTransformer"
         if reason := cls.pooling_reason(model):
             return reason
         if model.global_pool == "map" and getattr(model.attn_pool, "latent_len", 1) != 1:
