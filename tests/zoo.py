@@ -39,11 +39,27 @@ ZOO = {
 
 #: what a zero-initialised parameter is called, in any family
 RANDOMISED = ("relative_position_bias_table", "q_bias", "v_bias", "gamma", "head.", "latent", "rel_pos", "pos_embed",
-              "cls_token", "reg_token", "cpb_mlp")
+              "cls_token", "reg_token", "cpb_mlp", "class_token")
+
+
+def torchvision_vit(**overrides) -> torch.nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(**{**dict(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48, mlp_dim=96,
+                                       num_classes=10), **overrides})
+
+
+#: models outside timm: family name -> (builder of the tiny model with random weights, expected readout)
+FOREIGN = {
+    "torchvision_vit": (torchvision_vit, "token"),
+}
 
 
 def build(name: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """The tiny ``name`` model of :data:`ZOO` in eval mode, all its parameters random."""
+    if name in FOREIGN:
+        torch.manual_seed(seed)
+        return randomise(FOREIGN[name][0](**overrides))
     architecture, arguments, _ = ZOO[name]
     size = SWIN_SIZE if architecture.startswith("swin") else SIZE
     torch.manual_seed(seed)

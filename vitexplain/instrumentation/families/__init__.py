@@ -12,9 +12,11 @@ from .timm_eva import TimmEva
 from .timm_relpos import TimmBeit, TimmRelPos
 from .timm_swin import TimmSwin
 from .timm_vit import TimmViT
+from .torchvision_vit import TorchvisionViT
 
 #: every family, in the order they are tried
-FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersTwoTower, TransformersText]
+FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersTwoTower, TransformersText,
+                               TorchvisionViT]
 
 __all__ = ["EmbeddingParts", "FAMILIES", "Family", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos", "TimmSwin", "TimmViT",
-           "TokenContext", "TransformersText", "TransformersTwoTower", "TransformersViT", "UnsupportedModelError"]
+           "TokenContext", "TorchvisionViT", "TransformersText", "TransformersTwoTower", "TransformersViT", "UnsupportedModelError"]

@@ -1,0 +1,117 @@
+"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2, open_clip): recognised with
+their readout, the instrumented forward equal to the model's own output, and GAE equal to GAE computed from
+a forward written out by hand from each model's parameters (its own attention probabilities, in the graph)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitexplain import explain
+from vitexplain.instrumentation import UnsupportedModelError, adapter_for
+
+from test_instrumentation import _assert_same, _snapshot
+from zoo import FOREIGN, build, images
+
+
+def _attention(q, k, v, heads):
+    """softmax(q kᵀ/√D) v over ``heads`` heads of [B, N, C] projections; the probabilities keep their gradient."""
+    batch, tokens, width = q.shape
+    q, k, v = (t.reshape(batch, tokens, heads, -1).transpose(1, 2) for t in (q, k, v))
+    attn = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).softmax(-1)
+    attn.retain_grad()
+    return (attn @ v).transpose(1, 2).reshape(batch, tokens, width), attn
+
+
+def _packed(attention, h):
+    """``nn.MultiheadAttention`` on tokens [B, N, C] written out: the packed projection, the heads, ``out_proj``."""
+    q, k, v = F.linear(h, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)
+    mixed, attn = _attention(q, k, v, attention.num_heads)
+    return attention.out_proj(mixed), attn
+
+
+def torchvision_by_hand(model, x):
+    """(output, each block's attention probabilities [B, H, N, N], readout weights [B, N])."""
+    patches = model.conv_proj(x).flatten(2).transpose(1, 2)
+    tokens = torch.cat([model.class_token.expand(x.shape[0], -1, -1), patches], 1) + model.encoder.pos_embedding
+    attentions = []
+    for block in model.encoder.layers:
+        mixed, attn = _packed(block.self_attention, block.ln_1(tokens))
+        tokens = tokens + mixed
+        tokens = tokens + block.mlp(block.ln_2(tokens))
+        attentions.append(attn)
+    readout = torch.zeros(x.shape[0], tokens.shape[1])
+    readout[:, 0] = 1
+    return model.heads(model.encoder.ln(tokens)[:, 0]), attentions, readout
+
+
+BY_HAND = {"torchvision_vit": torchvision_by_hand}
+
+
+def _target(output, has_classes):
+    """Each image's predicted class, or (headless models) a fixed direction in the embedding space."""
+    if has_classes:
+        return output.argmax(-1)
+    return torch.randn(output.shape[-1], generator=torch.Generator().manual_seed(5))
+
+
+def _score(output, target):
+    return output.gather(1, target[:, None]).sum() if target.ndim == 1 and not target.is_floating_point() else (
+        output @ target).sum()
+
+
+@pytest.mark.parametrize("name", list(FOREIGN))
+def test_recognised_with_its_readout_and_outputs_equal_the_models(name):
+    model, x = build(name), images(2)
+    adapter = adapter_for(model)
+    assert adapter.readout == FOREIGN[name][1] and adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
+    with torch.no_grad():
+        own = adapter.forward(x)
+    record = adapter.record(x, _target(own, adapter.family.has_classes), grads=("attn",))
+    assert (record.logits - own).norm() <= 1e-5 * own.norm()
+    with torch.no_grad():
+        subsets = adapter.logits_on_tokens(x, torch.arange(16).expand(2, 1, 16))[:, 0]
+    assert (subsets - own).norm() <= 1e-5 * own.norm()
+
+
+@pytest.mark.parametrize("name", list(FOREIGN))
+def test_gae_equals_gae_of_the_forward_written_by_hand(name):
+    model, x = build(name), images(2, seed=3)
+    has_classes = adapter_for(model).family.has_classes
+    output, attentions, readout = BY_HAND[name](model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(output, adapter_for(model).forward(x), rtol=1e-5, atol=1e-6)
+    target = _target(output.detach(), has_classes)
+    _score(output, target).backward()
+    prefix = adapter_for(model).num_prefix_tokens
+    found = explain(model, x, "gae", target=target)
+    for image in range(2):
+        relevance = torch.eye(attentions[0].shape[-1])
+        for attn in attentions:  # Chefer et al. 2021b, Eq. 5-6: R += mean_h (∇A ⊙ A)⁺ R
+            relevance = relevance + (attn.grad[image] * attn[image]).clamp(min=0).mean(0).detach() @ relevance
+        row = readout[image] @ relevance
+        torch.testing.assert_close(found[image], row[prefix:].reshape(4, 4), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(FOREIGN))
+def test_model_left_as_found_also_after_an_exception(name):
+    model = build(name).train()
+    x = images(2)
+    before = _snapshot(model)
+    explain(model, x, "tokentm" if adapter_for(model).family.has_classes else "gae")
+
+    def explode(module, args, output):
+        raise RuntimeError("injected")
+
+    last = [module for module in model.modules() if isinstance(module, torch.nn.Linear)][-2]
+    handle = last.register_forward_hook(explode)
+    before["hooks"] = _snapshot(model)["hooks"]
+    with pytest.raises(RuntimeError, match="injected"):
+        explain(model, x, "gae")
+    _assert_same(before, _snapshot(model))
+    handle.remove()
+
+
+def test_torchvision_vit_refuses_lrp_naming_its_packed_attention():
+    with pytest.raises(UnsupportedModelError, match="nn.MultiheadAttention, whose packed input projection"):
+        explain(build("torchvision_vit"), images(1), "transformer_attribution")
