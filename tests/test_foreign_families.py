@@ -40,12 +40,65 @@ def torchvision_by_hand(model, x):
         tokens = tokens + mixed
         tokens = tokens + block.mlp(block.ln_2(tokens))
         attentions.append(attn)
-    readout = torch.zeros(x.shape[0], tokens.shape[1])
+    return model.heads(model.encoder.ln(tokens)[:, 0]), attentions, _class_token_readout(tokens)
+
+
+def _class_token_readout(tokens):
+    readout = torch.zeros(tokens.shape[:2])
     readout[:, 0] = 1
-    return model.heads(model.encoder.ln(tokens)[:, 0]), attentions, readout
+    return readout
 
 
-BY_HAND = {"torchvision_vit": torchvision_by_hand}
+def _separate(attention, h, heads):
+    """Three projections and an output projection, as transformers' attention modules hold them."""
+    mixed, attn = _attention(attention.q_proj(h), attention.k_proj(h), attention.v_proj(h), heads)
+    return attention.o_proj(mixed), attn
+
+
+def transformers_vit_model_by_hand(model, x):
+    embeddings = model.embeddings
+    patches = embeddings.patch_embeddings.projection(x).flatten(2).transpose(1, 2)
+    tokens = torch.cat([embeddings.cls_token.expand(x.shape[0], -1, -1), patches], 1) + embeddings.position_embeddings
+    attentions = []
+    for layer in model.layers:
+        mixed, attn = _separate(layer.attention, layer.layernorm_before(tokens), layer.attention.num_attention_heads)
+        tokens = tokens + mixed
+        tokens = tokens + layer.mlp(layer.layernorm_after(tokens))
+        attentions.append(attn)
+    return model.pooler(model.layernorm(tokens)), attentions, _class_token_readout(tokens)
+
+
+def dinov2_by_hand(model, x):
+    """DINOv2: [CLS] and patches with positions, then the registers; LayerScale on both branches; the normed [CLS]
+    token, or the classifier on it concatenated with the patch tokens' mean (readout: half each)."""
+    base = model.base_model
+    embeddings, registers = base.embeddings, getattr(base.config, "num_register_tokens", 0)
+    patches = embeddings.patch_embeddings.projection(x).flatten(2).transpose(1, 2)
+    tokens = torch.cat([embeddings.cls_token.expand(x.shape[0], -1, -1), patches], 1) + embeddings.position_embeddings
+    if registers:
+        tokens = torch.cat([tokens[:, :1], embeddings.register_tokens.expand(x.shape[0], -1, -1), tokens[:, 1:]], 1)
+    attentions = []
+    for layer in base.encoder.layer:
+        mixed, attn = _separate(layer.attention, layer.norm1(tokens), layer.attention.num_attention_heads)
+        tokens = tokens + layer.layer_scale1.lambda1 * mixed
+        h = layer.norm2(tokens)
+        mlp = layer.mlp
+        branch = (mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)) if hasattr(mlp, "gate_proj")
+                  else mlp.fc2(F.gelu(mlp.fc1(h))))
+        tokens = tokens + layer.layer_scale2.lambda1 * branch
+        attentions.append(attn)
+    normed = base.layernorm(tokens)
+    readout = _class_token_readout(tokens)
+    if not hasattr(model, "classifier"):
+        return normed[:, 0], attentions, readout
+    patch_tokens = normed[:, 1 + registers:]
+    readout = readout / 2
+    readout[:, 1 + registers:] = 1 / (2 * patch_tokens.shape[1])
+    return model.classifier(torch.cat([normed[:, 0], patch_tokens.mean(1)], 1)), attentions, readout
+
+
+BY_HAND = {"torchvision_vit": torchvision_by_hand, "hf_vit_model": transformers_vit_model_by_hand,
+           "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand}
 
 
 def _target(output, has_classes):
@@ -56,8 +109,10 @@ def _target(output, has_classes):
 
 
 def _score(output, target):
-    return output.gather(1, target[:, None]).sum() if target.ndim == 1 and not target.is_floating_point() else (
-        output @ target).sum()
+    """The logit of each image's class, or the cosine of the output with a direction (targets.py)."""
+    if not target.is_floating_point():
+        return output.gather(1, target[:, None]).sum()
+    return F.cosine_similarity(output, target[None], dim=1).sum()
 
 
 @pytest.mark.parametrize("name", list(FOREIGN))
@@ -97,8 +152,11 @@ def test_gae_equals_gae_of_the_forward_written_by_hand(name):
 def test_model_left_as_found_also_after_an_exception(name):
     model = build(name).train()
     x = images(2)
+    adapter = adapter_for(model)
+    with torch.no_grad():
+        target = _target(adapter.forward(x), adapter.family.has_classes)
     before = _snapshot(model)
-    explain(model, x, "tokentm" if adapter_for(model).family.has_classes else "gae")
+    explain(model, x, "tokentm", target=target)
 
     def explode(module, args, output):
         raise RuntimeError("injected")
@@ -107,7 +165,7 @@ def test_model_left_as_found_also_after_an_exception(name):
     handle = last.register_forward_hook(explode)
     before["hooks"] = _snapshot(model)["hooks"]
     with pytest.raises(RuntimeError, match="injected"):
-        explain(model, x, "gae")
+        explain(model, x, "gae", target=target)
     _assert_same(before, _snapshot(model))
     handle.remove()
 
@@ -115,3 +173,21 @@ def test_model_left_as_found_also_after_an_exception(name):
 def test_torchvision_vit_refuses_lrp_naming_its_packed_attention():
     with pytest.raises(UnsupportedModelError, match="nn.MultiheadAttention, whose packed input projection"):
         explain(build("torchvision_vit"), images(1), "transformer_attribution")
+
+
+@pytest.mark.parametrize("rules", ["chefer", "lrp"])
+def test_lrp_conserves_relevance_through_dinov2_with_registers_and_swiglu(rules, monkeypatch):
+    """LayerScale, the SwiGLU gate (signal-take-all) and the registers keep the Chefer-style sets conservative."""
+    from vitexplain.instrumentation import lrp
+
+    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    model = build("dinov2_reg_swiglu_classifier")
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            if parameter_name.endswith("bias"):
+                parameter.normal_(0, 0.3)
+    model = model.double()
+    found = lrp.relevance(adapter_for(model), images(2).double(), None, rules)
+    for relevance in found.residuals:
+        torch.testing.assert_close(relevance.sum((1, 2)), torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))

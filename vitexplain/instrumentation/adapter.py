@@ -419,6 +419,9 @@ class ModelAdapter:
         weights = torch.zeros(batch, tokens, device=self.device)
         if kind == "token":
             weights[:, self.class_token_index] = 1
+        elif kind == "token_avg":  # a head on the class token concatenated with the patch tokens' mean: half each
+            weights[:, self.class_token_index] = 1 / 2
+            weights[:, self.num_prefix_tokens:] = 1 / (2 * (tokens - self.num_prefix_tokens))
         else:
             first = 0 if getattr(self.family, "readout_includes_prefix", False) else self.num_prefix_tokens
             weights[:, first:] = 1 / (tokens - first)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from .base import EmbeddingParts, Family, ProbeParts, TokenContext, UnsupportedModelError
 from .hf_bert import TransformersText
+from .hf_dinov2 import TransformersDinov2
 from .hf_two_tower import TransformersTwoTower
 from .hf_vit import TransformersViT
+from .hf_vit_model import TransformersViTModel
 from .timm_eva import TimmEva
 from .timm_relpos import TimmBeit, TimmRelPos
 from .timm_swin import TimmSwin
@@ -16,7 +18,8 @@ from .torchvision_vit import TorchvisionViT
 
 #: every family, in the order they are tried
 FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersTwoTower, TransformersText,
-                               TorchvisionViT]
+                               TransformersViTModel, TransformersDinov2, TorchvisionViT]
 
 __all__ = ["EmbeddingParts", "FAMILIES", "Family", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos", "TimmSwin", "TimmViT",
-           "TokenContext", "TorchvisionViT", "TransformersText", "TransformersTwoTower", "TransformersViT", "UnsupportedModelError"]
+           "TokenContext", "TorchvisionViT", "TransformersDinov2", "TransformersText", "TransformersTwoTower", "TransformersViT", "TransformersViTModel",
+           "UnsupportedModelError"]
