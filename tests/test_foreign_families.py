@@ -1,4 +1,4 @@
-"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2, open_clip): recognised with
+"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2), and timm's parallel blocks: recognised with
 their readout, the instrumented forward equal to the model's own output, and GAE equal to GAE computed from
 a forward written out by hand from each model's parameters (its own attention probabilities, in the graph)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from vitexplain import explain
 from vitexplain.instrumentation import UnsupportedModelError, adapter_for
 
 from test_instrumentation import _assert_same, _snapshot
-from zoo import FOREIGN, build, images
+from zoo import FOREIGN, ZOO, build, images
 
 
 def _attention(q, k, v, heads):
@@ -97,7 +97,24 @@ def dinov2_by_hand(model, x):
     return model.classifier(torch.cat([normed[:, 0], patch_tokens.mean(1)], 1)), attentions, readout
 
 
-BY_HAND = {"torchvision_vit": torchvision_by_hand, "hf_vit_model": transformers_vit_model_by_hand,
+def parallel_blocks_by_hand(model, x):
+    """timm's ViT with ParallelScalingBlocks (ViT-22B): x + γ·(attn_out(attn(h)) + mlp_out(act(h W_mlp + b))),
+    h = LN(x), one in_proj giving the MLP's units and q, k, v; average pooling of the patch tokens."""
+    tokens = model.norm_pre(model._pos_embed(model.patch_embed(x)))
+    attentions = []
+    for block in model.blocks:
+        h = block.in_norm(tokens)
+        units, q, k, v = block.in_proj(h).split(block.in_split, dim=-1)
+        mixed, attn = _attention(q, k, v, block.num_heads)
+        branch = block.attn_out_proj(mixed) + block.mlp_out_proj(F.gelu(units + block.mlp_bias))
+        tokens = tokens + block.ls.gamma * branch
+        attentions.append(attn)
+    readout = torch.zeros(tokens.shape[:2])
+    readout[:, model.num_prefix_tokens:] = 1 / (tokens.shape[1] - model.num_prefix_tokens)
+    return model.forward_head(model.norm(tokens)), attentions, readout
+
+
+BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand, "hf_vit_model": transformers_vit_model_by_hand,
            "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand}
 
 
@@ -115,11 +132,11 @@ def _score(output, target):
     return F.cosine_similarity(output, target[None], dim=1).sum()
 
 
-@pytest.mark.parametrize("name", list(FOREIGN))
+@pytest.mark.parametrize("name", list(BY_HAND))
 def test_recognised_with_its_readout_and_outputs_equal_the_models(name):
     model, x = build(name), images(2)
     adapter = adapter_for(model)
-    assert adapter.readout == FOREIGN[name][1] and adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
+    assert adapter.readout == (FOREIGN[name][1] if name in FOREIGN else ZOO[name][2]) and adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
     with torch.no_grad():
         own = adapter.forward(x)
     record = adapter.record(x, _target(own, adapter.family.has_classes), grads=("attn",))
@@ -129,7 +146,7 @@ def test_recognised_with_its_readout_and_outputs_equal_the_models(name):
     assert (subsets - own).norm() <= 1e-5 * own.norm()
 
 
-@pytest.mark.parametrize("name", list(FOREIGN))
+@pytest.mark.parametrize("name", list(BY_HAND))
 def test_gae_equals_gae_of_the_forward_written_by_hand(name):
     model, x = build(name), images(2, seed=3)
     has_classes = adapter_for(model).family.has_classes
@@ -176,12 +193,14 @@ def test_torchvision_vit_refuses_lrp_naming_its_packed_attention():
 
 
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
-def test_lrp_conserves_relevance_through_dinov2_with_registers_and_swiglu(rules, monkeypatch):
-    """LayerScale, the SwiGLU gate (signal-take-all) and the registers keep the Chefer-style sets conservative."""
+@pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee"])
+def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
+    """LayerScale, the SwiGLU gate (signal-take-all), the registers, and parallel blocks (in_proj read by both
+    branches, the MLP bias a constant) keep the Chefer-style sets conservative."""
     from vitexplain.instrumentation import lrp
 
     monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
-    model = build("dinov2_reg_swiglu_classifier")
+    model = build(name)
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
             if parameter_name.endswith("bias"):
@@ -191,3 +210,8 @@ def test_lrp_conserves_relevance_through_dinov2_with_registers_and_swiglu(rules,
     for relevance in found.residuals:
         torch.testing.assert_close(relevance.sum((1, 2)), torch.ones(2, dtype=torch.float64))
     torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))
+
+
+def test_tokentm_refuses_parallel_blocks_with_its_reason():
+    with pytest.raises(UnsupportedModelError, match="parallel blocks add the attention and the MLP to the same input"):
+        explain(build("vit_pwee"), images(1), "tokentm")

@@ -34,13 +34,14 @@ ZOO = {
     "beit_shared": ("beit_base_patch16_224", dict(use_rel_pos_bias=False, use_shared_rel_pos_bias=True), "avg"),
     "relpos": ("vit_relpos_base_patch16_224", dict(), "avg"),
     "srelpos": ("vit_srelpos_small_patch16_224", dict(), "avg"),
+    "vit_pwee": ("vit_pwee_patch16_reg1_gap_256", dict(qkv_bias=False), "avg"),  # a separate MLP bias
     "swin": ("swin_tiny_patch4_window7_224", dict(), "avg"),
     "swinv2": ("swinv2_tiny_window8_256", dict(), "avg"),
 }
 
 #: what a zero-initialised parameter is called, in any family
 RANDOMISED = ("relative_position_bias_table", "q_bias", "v_bias", "gamma", "head.", "latent", "rel_pos", "pos_embed",
-              "cls_token", "reg_token", "cpb_mlp", "class_token", "register_tokens", "lambda1")
+              "cls_token", "reg_token", "cpb_mlp", "class_token", "register_tokens", "lambda1", "mlp_bias")
 
 
 def torchvision_vit(**overrides) -> torch.nn.Module:

@@ -97,6 +97,10 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
     last = num_blocks - 1 if end_layer is None else block_index("end_layer", end_layer, num_blocks)
     chosen = range(last + 1) if aggregate else (0,)
     normalized = reference == "normalized"
+    if aggregate and any(adapter.family.blocks[i].layout == "parallel" for i in chosen):
+        raise UnsupportedModelError(
+            "tokentm composes each block's attention update with the MLP update that follows it (Eq. 15-17), but "
+            "this model's parallel blocks add the attention and the MLP to the same input; use aggregate=False")
     # E of both sublayers: the LayerNorm outputs or the residual streams; block 0's residual gives C⁰
     references = ("attn_input", "mlp_input") if normalized else ("residual", "mlp_residual")
     fields = dict.fromkeys(references + ("attn", "mlp_branch") + (("v",) if use_length or use_necc else ()), chosen)
