@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from torch import Tensor, nn
 
-from ..attention import AttentionInput
+from ..attention import AttentionInput, AttentionParts
 from .base import Family
 
 #: Attention implementations whose masks the written-out attention understands.
@@ -27,6 +27,22 @@ def transformers_reason(model: nn.Module) -> str | None:
     if not isinstance(model, PreTrainedModel):
         return f"{type(model).__name__} is not a Hugging Face transformers model"
     return None
+
+
+def served_reason(model: nn.Module, served: Collection[type]) -> str | None:
+    """None when ``model`` is a transformers model of one of the ``served`` classes, else why not."""
+    reason = transformers_reason(model)
+    if reason is None and type(model) not in served:
+        reason = f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in served)}"
+    return reason
+
+
+def projections_attention(attention: nn.Module) -> AttentionParts:
+    """A transformers vision attention module with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` (ViT, DeiT, DINOv2)."""
+    return AttentionParts(
+        module=attention, num_heads=attention.num_attention_heads, head_dim=attention.head_dim,
+        scale=attention.scaling, proj=attention.o_proj, query=attention.q_proj, key=attention.k_proj,
+        value=attention.v_proj)
 
 
 def attention_reason(model: nn.Module) -> str | None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..attention import Arithmetic, AttentionParts
+from ..attention import Arithmetic
 from ..blocks import BlockParts
 from .base import EmbeddingParts, Family, TokenContext, layer_scale, missing
-from .hf_common import attention_reason, layer_inputs, replaced_output, transformers_reason
+from .hf_common import attention_reason, layer_inputs, projections_attention, replaced_output, served_reason
 
 LAYER_ATTRIBUTES = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "norm1", "norm2",
                     "layer_scale1.lambda1", "layer_scale2.lambda1", "mlp")
@@ -78,12 +78,9 @@ class TransformersDinov2(Family):
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        reason = transformers_reason(model)
-        if reason is not None:
-            return reason
         served = _served()
-        if type(model) not in served:
-            return f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in served)}"
+        if reason := served_reason(model, served):
+            return reason
         classifies, layer_class = served[type(model)]
         if classifies and not isinstance(model.classifier, nn.Linear):
             return "its classifier is not a Linear (num_labels=0 gives an Identity; use the Dinov2Model for embeddings)"
@@ -99,11 +96,7 @@ class TransformersDinov2(Family):
         return self.base.encoder.layer
 
     def block(self, layer: nn.Module) -> BlockParts:
-        attention = layer.attention
-        parts = AttentionParts(
-            module=attention, num_heads=attention.num_attention_heads, head_dim=attention.head_dim,
-            scale=attention.scaling, proj=attention.o_proj, query=attention.q_proj, key=attention.k_proj,
-            value=attention.v_proj)
+        parts = projections_attention(layer.attention)
         gated = hasattr(layer.mlp, "gate_proj")
         return BlockParts(module=layer, attention=parts, norm1=layer.norm1, norm2=layer.norm2, mlp=layer.mlp,
                           activation=layer.mlp.act_fn if gated else layer.mlp.activation_fn,

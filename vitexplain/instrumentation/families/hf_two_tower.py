@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..attention import AttentionParts
 from ..blocks import BlockParts
 from .base import Family, ProbeParts, TokenContext, missing
-from .hf_common import attention_reason, layer_inputs, replaced_output, transformers_reason
+from .hf_common import attention_reason, layer_inputs, replaced_output, served_reason
 from .torch_attention import latent_attention
 
 LAYER_ATTRIBUTES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
@@ -86,12 +86,9 @@ class TransformersTwoTower(Family):
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        reason = transformers_reason(model)
-        if reason is not None:
-            return reason
         served = _served()
-        if type(model) not in served:
-            return f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in served)}"
+        if reason := served_reason(model, served):
+            return reason
         kind, layer_class = served[type(model)]
         vision = vision_tower(model)
         for i, layer in enumerate(vision.encoder.layers):

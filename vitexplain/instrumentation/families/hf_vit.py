@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..attention import AttentionParts
 from ..blocks import BlockParts
 from .base import EmbeddingParts, TokenContext, missing
-from .hf_common import TransformersClassifier, attention_reason, layer_inputs, replaced_output, transformers_reason
+from .hf_common import (TransformersClassifier, attention_reason, layer_inputs, projections_attention, replaced_output,
+                        transformers_reason)
 
 LAYER_ATTRIBUTES = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
                     "layernorm_before", "layernorm_after", "mlp")
@@ -64,11 +64,7 @@ class TransformersViT(TransformersClassifier):
         return self.model.base_model.layers
 
     def block(self, layer: nn.Module) -> BlockParts:
-        attention = layer.attention
-        parts = AttentionParts(
-            module=attention, num_heads=attention.num_attention_heads, head_dim=attention.head_dim,
-            scale=attention.scaling, proj=attention.o_proj, query=attention.q_proj, key=attention.k_proj,
-            value=attention.v_proj)
+        parts = projections_attention(layer.attention)
         return BlockParts(module=layer, attention=parts, norm1=layer.layernorm_before, norm2=layer.layernorm_after,
                           mlp=layer.mlp, activation=layer.mlp.activation_fn, drop1=layer.dropout, drop2=layer.dropout, inputs=layer_inputs)
 
