@@ -8,7 +8,6 @@ import torch
 
 from vitexplain.options import (InvalidOption, PositiveInt, Range, Share, check_options, conforms, describe,
                                 parse_option)
-from vitexplain.registry import Registry
 
 
 def _fn(x, *, count: PositiveInt = 3, ratio: Share | Sequence[Share] = 0.5, mode: Literal["a", "b"] = "a",

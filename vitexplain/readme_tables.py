@@ -12,7 +12,6 @@ changes the README by running the command, never by hand.
 """
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 

@@ -18,14 +18,21 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from .attention import PLAIN, Arithmetic, NOTHING, Sink, attend
+from .attention import NOTHING, PLAIN, Arithmetic, Sink, attend
 from .blocks import BlockParts, block_forward
 from .families import ForwardOnly
 from .families.base import Family, ProbeParts, UnsupportedModelError, check_images
 from .inputs import TokenBatch
 from .patching import ModelPatch
 from .precision import caller_precision, float32_scope
-from .recording import BLOCK_FIELDS, HEAD_FIELDS, BlockRecord, Readout, Recorder, Recording
+from .recording import (
+    BLOCK_FIELDS,
+    HEAD_FIELDS,
+    BlockRecord,
+    Readout,
+    Recorder,
+    Recording,
+)
 from .targets import Target, TargetLike, resolve_target
 from .windows import stage_grids
 
@@ -469,6 +476,9 @@ class ModelAdapter:
         weights = torch.zeros(batch, tokens, device=self.device)
         if kind == "token":
             weights[:, self.class_token_index] = 1
+        elif kind == "token_avg":  # a head on the class token concatenated with the patch tokens' mean: half each
+            weights[:, self.class_token_index] = 1 / 2
+            weights[:, self.num_prefix_tokens:] = 1 / (2 * (tokens - self.num_prefix_tokens))
         else:
             first = 0 if getattr(self.family, "readout_includes_prefix", False) else self.num_prefix_tokens
             weights[:, first:] = 1 / (tokens - first)

@@ -6,7 +6,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..instrumentation import BlockRecord, ModelAdapter, Recording
+from ..instrumentation import BlockRecord, ModelAdapter, Recording, UnsupportedModelError
 from ..options import block_index
 from ..registry import register_method
 from ._products import readout_map
@@ -96,6 +96,10 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
     if use_length or use_necc:
         adapter.require_head_shares("tokentm", chosen)
     normalized = reference == "normalized"
+    if aggregate and any(adapter.family.blocks[i].layout == "parallel" for i in chosen):
+        raise UnsupportedModelError(
+            "tokentm composes each block's attention update with the MLP update that follows it (Eq. 15-17), but "
+            "this model's parallel blocks add the attention and the MLP to the same input; use aggregate=False")
     # E of both sublayers: the LayerNorm outputs or the residual streams; block 0's residual gives C⁰
     references = ("attn_input", "mlp_input") if normalized else ("residual", "mlp_residual")
     fields = dict.fromkeys(references + ("attn", "mlp_branch") + (("v",) if use_length or use_necc else ()), chosen)

@@ -98,7 +98,7 @@ class Family(ABC):
     #: what the family's models read
     modality: ClassVar[Literal["image", "text"]] = "image"
     #: how the output reads the last block's tokens (per model; see :class:`Readout`)
-    readout: Literal["token", "avg", "map"] = "token"
+    readout: Literal["token", "avg", "token_avg", "map"] = "token"
     #: the attention-pooling head, for ``readout == "map"``
     probe: ProbeParts | None = None
     #: the caller's word on whether the outputs are class logits (None: decided from the model, :attr:`head_reason`)

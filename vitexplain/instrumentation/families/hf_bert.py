@@ -23,7 +23,13 @@ from ..attention import AttentionParts
 from ..blocks import BlockParts
 from ..inputs import TokenBatch
 from .base import TokenContext, UnsupportedModelError, missing
-from .hf_common import TransformersClassifier, attention_reason, is_transformers_model, layer_inputs, replaced_output
+from .hf_common import (
+    TransformersClassifier,
+    attention_reason,
+    is_transformers_model,
+    layer_inputs,
+    replaced_output,
+)
 
 LAYER_ATTRIBUTES = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                     "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm")

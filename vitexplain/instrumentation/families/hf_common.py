@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from torch import Tensor, nn
 
-from ..attention import AttentionInput
+from ..attention import AttentionInput, AttentionParts
 from .base import Family
 
 #: Attention implementations whose masks the written-out attention understands.
@@ -25,6 +25,19 @@ def is_transformers_model(model: nn.Module) -> bool:
     from transformers import PreTrainedModel
 
     return isinstance(model, PreTrainedModel)
+
+
+def is_one_of(model: nn.Module, served: Collection[type]) -> bool:
+    """Whether ``model`` is a transformers model of exactly one of the ``served`` classes."""
+    return is_transformers_model(model) and type(model) in served
+
+
+def projections_attention(attention: nn.Module) -> AttentionParts:
+    """A transformers vision attention module with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` (ViT, DeiT, DINOv2)."""
+    return AttentionParts(
+        module=attention, num_heads=attention.num_attention_heads, head_dim=attention.head_dim,
+        scale=attention.scaling, proj=attention.o_proj, query=attention.q_proj, key=attention.k_proj,
+        value=attention.v_proj)
 
 
 def attention_reason(model: nn.Module) -> str | None:

@@ -11,13 +11,13 @@ the first block and belongs to the token embedding.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import AttentionParts
 from ..blocks import BlockParts
 from .base import Family, ProbeParts, TokenContext, missing
-from .hf_common import attention_reason, is_transformers_model, layer_inputs, replaced_output
+from .hf_common import attention_reason, is_one_of, layer_inputs, replaced_output
+from .torch_attention import latent_attention
 
 LAYER_ATTRIBUTES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
                     "layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2", "mlp.activation_fn")
@@ -25,7 +25,13 @@ LAYER_ATTRIBUTES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", 
 
 def _served() -> dict[type, tuple[str, type]]:
     """model class -> (kind, the encoder layer class whose forward the written-out block computes)."""
-    from transformers import CLIPModel, CLIPVisionModel, CLIPVisionModelWithProjection, SiglipModel, SiglipVisionModel
+    from transformers import (
+        CLIPModel,
+        CLIPVisionModel,
+        CLIPVisionModelWithProjection,
+        SiglipModel,
+        SiglipVisionModel,
+    )
     from transformers.models.clip.modeling_clip import CLIPEncoderLayer
     from transformers.models.siglip.modeling_siglip import SiglipEncoderLayer
 
@@ -39,30 +45,10 @@ def vision_tower(model: nn.Module) -> nn.Module:
     return getattr(model, "vision_model", model)
 
 
-class _InProjectionRows(nn.Module):
-    """Rows ``start:stop`` of ``nn.MultiheadAttention``'s packed input projection as a Linear, read from the
-    module's own parameters at each call (so gradients and precision changes reach them)."""
-
-    def __init__(self, attention: nn.MultiheadAttention, start: int, stop: int):
-        super().__init__()
-        self.rows = slice(start, stop)
-        self._attention = [attention]  # not a submodule: the model owns it
-
-    def forward(self, x: Tensor) -> Tensor:
-        attention = self._attention[0]
-        bias = None if attention.in_proj_bias is None else attention.in_proj_bias[self.rows]
-        return F.linear(x, attention.in_proj_weight[self.rows], bias)
-
-
 def siglip_probe(head: nn.Module) -> ProbeParts:
     """``SiglipMultiheadAttentionPoolingHead``: one learnt query (``probe``) through ``nn.MultiheadAttention``
     (packed q / kv projections), then x + mlp(layernorm(x)), the first (only) latent read."""
-    attention = head.attention
-    width = attention.embed_dim
-    parts = AttentionParts(
-        module=attention, num_heads=attention.num_heads, head_dim=attention.head_dim,
-        scale=attention.head_dim ** -0.5, proj=attention.out_proj, query=_InProjectionRows(attention, 0, width),
-        kv=_InProjectionRows(attention, width, 3 * width), latent=head.probe)
+    parts = latent_attention(head.attention, head.probe)
     return ProbeParts(module=head, attention=parts, norm=head.layernorm, mlp=head.mlp, pool="token",
                       activation=head.mlp.activation_fn)
 
@@ -107,7 +93,7 @@ class TransformersTwoTower(Family):
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
         """A transformers CLIP or SigLIP model (two towers, or the image tower alone)."""
-        return is_transformers_model(model) and type(model) in _served()
+        return is_one_of(model, _served())
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:

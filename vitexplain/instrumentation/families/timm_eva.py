@@ -107,7 +107,14 @@ class TimmEva(TimmSequenceFamily):
         return self.head(tokens)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import AttentionPoolLatent, DropPath, GluMlp, Mlp, PatchEmbed, SwiGLU
+        from timm.layers import (
+            AttentionPoolLatent,
+            DropPath,
+            GluMlp,
+            Mlp,
+            PatchEmbed,
+            SwiGLU,
+        )
         from timm.models.eva import Eva, EvaBlock, EvaBlockPostNorm
 
         return (Eva, EvaBlock, EvaBlockPostNorm, type(self.blocks[0].attention.module), Mlp, GluMlp, SwiGLU,

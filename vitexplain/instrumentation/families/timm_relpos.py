@@ -10,6 +10,7 @@ from ..blocks import BlockParts
 from .base import EmbeddingParts, TokenContext, layer_scale, optional, timm_example
 from .timm_common import TimmSequenceFamily, block_type_reason
 
+
 class TimmBeit(TimmSequenceFamily):
     """Where timm's ``Beit`` keeps its parts: qkv without bias plus q / v biases, relative position bias
     per block and / or shared, LayerScale gains ``gamma_1`` / ``gamma_2``."""
@@ -120,8 +121,19 @@ class TimmRelPos(TimmSequenceFamily):
         return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None), None)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed, RelPosBias, RelPosMlp
-        from timm.models.vision_transformer_relpos import RelPosAttention, RelPosBlock, VisionTransformerRelPos
+        from timm.layers import (
+            DropPath,
+            LayerScale,
+            Mlp,
+            PatchEmbed,
+            RelPosBias,
+            RelPosMlp,
+        )
+        from timm.models.vision_transformer_relpos import (
+            RelPosAttention,
+            RelPosBlock,
+            VisionTransformerRelPos,
+        )
 
         # the position-bias MLP computes a constant of the input: its ReLU never carries relevance
         return VisionTransformerRelPos, RelPosBlock, RelPosAttention, Mlp, PatchEmbed, LayerScale, DropPath, \

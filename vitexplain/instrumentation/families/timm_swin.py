@@ -145,9 +145,16 @@ class TimmSwin(Family):
         return EmbeddingParts(self.model.patch_embed, self.model.patch_embed.proj, None)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, SelectAdaptivePool2d
+        from timm.layers import (
+            ClassifierHead,
+            DropPath,
+            Mlp,
+            PatchEmbed,
+            SelectAdaptivePool2d,
+        )
         from timm.layers.adaptive_avgmax_pool import FastAdaptiveAvgPool
-        from timm.models import swin_transformer as v1, swin_transformer_v2 as v2
+        from timm.models import swin_transformer as v1
+        from timm.models import swin_transformer_v2 as v2
 
         # the V2 bias MLP computes a constant of the input: its ReLU never carries relevance; the modules'
         # own softmax is not called (the attention is written out)
