@@ -16,10 +16,10 @@ from zoo import SIZE, build, images
 
 from vitexplain import available_methods, explain, get_method
 from vitexplain.instrumentation import (
-    FAMILIES,
     UnsupportedModelError,
     adapter_for,
     family_of,
+    served_families,
 )
 from vitexplain.instrumentation.families.base import projection_head
 from vitexplain.methods.rise import grid_masks, random_grids
@@ -304,7 +304,7 @@ def test_a_refusal_is_one_line_with_the_one_reason_then_the_families_served(arch
         message = str(raised.value)
         assert "\n" not in message and message.count("VisionTransformer:") == 1 and "is not a timm" not in message
         assert f"vitexplain cannot instrument this VisionTransformer: {reason}" in message
-        served = [family.name for family in FAMILIES]
+        served = [family.name for family in served_families()]
         assert served[0] == "timm VisionTransformer" and message.endswith("; it instruments " + ", ".join(served))
     assert explain(model, images(1), "rise", n_masks=2).shape == (1, 32, 32)  # its outputs still explain it
 

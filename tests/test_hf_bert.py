@@ -2,17 +2,29 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, BertTokenizer, RobertaConfig,
-                          RobertaForSequenceClassification)
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertTokenizer,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
 
 import vitexplain
 from vitexplain.registry import available_methods
 
 TEXT_METHODS = available_methods("text")
-from vitexplain.instrumentation import BLOCK_FIELDS, TokenBatch, UnsupportedModelError, adapter_for, family_of
-from vitexplain.instrumentation.families import TransformersText
-
 from test_instrumentation import _assert_same, _snapshot
+
+from vitexplain.instrumentation import (
+    BLOCK_FIELDS,
+    TokenBatch,
+    UnsupportedModelError,
+    adapter_for,
+    family_of,
+)
+from vitexplain.instrumentation.families.hf_bert import TransformersText
 
 BERT_TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                  max_position_embeddings=64, initializer_range=0.2)

@@ -38,9 +38,9 @@ def quick_options(method: str) -> dict[str, Any]:
 def examples() -> dict[str, Callable[[], tuple[Any, Any]]]:
     """Every family's example builders, by label, in the order families are tried, then a model known by its
     outputs only."""
-    from .instrumentation import FAMILIES, ForwardOnly
+    from .instrumentation import ForwardOnly, served_families
 
-    return {label: build for family in (*FAMILIES, ForwardOnly) for label, build in family.examples().items()}
+    return {label: build for family in (*served_families(), ForwardOnly) for label, build in family.examples().items()}
 
 
 def builtin_methods() -> list[str]:

@@ -12,7 +12,13 @@ import sys
 from torch import nn
 
 from .adapter import LayerScores, ModelAdapter, evaluation_mode
-from .families import FAMILIES, Family, ForwardOnly, UnsupportedModelError
+from .families import (
+    Family,
+    ForwardOnly,
+    UnsupportedModelError,
+    register_family,
+    served_families,
+)
 from .inputs import TokenBatch
 from .recording import BLOCK_FIELDS, BlockRecord, Readout, Recording, identity_like
 from .targets import Target, resolve_target, resolve_targets
@@ -28,12 +34,12 @@ def uncompiled(model: nn.Module) -> nn.Module:
 
 
 def _served() -> str:
-    return ", ".join(family.name for family in FAMILIES)
+    return ", ".join(family.name for family in served_families())
 
 
 def _kind(model: nn.Module) -> type[Family] | None:
     """The family that knows ``model``'s kind, if any (whether or not it covers the model's settings)."""
-    return next((family for family in FAMILIES if family.recognises(model)), None)
+    return next((family for family in served_families() if family.recognises(model)), None)
 
 
 def family_of(model: nn.Module) -> Family:
@@ -96,7 +102,7 @@ def adapter_for(model: nn.Module | ModelAdapter, *, classes: bool | None = None)
 
 
 __all__ = [
-    "BLOCK_FIELDS", "BlockRecord", "FAMILIES", "Family", "ForwardOnly", "LayerScores", "ModelAdapter", "Readout", "Recording",
+    "BLOCK_FIELDS", "BlockRecord", "Family", "ForwardOnly", "LayerScores", "ModelAdapter", "Readout", "Recording", "register_family", "served_families",
     "Target", "TokenBatch", "UnsupportedModelError", "adapter_for", "evaluation_mode", "family_of", "identity_like", "resolve_target",
     "resolve_targets",
 ]

@@ -1,34 +1,23 @@
-"""Model family descriptions, one module each, in the order they are tried (the first that describes a model wins).
+"""Model family descriptions, one module each, each family registered by its module
+(:func:`~.base.register_family`); :func:`~.base.served_families` lists them.
 
-Adding a family is one module here with a :class:`~.base.Family` subclass, and its name in :data:`FAMILIES`.
-A model no family instruments is described by its forward alone (:class:`~.forward_only.ForwardOnly`).
+Adding a family is one module here with a registered :class:`~.base.Family` subclass: nothing else to
+edit. A family only recognises models of its own kind (:meth:`~.base.Family.recognises`), so the order in
+which they are asked does not matter. A model no family instruments is described by its forward alone
+(:class:`~.forward_only.ForwardOnly`, not registered: the fallback).
 """
 from __future__ import annotations
 
 from .base import (
-                               EmbeddingParts,
-                               Family,
-                               ProbeParts,
-                               TokenContext,
-                               UnsupportedModelError,
+                   EmbeddingParts,
+                   Family,
+                   ProbeParts,
+                   TokenContext,
+                   UnsupportedModelError,
+                   register_family,
+                   served_families,
 )
 from .forward_only import ForwardOnly
-from .hf_bert import TransformersText
-from .hf_dinov2 import TransformersDinov2
-from .hf_two_tower import TransformersTwoTower
-from .hf_vit import TransformersViT
-from .hf_vit_model import TransformersViTModel
-from .timm_eva import TimmEva
-from .timm_relpos import TimmBeit, TimmRelPos
-from .timm_swin import TimmSwin
-from .timm_vit import TimmViT
-from .torchvision_vit import TorchvisionViT
 
-#: every family, in the order they are tried
-FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersTwoTower, TransformersText,
-                               TransformersViTModel, TransformersDinov2, TorchvisionViT]
-
-__all__ = ["EmbeddingParts", "FAMILIES", "Family", "ForwardOnly", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos",
-           "TimmSwin", "TimmViT", "TokenContext", "TorchvisionViT", "TransformersDinov2", "TransformersText",
-           "TransformersTwoTower", "TransformersViT", "TransformersViTModel",
-           "UnsupportedModelError"]
+__all__ = ["EmbeddingParts", "Family", "ForwardOnly", "ProbeParts", "TokenContext", "UnsupportedModelError",
+           "register_family", "served_families"]

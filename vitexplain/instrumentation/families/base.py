@@ -5,7 +5,8 @@ are and what each holds (:class:`~vitexplain.instrumentation.blocks.BlockParts`)
 tokens lead the sequence, how the output reads the last tokens (:class:`Readout` kind and, for an
 attention-pooling head, :class:`ProbeParts`), where the patch and position embeddings are (for LRP),
 and how to run the model from its token embeddings on (token subsets). Recording, token subsets and
-LRP rules all read it; adding a family is writing one of these.
+LRP rules all read it; adding a family is writing one of these in a module of this package, decorated with
+:func:`register_family` (the registry imports every module here before its first lookup).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any, Callable, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from ...registry import Registry
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
 
@@ -95,6 +97,8 @@ class Family(ABC):
 
     #: human-readable name, used in messages and in the support matrix
     name: ClassVar[str] = ""
+    #: where the family comes in lists (refusals, the support matrix's columns): lower first, then by name
+    listing_order: ClassVar[int] = 50
     #: what the family's models read
     modality: ClassVar[Literal["image", "text"]] = "image"
     #: how the output reads the last block's tokens (per model; see :class:`Readout`)
@@ -331,3 +335,19 @@ def optional(module: nn.Module | None) -> nn.Module | None:
 
 __all__ = ["AttentionInput", "EmbeddingParts", "Family", "ProbeParts", "TokenContext", "UnsupportedModelError",
            "check_images", "layer_scale", "missing", "optional", "projection_head", "wrong_channels"]
+
+
+#: the families a model is described by, registered by their modules (see :func:`served_families`)
+FAMILY_REGISTRY: Registry[type[Family]] = Registry("model family", "vitexplain.instrumentation.families")
+
+
+def register_family(family: type[Family]) -> type[Family]:
+    """Class decorator: ``family`` describes models (a family only recognises models of its own kind)."""
+    FAMILY_REGISTRY.add(family.name, family)
+    return family
+
+
+def served_families() -> list[type[Family]]:
+    """Every registered family, in listing order."""
+    return sorted((FAMILY_REGISTRY.get(name) for name in FAMILY_REGISTRY.names()),
+                  key=lambda family: (family.listing_order, family.name))

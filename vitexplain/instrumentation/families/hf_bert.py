@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from ..attention import AttentionParts
 from ..blocks import BlockParts
 from ..inputs import TokenBatch
-from .base import TokenContext, UnsupportedModelError, missing
+from .base import TokenContext, UnsupportedModelError, missing, register_family
 from .hf_common import (
     TransformersClassifier,
     attention_reason,
@@ -44,10 +44,12 @@ def _as_batch(value: Any, name: str, integers: bool = True) -> Tensor:
     return tensor[None] if tensor.ndim == 1 else tensor
 
 
+@register_family
 class TransformersText(TransformersClassifier):
     """Where BERT-style transformers sequence classifiers keep their parts."""
 
     name = "transformers BERT-style text classifier"
+    listing_order = 22
     modality = "text"
 
     @classmethod

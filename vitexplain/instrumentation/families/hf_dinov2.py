@@ -15,7 +15,14 @@ from torch import Tensor, nn
 
 from ..attention import Arithmetic
 from ..blocks import BlockParts
-from .base import EmbeddingParts, Family, TokenContext, layer_scale, missing
+from .base import (
+    EmbeddingParts,
+    Family,
+    TokenContext,
+    layer_scale,
+    missing,
+    register_family,
+)
 from .hf_common import (
     attention_reason,
     is_one_of,
@@ -54,10 +61,12 @@ def swiglu(mlp: nn.Module):
     return branch
 
 
+@register_family
 class TransformersDinov2(Family):
     """Where transformers' DINOv2 models keep their parts."""
 
     name = "transformers DINOv2"
+    listing_order = 24
 
     def __init__(self, model: nn.Module):
         self.classifies, _ = _served()[type(model)]

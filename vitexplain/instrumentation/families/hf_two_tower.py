@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionParts
 from ..blocks import BlockParts
-from .base import Family, ProbeParts, TokenContext, missing
+from .base import Family, ProbeParts, TokenContext, missing, register_family
 from .hf_common import attention_reason, is_one_of, layer_inputs, replaced_output
 from .torch_attention import latent_attention
 
@@ -53,10 +53,12 @@ def siglip_probe(head: nn.Module) -> ProbeParts:
                       activation=head.mlp.activation_fn)
 
 
+@register_family
 class TransformersTwoTower(Family):
     """Where the image towers of transformers' CLIP and SigLIP keep their parts (pre-norm layers)."""
 
     name = "transformers CLIP/SigLIP image tower"
+    listing_order = 21
 
     def __init__(self, model: nn.Module):
         self.kind, _ = _served()[type(model)]

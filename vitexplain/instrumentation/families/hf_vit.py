@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import EmbeddingParts, TokenContext, missing
+from .base import EmbeddingParts, TokenContext, missing, register_family
 from .hf_common import (
     TransformersClassifier,
     attention_reason,
@@ -34,10 +34,12 @@ def _served_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
     return (ViTForImageClassification, DeiTForImageClassification, DeiTForImageClassificationWithTeacher), (ViTLayer, DeiTLayer)
 
 
+@register_family
 class TransformersViT(TransformersClassifier):
     """Where transformers' ViT / DeiT classifiers keep their parts (pre-norm layers like timm's)."""
 
     name = "transformers ViT/DeiT"
+    listing_order = 20
 
     @classmethod
     def examples(cls):

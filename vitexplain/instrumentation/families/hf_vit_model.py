@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .base import missing
+from .base import missing, register_family
 from .hf_common import attention_reason, is_one_of
 from .hf_vit import LAYER_ATTRIBUTES, TransformersViT
 
@@ -17,10 +17,12 @@ def _served() -> tuple[type, ...]:
     return ViTModel, DeiTModel
 
 
+@register_family
 class TransformersViTModel(TransformersViT):
     """Where transformers' ``ViTModel`` / ``DeiTModel`` keep their parts (those of the classifiers)."""
 
     name = "transformers ViTModel/DeiTModel (no classifier)"
+    listing_order = 23
 
     @classmethod
     def examples(cls):

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import TokenContext, layer_scale, optional, timm_example
+from .base import TokenContext, layer_scale, optional, register_family, timm_example
 from .timm_common import TimmSequenceFamily, block_type_reason
 from .timm_vit import _block_inputs
 
@@ -58,10 +58,12 @@ def _eva_inputs(x: Tensor, rope: Tensor | None = None, attn_mask: Tensor | None 
     return x, extra
 
 
+@register_family
 class TimmEva(TimmSequenceFamily):
     """Where timm's ``Eva`` keeps its parts."""
 
     name = "timm Eva (EVA-02, RoPE ViT)"
+    listing_order = 11
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:

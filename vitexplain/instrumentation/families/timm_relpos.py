@@ -7,15 +7,24 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, TokenContext, layer_scale, optional, timm_example
+from .base import (
+    EmbeddingParts,
+    TokenContext,
+    layer_scale,
+    optional,
+    register_family,
+    timm_example,
+)
 from .timm_common import TimmSequenceFamily, block_type_reason
 
 
+@register_family
 class TimmBeit(TimmSequenceFamily):
     """Where timm's ``Beit`` keeps its parts: qkv without bias plus q / v biases, relative position bias
     per block and / or shared, LayerScale gains ``gamma_1`` / ``gamma_2``."""
 
     name = "timm Beit"
+    listing_order = 12
     readouts = ("token", "avg")
 
     @classmethod
@@ -69,11 +78,13 @@ class TimmBeit(TimmSequenceFamily):
         return Beit, Block, Attention, Mlp, SwiGLU, PatchEmbed, DropPath, RelativePositionBias
 
 
+@register_family
 class TimmRelPos(TimmSequenceFamily):
     """Where timm's ``VisionTransformerRelPos`` keeps its parts: a relative position bias (table or MLP)
     per block or shared, LayerScale modules."""
 
     name = "timm VisionTransformerRelPos"
+    listing_order = 13
     readouts = ("token", "avg")
 
     @classmethod

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
 from ..windows import Windows
-from .base import EmbeddingParts, Family, timm_example
+from .base import EmbeddingParts, Family, register_family, timm_example
 from .timm_common import timm_head
 
 #: timm block classes and the layout their forward computes
@@ -82,6 +82,7 @@ def _v2_attention(attn: nn.Module) -> AttentionParts:
         attn_drop=attn.attn_drop, proj_drop=attn.proj_drop)
 
 
+@register_family
 class TimmSwin(Family):
     """Where timm's ``SwinTransformer`` and ``SwinTransformerV2`` keep their parts.
 
@@ -92,6 +93,7 @@ class TimmSwin(Family):
     """
 
     name = "timm Swin Transformer (V1, V2)"
+    listing_order = 14
     readout = "avg"
 
     @classmethod

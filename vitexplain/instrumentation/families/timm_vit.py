@@ -7,7 +7,14 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import TokenContext, layer_scale, missing, optional, timm_example
+from .base import (
+    TokenContext,
+    layer_scale,
+    missing,
+    optional,
+    register_family,
+    timm_example,
+)
 from .timm_common import TimmSequenceFamily, block_type_reason
 
 ATTENTION_ATTRIBUTES = ("qkv", "proj", "num_heads", "head_dim", "scale")
@@ -73,10 +80,12 @@ def _block_inputs(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = 
     return x, AttentionInput(mask=attn_mask)
 
 
+@register_family
 class TimmViT(TimmSequenceFamily):
     """Where timm's ``VisionTransformer`` (and subclasses such as ``VisionTransformerDistilled``) keeps its parts."""
 
     name = "timm VisionTransformer"
+    listing_order = 10
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:

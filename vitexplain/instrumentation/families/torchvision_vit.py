@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import Family, TokenContext, UnsupportedModelError
+from .base import Family, TokenContext, UnsupportedModelError, register_family
 from .torch_attention import LRP_REASON, multihead_attention, multihead_attention_reason
 
 
@@ -20,10 +20,12 @@ def _classes() -> tuple[type, type]:
     return VisionTransformer, EncoderBlock
 
 
+@register_family
 class TorchvisionViT(Family):
     """Where torchvision's ``VisionTransformer`` keeps its parts."""
 
     name = "torchvision VisionTransformer"
+    listing_order = 30
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
