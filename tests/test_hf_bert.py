@@ -194,7 +194,7 @@ def test_image_methods_and_bad_targets_are_refused_for_text():
     for method in ("tis", "rise", "integrated_gradients", "tam", "transformer_attribution"):
         with pytest.raises(ValueError, match=f"method '{method}' explains images only; for text use one of: agcam"):
             vitexplain.explain(model, batch, method)
-    with pytest.raises(ValueError, match="3 entries for a batch of 2 sequences"):
+    with pytest.raises(ValueError, match="3 entries for a batch of 2 inputs"):
         vitexplain.explain(model, batch, "gae", target=[0, 1, 2])
     with pytest.raises(ValueError, match="outside the model's 3 classes"):
         vitexplain.explain(model, batch, "gae", target=5)

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from .instrumentation import ModelAdapter, TokenBatch, adapter_for
 from .instrumentation.precision import float32_scope, precision_modes
-from .instrumentation.targets import is_score_target, refuse_classes
+from .instrumentation.targets import class_indices, is_score_target, refuse_classes
 from .instrumentation.two_tower import is_text, text_directions
 from .registry import MethodSpec, available_methods, get_method
 
@@ -122,31 +122,16 @@ def _explain_text(spec: MethodSpec, adapter: ModelAdapter, tokens: TokenBatch, t
                          "tokenize with padding_side='right'")
     if (lengths == 0).any():
         raise ValueError(f"sequence {int((lengths == 0).nonzero()[0])} has no tokens")
-    per_sequence = _per_sequence_targets(target, tokens.shape[0])
+    per_sequence = None if target is None else class_indices(target, tokens.shape[0], tokens.device)
     maps = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     for length in lengths.unique().tolist():
         rows = (lengths == length).nonzero()[:, 0]
-        group_target = per_sequence[rows.to(per_sequence.device)] if isinstance(per_sequence, Tensor) else per_sequence
+        group_target = None if per_sequence is None else per_sequence[rows]
         group = spec.fn(adapter, tokens.select(rows, length), group_target, **options)
         if group.shape != (len(rows), length):
             raise RuntimeError(f"method {spec.name!r} returned shape {tuple(group.shape)}, expected {(len(rows), length)}")
         maps[rows, :length] = group.detach().float()
     return maps
-
-
-def _per_sequence_targets(target, batch: int) -> int | Tensor | None:
-    """``target`` as None, one int for all, or one class per sequence [B] (checked as resolve_targets does)."""
-    if target is None or isinstance(target, int):
-        return target
-    targets = torch.as_tensor(target)
-    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
-        raise TypeError(f"target must hold integer class indices, got dtype {targets.dtype}")
-    targets = targets.long().reshape(-1)
-    if targets.numel() == 1:
-        return int(targets)
-    if targets.numel() != batch:
-        raise ValueError(f"target has {targets.numel()} entries for a batch of {batch} sequences")
-    return targets
 
 
 def _refuse_inference_weights(model: nn.Module) -> None:

@@ -104,6 +104,25 @@ def refuse_classes(target: TargetLike, reason: str | None) -> None:
                          "if its outputs are classes after all")
 
 
+def class_indices(target: int | Sequence[int] | Tensor, batch: int, device: torch.device | str | None = None) -> Tensor:
+    """One class index per input [B] from an int (for all), one index, or one per input; refuses booleans
+    and floats (a float tensor [D] or [B, D] is read as an embedding direction, never as classes)."""
+    if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
+        raise TypeError("target must hold integer class indices, not booleans")
+    if isinstance(target, int):
+        return torch.full((batch,), target, dtype=torch.long, device=device)
+    classes = torch.as_tensor(target, device=device)
+    if classes.dtype.is_floating_point or classes.dtype == torch.bool:
+        raise TypeError(f"target must hold integer class indices, got dtype {classes.dtype} (only a float tensor "
+                        "[D] or [B, D] is read otherwise: as an embedding direction)")
+    classes = classes.long().reshape(-1)
+    if classes.numel() == 1 and batch != 1:
+        classes = classes.expand(batch)
+    if classes.numel() != batch:
+        raise ValueError(f"target has {classes.numel()} entries for a batch of {batch} inputs")
+    return classes
+
+
 def resolve_target(target: TargetLike, outputs: Tensor, *, has_classes: bool = True) -> Target:
     """Turn the user's ``target`` into a :class:`Target` for the batch whose outputs are ``outputs`` [B, ...].
 
@@ -127,20 +146,7 @@ def resolve_target(target: TargetLike, outputs: Tensor, *, has_classes: bool = T
                              f"and B = {batch}, got {tuple(target.shape)}")
         return Target(direction=direction)
     num_classes = outputs.shape[-1]
-    if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
-        raise TypeError("target must hold integer class indices, not booleans")
-    if isinstance(target, int):
-        classes = torch.full((batch,), target, dtype=torch.long, device=outputs.device)
-    else:
-        classes = torch.as_tensor(target, device=outputs.device)
-        if classes.dtype.is_floating_point or classes.dtype == torch.bool:
-            raise TypeError(f"target must hold integer class indices, got dtype {classes.dtype} (only a float tensor "
-                            "[D] or [B, D] is read otherwise: as an embedding direction)")
-        classes = classes.long().reshape(-1)
-        if classes.numel() == 1 and batch != 1:
-            classes = classes.expand(batch)
-        if classes.numel() != batch:
-            raise ValueError(f"target has {classes.numel()} entries for a batch of {batch} inputs")
+    classes = class_indices(target, batch, outputs.device)
     bad = (classes < 0) | (classes >= num_classes)
     if bad.any():
         raise ValueError(f"target {classes[bad][0].item()} is outside the model's {num_classes} classes")
