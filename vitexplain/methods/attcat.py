@@ -13,7 +13,7 @@ from ._products import readout_rows
 
 
 @register_method("attcat", modalities=("image", "text"))
-def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row: Literal["mean", "class"] = "mean",
+def attcat(adapter: ModelAdapter, inputs: Tensor, target=None, *, attention_row: Literal["mean", "class"] = "mean",
            tokens: Literal["input", "attn_input", "output"] = "input") -> Tensor:
     """AttCAT: per block, gradient × token features (class activation tokens) weighted by attention, summed.
 
@@ -49,7 +49,7 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
     gradient_of = {"input": "residual", "attn_input": "attn_input", "output": "mlp_branch"}[tokens]
     fields = {"input": ("attn", "residual"), "attn_input": ("attn", "residual", "attn_input"),
               "output": ("attn", "residual", "attn_branch", "mlp_branch")}[tokens]
-    record = adapter.record(images, target, grads=(gradient_of,), reduce=attentive, fields=fields)
+    record = adapter.record(inputs, target, grads=(gradient_of,), reduce=attentive, fields=fields)
     relevance = 0
     for block in record.blocks:
         features = block.output if tokens == "output" else getattr(block, gradient_of)

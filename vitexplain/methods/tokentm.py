@@ -59,7 +59,7 @@ def attention_update(block: BlockRecord, weights: Tensor):
 
 
 @register_method("tokentm", modalities=("image", "text"))
-def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: bool = True,
+def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: bool = True,
             use_necc: bool = True, aggregate: bool = True, end_layer: int | None = None,
             reference: Literal["residual", "normalized"] = "residual", per_head: bool = True,
             score: Literal["probability", "logit"] = "probability") -> Tensor:
@@ -110,7 +110,7 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         return attention_update(block, attention_weights(block, block.attn_input if normalized else block.residual,
                                                          **switches))
 
-    record = adapter.record(images, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
+    record = adapter.record(inputs, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
     if not aggregate:
         return readout_map(record, [record.blocks[0].reduced])
 
