@@ -61,7 +61,7 @@ def attention_update(block: BlockRecord, weights: Tensor):
 @register_method("tokentm", modalities=("image", "text"))
 def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: bool = True,
             use_necc: bool = True, aggregate: bool = True, end_layer: int | None = None,
-            reference: Literal["residual", "normalized"] = "residual", per_head: bool = True,
+            reference: Literal["residual", "normalised"] = "residual", per_head: bool = True,
             score: Literal["probability", "logit"] = "probability") -> Tensor:
     """TokenTM: attention and token transformation effects aggregated over every sublayer.
 
@@ -83,7 +83,7 @@ def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: b
             Eq. (8) applied to the input tokens with the default switches off ("Baseline" row).
         end_layer: the highest block aggregated (0-based, negative counts from the end): blocks
             0 … end_layer (Table 7's "n layers" is ``end_layer=n-1``); None = all.
-        reference: ``"residual"`` (the stream the sublayer adds to) | ``"normalized"`` (the LayerNorm
+        reference: ``"residual"`` (the stream the sublayer adds to) | ``"normalised"`` (the LayerNorm
             output it transforms): the tensor E.
         per_head: per-head Ẽ_h = v_h W^H_h, else one Ẽ = Σ_h Ẽ_h for all heads.
         score: ``"probability"`` | ``"logit"``, what ∇_A differentiates.
@@ -95,19 +95,19 @@ def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: b
     chosen = range(last + 1) if aggregate else (0,)
     if use_length or use_necc:
         adapter.require_head_shares("tokentm", chosen)
-    normalized = reference == "normalized"
+    normalised = reference == "normalised"
     if aggregate and any(adapter.family.blocks[i].layout == "parallel" for i in chosen):
         raise UnsupportedModelError(
             "tokentm composes each block's attention update with the MLP update that follows it (Eq. 15-17), but "
             "this model's parallel blocks add the attention and the MLP to the same input; use aggregate=False")
     # E of both sublayers: the LayerNorm outputs or the residual streams; block 0's residual gives C⁰
-    references = ("attn_input", "mlp_input") if normalized else ("residual", "mlp_residual")
+    references = ("attn_input", "mlp_input") if normalised else ("residual", "mlp_residual")
     fields = dict.fromkeys(references + ("attn", "mlp_branch") + (("v",) if use_length or use_necc else ()), chosen)
     fields["residual"] = chosen if "residual" in references else (0,)
     switches = dict(per_head=per_head, use_length=use_length, use_necc=use_necc)
 
     def update(record: Recording, block: BlockRecord):  # the MHSA update, as the backward reaches the block
-        return attention_update(block, attention_weights(block, block.attn_input if normalized else block.residual,
+        return attention_update(block, attention_weights(block, block.attn_input if normalised else block.residual,
                                                          **switches))
 
     record = adapter.record(inputs, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
@@ -116,7 +116,7 @@ def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: b
 
     updates = []  # per sublayer, first to last: MHSA U = I + cam (Eq. 15), FFN U = I + diag(W) (Eq. 17)
     for block in record.blocks[:len(chosen)]:
-        mlp_reference = block.mlp_input if normalized else block.mlp_residual
+        mlp_reference = block.mlp_input if normalised else block.mlp_residual
         mlp_weights = transformation_weights(
             mlp_reference.norm(dim=-1), block.mlp_branch.norm(dim=-1), (block.mlp_branch * mlp_reference).sum(-1),
             use_length, use_necc)
