@@ -156,3 +156,12 @@ def describe_machine(device: torch.device) -> str:
         where = f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
     load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
     return f"{where}; {load}; torch {torch.__version__}, timm {timm.__version__}"
+
+
+def pearson(maps: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Pearson r of each map [B, ...] with its reference, in float64 (1 where both are the same constant)."""
+    a, b = (m.flatten(1).double().cpu() for m in (maps, reference))
+    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+    norms = a.norm(dim=1) * b.norm(dim=1)
+    same = (a - b).abs().amax(1) == 0
+    return torch.where(same, torch.ones_like(norms), (a * b).sum(1) / norms.clamp(min=1e-300))
