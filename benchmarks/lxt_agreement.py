@@ -1,15 +1,17 @@
 """attnlrp and cp_lrp against LXT (rachtibat/LRP-eXplains-Transformers) on the same weights, in float64.
 
-    pip install --target /tmp/lxt-env --no-deps lxt zennit      # LXT 2.1 and zennit 0.5.1, beside this env's torch
-    python benchmarks/lxt_agreement.py --lxt-path /tmp/lxt-env
+    pip install lxt                                              # LXT 2.1 and zennit 0.5.1 (the `test` extra has it)
+    python benchmarks/lxt_agreement.py                           # or --lxt-path FOLDER: LXT installed elsewhere
+    python benchmarks/lxt_agreement.py --layers 2 --images 3 --json out.json   # what tests/test_attnlrp.py runs
 
 LXT explains torchvision's ViT: a tiny ``torchvision.models.VisionTransformer`` (32 px, patch 8, ``--layers``
 blocks, ``--heads`` heads, width 48, MLP 96, 10 classes) gets random weights — biases, LayerNorm affines, class
 token, position embedding and head included — and they are copied into the matching timm ViT (``qkv`` =
 ``in_proj``, ``proj`` = ``out_proj``; logits checked equal to 1e-10). LXT runs in a subprocess, since importing it
 patches ``torch.nn`` classes for the whole process: ``cp_LRP`` of ``lxt/efficient/models/vit_torch.py`` (the
-patch map of LXT's ViT example), or AttnLRP assembled from LXT's own rules as its Hugging Face patches do
-(``divide_gradient`` by 4 at the attention's query and key, by 2 at its value, the softmax left to autograd),
+patch map of LXT's ViT example), or AttnLRP assembled from LXT's own rules as its BERT patch does (the gradient
+halved at the query, the key and the attention's output, written here as ``divide_gradient`` by 4 at the
+query and key and by 2 at the value; the softmax left to autograd),
 with zennit's ``Gamma`` on every Linear and the patch convolution as in ``examples/vit_torch.py``, made
 Gradient×Input by ``monkey_patch_zennit``; the map is input × gradient at the image, summed over channels.
 vitexplain runs ``explain`` on the timm model. Printed per γ setting: Pearson r per image (lowest, mean) and
@@ -19,12 +21,14 @@ LXT 2.1's ``lxt.efficient.models`` imports every Hugging Face patch it ships, on
 transformers 5 no longer has; the subprocess stands that package in with an empty one, from which only
 ``vit_torch`` is loaded.
 
-Also printed: ``conservative_lrp`` (Ali et al.'s rules, read at the token embeddings) against LXT's CP-LRP with
-γ = 0, and what separates them (docs/decisions/lrp.md).
+``--json`` also writes the figures (the logit difference; per variant and setting the lowest and mean r and the
+largest difference). Also printed: ``conservative_lrp`` (Ali et al.'s rules, read at the token embeddings)
+against LXT's CP-LRP with γ = 0, and what separates them (docs/decisions/lrp.md).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -34,8 +38,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-#: (Linear γ, per block or one value; patch-convolution γ): the default, LRP-0, the top of LXT's sweep, per block
-SETTINGS = [(0.05, 0.25), (0.0, 0.0), (1.0, 100.0), ((0.25, 0.0, 0.1), 0.1)]
+def settings(layers: int) -> list[tuple[float | tuple[float, ...], float]]:
+    """(Linear γ, one value or one per block; patch-convolution γ): the default, LRP-0, the top of LXT's sweep, and
+    γ = 0.25 on the lower half of the blocks with the ε-rule (γ = 0) above."""
+    lower = layers // 2 or 1
+    return [(0.05, 0.25), (0.0, 0.0), (1.0, 100.0), ((0.25,) * lower + (0.0,) * (layers - lower), 0.1)]
 
 
 def torchvision_vit(layers: int, heads: int, seed: int) -> nn.Module:
@@ -109,7 +116,7 @@ def run_lxt(folder: Path, variant: str) -> None:
     saved = torch.load(folder / "inputs.pt", weights_only=False)
     model = saved["model"]
     maps = []
-    for gamma, conv_gamma in SETTINGS:
+    for gamma, conv_gamma in settings(len(model.encoder.layers)):
         per_block = gamma if isinstance(gamma, tuple) else (gamma,) * len(model.encoder.layers)
         rules = [(["conv_proj"], Gamma(conv_gamma)), (["heads.head"], Gamma(per_block[-1]))]
         for block, value in enumerate(per_block):  # every Linear, as LayerMapComposite gives them
@@ -128,10 +135,11 @@ def run_lxt(folder: Path, variant: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lxt-path", default="", help="a folder holding lxt and zennit, put first on the subprocess's path")
-    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=3)
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     parser.add_argument("--run-lxt", nargs=2, metavar=("FOLDER", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_lxt:
@@ -150,8 +158,9 @@ def main() -> None:
                          dtype=torch.float64)
     with torch.no_grad():
         theirs, ours = source(images), model(images)
+    logit_difference = (theirs - ours).abs().max().item()
     print(f"torchvision ViT -> timm ViT, {args.layers} blocks, {args.heads} heads, float64: largest logit difference "
-          f"{(theirs - ours).abs().max():.1e}")
+          f"{logit_difference:.1e}")
     assert torch.allclose(theirs, ours, rtol=0, atol=1e-10)
     targets = theirs.argmax(-1)
     with tempfile.TemporaryDirectory() as folder:
@@ -163,19 +172,24 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, "--run-lxt", folder, variant], check=True, env=environment)
             found[variant] = torch.load(Path(folder) / f"{variant}.pt")
 
-    def compare(label: str, mine: torch.Tensor, reference: torch.Tensor) -> None:
+    def compare(label: str, mine: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
         r = pearson(mine, reference)
         difference = ((mine.double() - reference).abs().amax((1, 2)) / reference.abs().amax((1, 2))).max()
         print(f"{label:48s} r lowest {r.min():.6f}, mean {r.mean():.6f}; largest difference / max |map| {difference:.1e}")
+        return {"r_min": r.min().item(), "r_mean": r.mean().item(), "difference": difference.item()}
 
+    figures = {"logit_difference": logit_difference, "maps": {}}
     for variant, maps in found.items():
-        for (gamma, conv_gamma), reference in zip(SETTINGS, maps):
+        for (gamma, conv_gamma), reference in zip(settings(args.layers), maps):
             mine = vitexplain.explain(model, images, variant, targets, gamma=list(gamma) if isinstance(gamma, tuple)
                                       else gamma, conv_gamma=conv_gamma)
-            compare(f"{variant} gamma={gamma}, conv_gamma={conv_gamma}", mine, reference)
+            label = f"{variant} gamma={gamma}, conv_gamma={conv_gamma}"
+            figures["maps"][label] = compare(label, mine, reference)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=1))
 
     # conservative_lrp against LXT's CP-LRP at γ = 0 (LRP-0 at every Linear and at the convolution), on the patches
-    lxt_zero = found["cp_lrp"][SETTINGS.index((0.0, 0.0))]
+    lxt_zero = found["cp_lrp"][settings(args.layers).index((0.0, 0.0))]
     per_patch = lxt_zero.unflatten(1, (4, 8)).unflatten(-1, (4, 8)).sum((2, 4))
     adapter = adapter_for(model)
     compare("conservative_lrp (token embeddings), patch sums", vitexplain.explain(model, images, "conservative_lrp", targets),

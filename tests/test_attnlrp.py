@@ -1,9 +1,14 @@
-"""AttnLRP and CP-LRP as LXT runs them on ViTs: the "attnlrp" / "cplrp" rule sets, their rules, the two methods.
-
-Agreement with LXT itself (run on torchvision's ViT with the same weights) is measured by
-benchmarks/lxt_agreement.py, which needs LXT installed beside transformers 5 (docs/decisions/lrp.md).
+"""AttnLRP and CP-LRP as LXT runs them on ViTs: the "attnlrp" / "cplrp" rule sets, their rules, the two methods,
+and their maps against LXT's own on the same weights (benchmarks/lxt_agreement.py, docs/decisions/lrp.md).
 """
 from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,3 +170,22 @@ def test_cp_lrp_at_gamma_zero_is_the_conservative_rule_set_read_at_the_pixels(ti
     images, targets = images_like(2), torch.tensor([3, 4])
     conservative = relevance(tiny, images, targets, "conservative", at=("pixels",)).pixels.sum(1)
     torch.testing.assert_close(explain(tiny, images, "cp_lrp", targets, gamma=0, conv_gamma=0), conservative)
+
+
+# -- against LXT itself ---------------------------------------------------------------------------
+@pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("lxt", "zennit")),
+                    reason="LXT is not installed (pip install lxt; the test extra has it)")
+def test_maps_equal_lxts_on_the_same_weights(tmp_path):
+    """LXT explains torchvision's ViT; the benchmark copies its random weights into the matching timm ViT and
+    compares the maps in float64, per image, at four γ settings (one per block among them). It runs LXT in
+    subprocesses of its own, since importing LXT patches torch.nn classes for the whole process."""
+    script = Path(__file__).parents[1] / "benchmarks" / "lxt_agreement.py"
+    figures = tmp_path / "figures.json"
+    run = subprocess.run([sys.executable, str(script), "--layers", "2", "--heads", "2", "--images", "3", "--json",
+                          str(figures)], env=os.environ, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(figures.read_text())
+    assert found["logit_difference"] < 1e-10
+    assert {label.split()[0] for label in found["maps"]} == {"attnlrp", "cp_lrp"} and len(found["maps"]) == 8
+    for label, figure in found["maps"].items():
+        assert figure["r_min"] >= 0.999, label

@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp.composites import CONV_GAMMA, LINEAR_GAMMA
 from ..options import NonNegative
 from ..registry import register_method
-from ._lxt import Gammas, Stage, lxt_map
+from ._attention_aware import Gammas, Stage, attention_aware_map
 
 
 @register_method("attnlrp", resolution="pixel", cost=4, score_targets=False)
@@ -32,4 +32,5 @@ def attnlrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas
         at: ``"pixels"`` (LXT's example: input × gradient at the image, summed over channels) or
             ``"patches"`` (the patch embeddings' relevance, each patch's spread evenly over its pixels).
     """
-    return lxt_map(adapter, images, target, constant_attention=False, gamma=gamma, conv_gamma=conv_gamma, at=at)
+    return attention_aware_map(adapter, images, target, constant_attention=False, gamma=gamma,
+                               conv_gamma=conv_gamma, at=at)

@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp.composites import CONV_GAMMA, LINEAR_GAMMA
 from ..options import NonNegative
 from ..registry import register_method
-from ._lxt import Gammas, Stage, lxt_map
+from ._attention_aware import Gammas, Stage, attention_aware_map
 
 
 @register_method("cp_lrp", resolution="pixel", cost=4, score_targets=False)
@@ -26,4 +26,5 @@ def cp_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas 
 
     Options: ``gamma``, ``conv_gamma`` and ``at`` as for :func:`~vitexplain.methods.attnlrp.attnlrp`.
     """
-    return lxt_map(adapter, images, target, constant_attention=True, gamma=gamma, conv_gamma=conv_gamma, at=at)
+    return attention_aware_map(adapter, images, target, constant_attention=True, gamma=gamma,
+                               conv_gamma=conv_gamma, at=at)

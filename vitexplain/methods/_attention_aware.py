@@ -1,4 +1,5 @@
-"""What attnlrp and cp_lrp share: LXT's rule sets with the caller's γ values, and the map at the pixels or the patches."""
+"""What attnlrp and cp_lrp share: the attention-aware rule sets with the caller's γ values, read at the pixels
+or the patches."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,8 +18,8 @@ Gammas = NonNegative | Sequence[NonNegative]
 Stage = Literal["pixels", "patches"]
 
 
-def lxt_map(adapter: ModelAdapter, images: Tensor, target, *, constant_attention: bool, gamma: Gammas,
-            conv_gamma: float, at: Stage) -> Tensor:
+def attention_aware_map(adapter: ModelAdapter, images: Tensor, target, *, constant_attention: bool,
+                        gamma: Gammas, conv_gamma: float, at: Stage) -> Tensor:
     """The channel sum of the relevance at ``at`` [B, H, W], under :func:`attention_aware`'s rule set.
 
     ``at="patches"``: each patch embedding's relevance (before the position embedding) spread evenly over
