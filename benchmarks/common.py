@@ -30,7 +30,7 @@ FAMILIES = {
 
 #: targets of issue 13 (and the earlier ones for the attention methods): method time / one forward+backward
 TIME_TARGETS = {"raw_attention": 1.3, "rollout": 1.3, "attn_gradcam": 1.3, "gae": 1.3, "gradtoken": 1.5,
-                "tokentm": 1.5, "transformer_attribution": 2.0, "legrad": 1.5}
+                "tokentm": 1.5, "transformer_attribution": 2.0, "legrad": 1.5, "attnlrp": 1.5, "cp_lrp": 1.5}
 #: at batch 1, per image
 BATCH1_TIME_TARGETS = {"gae": 1.5, "transformer_attribution": 1.5}
 #: peak memory of a single-pass method / that of one forward+backward
