@@ -315,11 +315,13 @@ class Gradient(ModuleRule):
         pass
 
 
-def _without_bias(module: nn.Module, x: Tensor, weight: Tensor) -> Tensor:
-    """The Linear's or convolution's map of ``x`` with ``weight`` in place of its own, without bias."""
+def _magnitudes(module: nn.Module, x: Tensor) -> Tensor:
+    """|W| |x| + |b|: the Linear's or convolution's map of ``|x|`` with its weights' and bias' magnitudes."""
+    weight = module.weight.detach().abs()
+    bias = None if module.bias is None else module.bias.detach().abs()
     if isinstance(module, nn.Linear):
-        return F.linear(x, weight)
-    return module._conv_forward(x, weight, None)
+        return F.linear(x.abs(), weight, bias)
+    return module._conv_forward(x.abs(), weight, bias)
 
 
 class Gamma(ModuleRule):
@@ -330,22 +332,16 @@ class Gamma(ModuleRule):
     ICML 2024). With z_ij = x_i w_ij and s_j = sign(y_j):
     R_i = Σ_j (z_ij + γ z_ij^{s_j}) / (y_j + γ (Σ_i z_ij^{s_j} + b_j^{s_j})) · R_j, where (·)^+ / (·)^- are the
     positive / negative parts: the bias sits in the denominator only and absorbs relevance; R_j = 0 where
-    y_j = 0. Since z^± = (z ± |x||w|) / 2, one extra product |W| |x| gives the rule; γ = 0 is LRP-0.
+    y_j = 0. Since z^{s} = (z + s |x||w|) / 2 and b^{s} − b/2 = s |b| / 2, the denominator is
+    (1 + γ/2) y + (γ/2) s (|W| |x| + |b|): one extra product, whose gradient gives the numerators; γ = 0 is LRP-0.
     """
 
     def __init__(self, gamma: float):
         self.gamma = gamma
 
     def output(self, module: nn.Module, x: Tensor, output: Tensor) -> Tensor:
-        gamma = self.gamma
-        magnitude = _without_bias(module, x.abs(), module.weight.detach().abs())
-        sign = output.detach().sign()
-        bias = output.new_zeros(()) if module.bias is None else module.bias.detach()
-        if not isinstance(module, nn.Linear):  # a convolution's bias is per channel
-            bias = bias.reshape(-1, *[1] * (output.ndim - 2))
-        favoured = torch.where(sign > 0, bias.clamp(min=0), bias.clamp(max=0))
-        # (1 + γ/2) Σ z + γ/2 s Σ|x||w| carries the gradient; the bias terms complete the denominator
-        denominator = output * (1 + gamma / 2) + sign * magnitude * (gamma / 2) + gamma * (favoured - bias / 2)
+        denominator = torch.addcmul(output * (1 + self.gamma / 2), output.detach().sign(), _magnitudes(module, x),
+                                    value=self.gamma / 2)
         return proportional(output, denominator)
 
 
