@@ -9,7 +9,7 @@ import vitexplain
 from vitexplain.registry import available_methods
 
 TEXT_METHODS = available_methods("text")
-from vitexplain.instrumentation import BLOCK_FIELDS, TokenBatch, UnsupportedModelError, adapter_for
+from vitexplain.instrumentation import BLOCK_FIELDS, TokenBatch, UnsupportedModelError, adapter_for, family_of
 from vitexplain.instrumentation.families import TransformersText
 
 from test_instrumentation import _assert_same, _snapshot
@@ -248,10 +248,10 @@ def test_what_cannot_be_served_gets_a_reason():
     torch.manual_seed(0)
     config = BertConfig(vocab_size=19, **BERT_TINY)
     with pytest.raises(UnsupportedModelError, match="BertForMaskedLM is not a sequence classifier"):
-        adapter_for(BertForMaskedLM(config))
+        family_of(BertForMaskedLM(config))
     with pytest.raises(UnsupportedModelError, match="decoder"):
-        adapter_for(make_bert(is_decoder=True))
+        family_of(make_bert(is_decoder=True))
     with pytest.raises(UnsupportedModelError, match="chunk"):
-        adapter_for(make_bert(chunk_size_feed_forward=2))
+        family_of(make_bert(chunk_size_feed_forward=2))
     with pytest.raises(UnsupportedModelError, match="patches"):
         adapter_for(make_bert()).patch_size

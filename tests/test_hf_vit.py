@@ -5,7 +5,7 @@ from transformers import (DeiTConfig, DeiTForImageClassification, DeiTForImageCl
                           ViTForImageClassification, ViTForMaskedImageModeling)
 
 import vitexplain
-from vitexplain.instrumentation import BLOCK_FIELDS, UnsupportedModelError, adapter_for, lrp
+from vitexplain.instrumentation import BLOCK_FIELDS, UnsupportedModelError, adapter_for, family_of, lrp
 from vitexplain.instrumentation.families import TransformersViT
 from vitexplain.instrumentation.lrp import RULE_SETS
 
@@ -176,11 +176,11 @@ def test_model_left_as_found_and_outputs_unchanged(twins, attention):
 def test_what_cannot_be_served_gets_a_reason():
     torch.manual_seed(0)
     with pytest.raises(UnsupportedModelError, match="ViTForMaskedImageModeling is not one of ViTForImageClassification"):
-        adapter_for(ViTForMaskedImageModeling(ViTConfig(**HF_TINY)))
+        family_of(ViTForMaskedImageModeling(ViTConfig(**HF_TINY)))
     flex = ViTForImageClassification(ViTConfig(**HF_TINY))
     flex.config._attn_implementation = "flex_attention"
     with pytest.raises(UnsupportedModelError, match="attention implementation is 'flex_attention'"):
-        adapter_for(flex)
+        family_of(flex)
     with pytest.raises(ValueError, match="takes 32x32 images, got 48x48"):
         vitexplain.explain(ViTForImageClassification(ViTConfig(**HF_TINY)), torch.randn(1, 3, 48, 48), "gae")
 

@@ -75,7 +75,7 @@ def test_methods_that_explain_classes_only_say_so():
             explain(model, x, method, torch.ones(48))
     with pytest.raises(ValueError, match="no classifier head"):
         explain(model, x, "gae")
-    with pytest.raises(ValueError, match="no classifier head, so a class index cannot be explained"):
+    with pytest.raises(ValueError, match=r"no classifier head \(its output is an embedding\), so it has no classes to explain"):
         explain(model, x, "gae", 3)
     with pytest.raises(ValueError, match=r"embedding direction must be \[D\] or \[B, D\] with D = 48"):
         explain(model, x, "gae", torch.ones(47))

@@ -8,16 +8,8 @@ from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording
 from ..registry import register_method
+from ._fusion import Fusion, fuse
 from ._products import readout_rows
-Fusion = Literal["sum", "mean", "max", "min"]
-
-
-def fuse(maps: Tensor, dim: int, how: Fusion) -> Tensor:
-    if how == "sum":
-        return maps.sum(dim)
-    if how == "mean":
-        return maps.mean(dim)
-    return maps.amax(dim) if how == "max" else maps.amin(dim)
 
 
 @register_method("agcam", modalities=("image", "text"))

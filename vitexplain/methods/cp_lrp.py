@@ -1,4 +1,4 @@
-"""CP-LRP as LXT runs it on Vision Transformers: AttnLRP outside the attention, constant attention inside."""
+"""CP-LRP (Achtibat et al., ICML 2024; Ali et al., ICML 2022), as LXT runs it on Vision Transformers."""
 from __future__ import annotations
 
 from torch import Tensor

@@ -4,11 +4,11 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 
 
-@register_method("gradcam", modalities=("image", "text"))
+@register_method("gradcam", modalities=("image", "text"), reads="tokens")
 def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1) -> Tensor:
     """Grad-CAM with the patch tokens of a block's first LayerNorm output as the feature map.
 

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, UnsupportedModelError
 from ..instrumentation.windows import to_tokens, tokens_in
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 from ._products import push_columns, push_rows
 
 

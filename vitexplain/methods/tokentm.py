@@ -7,9 +7,10 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording, UnsupportedModelError
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 from ._products import readout_map
+
 
 def transformation_weights(reference_norm: Tensor, transformed_norm: Tensor, dot: Tensor,
                            use_length: bool, use_necc: bool) -> Tensor:
@@ -38,11 +39,7 @@ def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use
     """
     if not (use_length or use_necc):
         return reference.new_ones(reference.shape[0], 1, reference.shape[1])
-    projection = block.head_projection  # [H, D, C]
-    if projection is None:
-        raise UnsupportedModelError(
-            "tokentm needs each head's output projection, but this model's attention is not a plain sum over "
-            "heads (it has an output norm, a gate, or a norm after the branch as res-post-norm blocks do)")
+    projection = block.head_projection  # [H, D, C] (tokentm has refused a model without one)
     reference_norm = reference.norm(dim=-1)[:, None]  # [B, 1, N]
     if per_head:
         gram = projection @ projection.transpose(1, 2)  # [H, D, D]
@@ -96,7 +93,13 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         raise ValueError("end_layer selects the aggregated blocks, so it needs aggregate=True")
     last = num_blocks - 1 if end_layer is None else block_index("end_layer", end_layer, num_blocks)
     chosen = range(last + 1) if aggregate else (0,)
+    if use_length or use_necc:
+        adapter.require_head_shares("tokentm", chosen)
     normalized = reference == "normalized"
+    if aggregate and any(adapter.family.blocks[i].layout == "parallel" for i in chosen):
+        raise UnsupportedModelError(
+            "tokentm composes each block's attention update with the MLP update that follows it (Eq. 15-17), but "
+            "this model's parallel blocks add the attention and the MLP to the same input; use aggregate=False")
     # E of both sublayers: the LayerNorm outputs or the residual streams; block 0's residual gives C⁰
     references = ("attn_input", "mlp_input") if normalized else ("residual", "mlp_residual")
     fields = dict.fromkeys(references + ("attn", "mlp_branch") + (("v",) if use_length or use_necc else ()), chosen)

@@ -23,7 +23,13 @@ from ..attention import AttentionParts
 from ..blocks import BlockParts
 from ..inputs import TokenBatch
 from .base import TokenContext, UnsupportedModelError, missing
-from .hf_common import TransformersClassifier, attention_reason, layer_inputs, replaced_output, transformers_reason
+from .hf_common import (
+    TransformersClassifier,
+    attention_reason,
+    is_transformers_model,
+    layer_inputs,
+    replaced_output,
+)
 
 LAYER_ATTRIBUTES = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                     "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm")
@@ -57,10 +63,12 @@ class TransformersText(TransformersClassifier):
         return {"transformers BERT (text)": build}
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        """A transformers model with word embeddings: a text encoder, classifier or not."""
+        return is_transformers_model(model) and missing(model.base_model, ("embeddings.word_embeddings",)) is None
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        reason = transformers_reason(model)
-        if reason is not None:
-            return reason
         if not type(model).__name__.endswith("ForSequenceClassification"):
             return f"{type(model).__name__} is not a sequence classifier (a *ForSequenceClassification model)"
         absent = missing(model.base_model, ("embeddings.word_embeddings", "encoder.layer"))

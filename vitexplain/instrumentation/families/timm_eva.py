@@ -64,11 +64,13 @@ class TimmEva(TimmSequenceFamily):
     name = "timm Eva (EVA-02, RoPE ViT)"
 
     @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
+    def recognises(cls, model: nn.Module) -> bool:
         from timm.models.eva import Eva
 
-        if not isinstance(model, Eva):
-            return f"{type(model).__name__} is not a timm Eva"
+        return isinstance(model, Eva)
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
         if reason := cls.pooling_reason(model):
             return reason
         if getattr(model, "patch_drop", None) is not None:
@@ -105,7 +107,14 @@ class TimmEva(TimmSequenceFamily):
         return self.head(tokens)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import AttentionPoolLatent, DropPath, GluMlp, Mlp, PatchEmbed, SwiGLU
+        from timm.layers import (
+            AttentionPoolLatent,
+            DropPath,
+            GluMlp,
+            Mlp,
+            PatchEmbed,
+            SwiGLU,
+        )
         from timm.models.eva import Eva, EvaBlock, EvaBlockPostNorm
 
         return (Eva, EvaBlock, EvaBlockPostNorm, type(self.blocks[0].attention.module), Mlp, GluMlp, SwiGLU,

@@ -10,6 +10,7 @@ from ..blocks import BlockParts
 from .base import EmbeddingParts, TokenContext, layer_scale, optional, timm_example
 from .timm_common import TimmSequenceFamily, block_type_reason
 
+
 class TimmBeit(TimmSequenceFamily):
     """Where timm's ``Beit`` keeps its parts: qkv without bias plus q / v biases, relative position bias
     per block and / or shared, LayerScale gains ``gamma_1`` / ``gamma_2``."""
@@ -22,11 +23,13 @@ class TimmBeit(TimmSequenceFamily):
         return {"BEiT (relative position bias)": timm_example("beit_base_patch16_224")}
 
     @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
+    def recognises(cls, model: nn.Module) -> bool:
         from timm.models.beit import Beit
 
-        if not isinstance(model, Beit):
-            return f"{type(model).__name__} is not a timm Beit"
+        return isinstance(model, Beit)
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
         return block_type_reason(model.blocks, ("Block",), "BEiT's Block") or cls.pooling_reason(model)
 
     def block(self, module: nn.Module) -> BlockParts:
@@ -78,11 +81,13 @@ class TimmRelPos(TimmSequenceFamily):
         return {"relative-position ViT (MLP bias)": timm_example("vit_srelpos_small_patch16_224")}
 
     @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
+    def recognises(cls, model: nn.Module) -> bool:
         from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
-        if not isinstance(model, VisionTransformerRelPos):
-            return f"{type(model).__name__} is not a timm VisionTransformerRelPos"
+        return isinstance(model, VisionTransformerRelPos)
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
         return block_type_reason(model.blocks, ("RelPosBlock",), "RelPosBlock") or cls.pooling_reason(model)
 
     def block(self, module: nn.Module) -> BlockParts:
@@ -116,8 +121,19 @@ class TimmRelPos(TimmSequenceFamily):
         return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None), None)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed, RelPosBias, RelPosMlp
-        from timm.models.vision_transformer_relpos import RelPosAttention, RelPosBlock, VisionTransformerRelPos
+        from timm.layers import (
+            DropPath,
+            LayerScale,
+            Mlp,
+            PatchEmbed,
+            RelPosBias,
+            RelPosMlp,
+        )
+        from timm.models.vision_transformer_relpos import (
+            RelPosAttention,
+            RelPosBlock,
+            VisionTransformerRelPos,
+        )
 
         # the position-bias MLP computes a constant of the input: its ReLU never carries relevance
         return VisionTransformerRelPos, RelPosBlock, RelPosAttention, Mlp, PatchEmbed, LayerScale, DropPath, \

@@ -95,9 +95,11 @@ class TimmSwin(Family):
     readout = "avg"
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        return isinstance(model, _swin_classes())
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if not isinstance(model, _swin_classes()):
-            return f"{type(model).__name__} is not a timm SwinTransformer or SwinTransformerV2"
         if model.global_pool != "avg":
             return (f"its head pools with global_pool={model.global_pool!r}, which is not a weighting of the tokens "
                     "(supported: 'avg')")
@@ -143,9 +145,16 @@ class TimmSwin(Family):
         return EmbeddingParts(self.model.patch_embed, self.model.patch_embed.proj, None)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, SelectAdaptivePool2d
+        from timm.layers import (
+            ClassifierHead,
+            DropPath,
+            Mlp,
+            PatchEmbed,
+            SelectAdaptivePool2d,
+        )
         from timm.layers.adaptive_avgmax_pool import FastAdaptiveAvgPool
-        from timm.models import swin_transformer as v1, swin_transformer_v2 as v2
+        from timm.models import swin_transformer as v1
+        from timm.models import swin_transformer_v2 as v2
 
         # the V2 bias MLP computes a constant of the input: its ReLU never carries relevance; the modules'
         # own softmax is not called (the attention is written out)

@@ -29,9 +29,25 @@ from ..families.base import UnsupportedModelError
 from ..patching import ModelPatch
 from ..precision import float32_scope
 from ..targets import resolve_target
-from ..windows import Grid, WindowedMatrix, WindowLayout, mix_rows, mixing, stage_grids, to_tokens
+from ..windows import (
+    Grid,
+    WindowedMatrix,
+    WindowLayout,
+    mix_rows,
+    mixing,
+    stage_grids,
+    to_tokens,
+)
 from . import rules as r
-from .composites import RULE_SETS, RuleSet, attention_aware, lrp_baseline, one_on_target, other_classes, resolve_rules
+from .composites import (
+    RULE_SETS,
+    RuleSet,
+    attention_aware,
+    lrp_baseline,
+    one_on_target,
+    other_classes,
+    resolve_rules,
+)
 
 #: what :func:`relevance` can return
 STAGES = ("attn", "residuals", "patches", "pixels")
