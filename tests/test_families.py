@@ -13,6 +13,7 @@ from vitexplain.instrumentation import adapter_for, lrp
 from vitexplain.instrumentation.attention import AttentionInput, attend
 
 from test_instrumentation import _assert_same, _snapshot
+from test_lrp import assert_conserves
 from zoo import ZOO, build, images
 
 NEW = ["vit_avg", "vit_map", "eva02", "vit_rope", "vit_rope_mixed", "beit", "beit_shared", "relpos", "srelpos"]
@@ -195,11 +196,7 @@ def _randomise_biases(model):
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
 def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
     monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
-    model = _randomise_biases(build(name)).double()
-    found = lrp.relevance(adapter_for(model), images(2).double(), None, rules)
-    for relevance in found.residuals:
-        torch.testing.assert_close(relevance.sum((1, 2)), torch.ones(2, dtype=torch.float64))
-    torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))
+    assert_conserves(_randomise_biases(build(name)).double(), images(2).double(), rules)
 
 
 @pytest.mark.parametrize("name", list(ZOO))

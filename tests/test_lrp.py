@@ -239,14 +239,19 @@ def test_conservative_lrp_is_gradient_times_input_of_a_forward_with_constant_att
 FAMILY_VARIANTS = [dict(), dict(distilled=True), dict(reg_tokens=2), dict(init_values=0.5, qkv_bias=True)]
 
 
+def assert_conserves(model, images, rules):
+    """Relevance 1 on the target logit reaches every block's input whole, and the pixels hold the patches' relevance
+    (a float64 ``model``, stabilisers taken out)."""
+    found = relevance(model, images, None, rules)
+    for rel in found.residuals:
+        torch.testing.assert_close(rel.sum((1, 2)), torch.ones(len(images), dtype=torch.float64))
+    torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))
+
+
 @pytest.mark.parametrize("family", FAMILY_VARIANTS)
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
 def test_chefer_rules_conserve_relevance_through_every_block_despite_biases(family, rules, unstabilised):
-    model = randomise_biases(make_vit(**family)).double()
-    found = relevance(model, images_like(dtype=torch.float64), None, rules)
-    for rel in found.residuals:
-        torch.testing.assert_close(rel.sum((1, 2)), torch.ones(2, dtype=torch.float64))
-    torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))
+    assert_conserves(randomise_biases(make_vit(**family)).double(), images_like(dtype=torch.float64), rules)
 
 
 def test_conservative_rules_conserve_exactly_without_biases():

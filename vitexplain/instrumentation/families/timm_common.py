@@ -24,6 +24,25 @@ def attention_pool(pool: nn.Module) -> ProbeParts:
                       mlp=mlp, pool=pool.pool or None, activation=getattr(mlp, "act", None))
 
 
+def gated_mlp(mlp: nn.Module):
+    """timm's ``GluMlp`` / ``SwiGLU`` written out with the gating product done by the arithmetic (None for
+    a plain ``Mlp``): EVA, ViT (DINOv2-giant's ``SwiGLUPacked``, AIMv2), BEiT's ``swiglu_mlp``."""
+    kind = type(mlp).__name__
+    if kind not in ("GluMlp", "SwiGLU"):
+        return None
+
+    def branch(h: Tensor, arithmetic) -> Tensor:
+        if kind == "SwiGLU":
+            gated = arithmetic.gate(mlp.fc1_x(h), mlp.act(mlp.fc1_g(h)))
+        else:
+            first, second = mlp.fc1(h).chunk(2, dim=mlp.chunk_dim)
+            gated = (arithmetic.gate(first, mlp.act(second)) if mlp.gate_last
+                     else arithmetic.gate(second, mlp.act(first)))
+        return mlp.drop2(mlp.fc2(mlp.norm(mlp.drop1(gated))))
+
+    return branch
+
+
 def timm_head(model: nn.Module, tokens: Tensor, final_norm: bool) -> Tensor:
     """A timm model's outputs from its last block's output: ``norm`` (the final norm), then ``forward_head``
     (pooling or attention pool, ``fc_norm``, classifier)."""

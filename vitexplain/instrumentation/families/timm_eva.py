@@ -7,7 +7,7 @@ from torch import Tensor, nn
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
 from .base import TokenContext, layer_scale, optional, register_family, timm_example
-from .timm_common import TimmSequenceFamily, block_type_reason
+from .timm_common import TimmSequenceFamily, block_type_reason, gated_mlp
 from .timm_vit import _block_inputs
 
 BLOCK_LAYOUTS = {"EvaBlock": "pre_norm", "EvaBlockPostNorm": "res_post_norm"}
@@ -30,25 +30,6 @@ def eva_attention(attn: nn.Module) -> AttentionParts:
         rope_prefix=attn.num_prefix_tokens, rotate_half=bool(getattr(attn, "rotate_half", False)),
         output_norm=optional(attn.norm), gate=getattr(attn, "gate", None), attn_drop=attn.attn_drop,
         proj_drop=attn.proj_drop)
-
-
-def gated_mlp(mlp: nn.Module):
-    """timm's ``GluMlp`` / ``SwiGLU`` written out with the gating product done by the arithmetic (None for
-    a plain ``Mlp``)."""
-    kind = type(mlp).__name__
-    if kind not in ("GluMlp", "SwiGLU"):
-        return None
-
-    def branch(h: Tensor, arithmetic) -> Tensor:
-        if kind == "SwiGLU":
-            gated = arithmetic.gate(mlp.fc1_x(h), mlp.act(mlp.fc1_g(h)))
-        else:
-            first, second = mlp.fc1(h).chunk(2, dim=mlp.chunk_dim)
-            gated = (arithmetic.gate(first, mlp.act(second)) if mlp.gate_last
-                     else arithmetic.gate(second, mlp.act(first)))
-        return mlp.drop2(mlp.fc2(mlp.norm(mlp.drop1(gated))))
-
-    return branch
 
 
 def _eva_inputs(x: Tensor, rope: Tensor | None = None, attn_mask: Tensor | None = None,

@@ -15,7 +15,7 @@ from .base import (
     register_family,
     timm_example,
 )
-from .timm_common import TimmSequenceFamily, block_type_reason
+from .timm_common import TimmSequenceFamily, block_type_reason, gated_mlp
 
 ATTENTION_ATTRIBUTES = ("qkv", "proj", "num_heads", "head_dim", "scale")
 #: timm block classes and the layout their forward computes
@@ -124,7 +124,8 @@ class TimmViT(TimmSequenceFamily):
             return parallel_block(module)
         return BlockParts(
             module=module, attention=timm_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
-            mlp=module.mlp, activation=getattr(module.mlp, "act", None), layout=layout, gamma1=layer_scale(getattr(module, "ls1", None)),
+            mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), layout=layout,
+            gamma1=layer_scale(getattr(module, "ls1", None)),
             gamma2=layer_scale(getattr(module, "ls2", None)), inputs=_block_inputs)
 
     @property
@@ -143,10 +144,12 @@ class TimmViT(TimmSequenceFamily):
         from timm.layers import (
             AttentionPoolLatent,
             DropPath,
+            GluMlp,
             LayerScale,
             Mlp,
             PatchDropout,
             PatchEmbed,
+            SwiGLU,
         )
         from timm.models.vision_transformer import (
             Block,
@@ -154,5 +157,5 @@ class TimmViT(TimmSequenceFamily):
             ResPostBlock,
         )
 
-        return (_vit_classes(), Block, ResPostBlock, ParallelScalingBlock, type(self.blocks[0].attention.module), Mlp, PatchEmbed,
-                LayerScale, DropPath, PatchDropout, AttentionPoolLatent)
+        return (_vit_classes(), Block, ResPostBlock, ParallelScalingBlock, type(self.blocks[0].attention.module), Mlp, GluMlp, SwiGLU,
+                PatchEmbed, LayerScale, DropPath, PatchDropout, AttentionPoolLatent)

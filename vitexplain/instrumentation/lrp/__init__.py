@@ -151,7 +151,7 @@ def _activations(family) -> list[nn.Module]:
 def _check_covered(adapter: ModelAdapter) -> None:
     """Refuse a model holding a module the written-out blocks and the rules do not cover, naming it."""
     family = adapter.family
-    allowed = (*family.lrp_allowed(), nn.Linear, nn.LayerNorm, nn.Identity, nn.Dropout, nn.Sequential, nn.ModuleList)
+    allowed = (*family.lrp_allowed(), nn.Linear, *r.norm_types(), nn.Identity, nn.Dropout, nn.Sequential, nn.ModuleList)
     exempt = {id(activation) for activation in _activations(family)}
     convolution = family.embedding().convolution
     if convolution is not None:
@@ -192,7 +192,7 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
         if isinstance(module, nn.Linear):
             rule = rules.linear_rule(*places.get(id(module), ("head", None)))
             rule.place(module, patch, renormalise_input=id(module) not in projections)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, r.norm_types()):
             rules.norm().place(module, patch)
         elif id(module) in activations:
             rules.activation().place(module, patch)

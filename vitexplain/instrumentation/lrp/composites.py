@@ -36,7 +36,8 @@
 
 In the first three rule sets the MLP activation passes relevance unchanged (``act(x) = x * [act(x) / x]``
 with the bracket constant, which is what Gradient×Input does for ReLU) and the position-embedding add
-uses the z-rule. Gating products (GLU feed-forwards) hold the gate constant in every set.
+uses the z-rule. Gating products (GLU feed-forwards) hold the gate constant in every set but ``"attnlrp"`` (the
+uniform rule). An RMSNorm gets its set's LayerNorm rule, read as a LayerNorm without centring or bias.
 """
 from __future__ import annotations
 

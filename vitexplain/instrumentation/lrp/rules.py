@@ -346,23 +346,49 @@ class Gamma(ModuleRule):
 
 
 class PassUnchanged(ModuleRule):
-    """Relevance passes unchanged from output to input (Chefer et al.'s LayerNorm and activations)."""
+    """Relevance passes unchanged from output to input (Chefer et al.'s LayerNorm and activations; an RMSNorm likewise)."""
 
     def output(self, module: nn.Module, x: Tensor, output: Tensor) -> Tensor:
         return passes_unchanged(output, x)
 
 
+@functools.cache
+def norm_types() -> tuple[type, ...]:
+    """The normalisation layers the norm rules serve: LayerNorm, and RMSNorm (torch's, timm's: AIMv2, ViT-22B-style
+    ViTs, q / k norms). An RMSNorm is a LayerNorm without centring and without bias (Zhang & Sennrich, 2019), so
+    each rule treats it as the LayerNorm it would be without them."""
+    import timm.layers
+
+    rms = (getattr(nn, "RMSNorm", None), getattr(timm.layers, "RmsNorm", None), getattr(timm.layers, "RmsNormFp32", None))
+    return (nn.LayerNorm, *(kind for kind in rms if kind is not None))
+
+
+def _centred(norm: nn.Module, x: Tensor) -> Tensor:
+    """x less its mean over the normalised dimensions (a LayerNorm); x itself (an RMSNorm, which does not centre)."""
+    if not isinstance(norm, nn.LayerNorm):
+        return x
+    return x - x.mean(tuple(range(-len(norm.normalized_shape), 0)), keepdim=True)
+
+
+def _spread(norm: nn.Module, t: Tensor) -> Tensor:
+    """The norm's divisor for input ``t``, as a constant: √(variance + ε) for a LayerNorm, √(mean square + ε) for an
+    RMSNorm (torch's ``eps=None``: the dtype's machine epsilon, as ``F.rms_norm``)."""
+    dims = tuple(range(-len(norm.normalized_shape), 0))
+    second = t.var(dims, unbiased=False, keepdim=True) if isinstance(norm, nn.LayerNorm) else t.pow(2).mean(dims, keepdim=True)
+    eps = torch.finfo(t.dtype).eps if norm.eps is None else norm.eps
+    return (second + eps).sqrt().detach()
+
+
 class ConstantStd(ModuleRule):
-    """Ali et al.'s LN-rule: LayerNorm with its standard deviation treated as a constant."""
+    """Ali et al.'s LN-rule: LayerNorm with its standard deviation treated as a constant; an RMSNorm with its root
+    mean square constant, which is LXT's ``rms_norm_forward`` (AttnLRP's identity rule, Prop. 3.4): relevance then
+    passes element by element unchanged, as the norm has no bias to absorb any."""
 
     def output(self, norm: nn.Module, x: Tensor, output: Tensor) -> Tensor:
-        dims = tuple(range(-len(norm.normalized_shape), 0))
-        centred = x - x.mean(dims, keepdim=True)
-        std = (x.var(dims, unbiased=False, keepdim=True) + norm.eps).sqrt().detach()
-        surrogate = centred / std
+        surrogate = _centred(norm, x) / _spread(norm, x)
         if norm.weight is not None:
             surrogate = surrogate * norm.weight.detach()
-        if norm.bias is not None:
+        if getattr(norm, "bias", None) is not None:
             surrogate = surrogate + norm.bias.detach()
         return with_gradient_of(output, surrogate)
 
@@ -381,18 +407,15 @@ class AbsoluteNorm(ModuleRule):
 
     The absolute version standardises |x| by |x|'s own mean and standard deviation and uses |weight|,
     as their forward hook runs the module on |x| with absolute parameters. The means, being constants,
-    have no gradient and are left out.
+    have no gradient and are left out. An RMSNorm (their code has none) is the same with its root mean square in
+    place of the standard deviation — the same for x and |x| — so R_x = (y + |y|) / |y| · R_y element by element.
     """
 
     renormalise = True
 
     def output(self, norm: nn.Module, x: Tensor, output: Tensor) -> Tensor:
-        dims = tuple(range(-len(norm.normalized_shape), 0))
-
-        def standardised(t: Tensor) -> Tensor:
-            return t / (t.var(dims, unbiased=False, keepdim=True) + norm.eps).sqrt().detach()
-
-        linear_part, absolute_part = standardised(x), standardised(x.abs())
+        linear_part, magnitudes = x / _spread(norm, x), x.abs()
+        absolute_part = magnitudes / _spread(norm, magnitudes)
         if norm.weight is not None:
             weight = norm.weight.detach()
             linear_part, absolute_part = linear_part * weight, absolute_part * weight.abs()
