@@ -302,3 +302,21 @@ def test_clear_errors(tiny):
         relevance(make_vit(num_classes=1), images, None, OTHERS)
     pooled = explain(make_vit(class_token=False, global_pool="map"), images, "abs_lrp")  # through the pooling head
     assert pooled.shape == (2, 32, 32) and pooled.isfinite().all() and pooled.abs().sum() > 0
+
+
+def test_the_rules_keep_two_attention_maps_per_block():
+    """Memory that does not grow with tokens beyond what the rules need (docs/decisions/performance.md): the
+    scores and the probabilities are the only token-by-token tensors a block's backward keeps; the magnitudes,
+    softmax(|s|) and the absolute rule's ratios are computed again in the backward."""
+    model = make_vit(depth=3)
+    kept: dict[int, tuple[int, ...]] = {}
+
+    def pack(tensor):
+        kept[tensor.untyped_storage().data_ptr()] = tuple(tensor.shape)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        found = relevance(model, images_like(), None, "abslrp", at=("pixels",))
+    tokens = 1 + math.prod(found.grid)  # the class token and the patches
+    attention_maps = [shape for shape in kept.values() if shape[-2:] == (tokens, tokens)]
+    assert len(attention_maps) == 2 * 3

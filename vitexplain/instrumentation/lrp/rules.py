@@ -75,30 +75,41 @@ def safe_divide(numerator: Tensor, denominator: Tensor, stabiliser: float | None
     return (numerator / (denominator + shift)).masked_fill_(denominator == 0, 0)
 
 
+def _sign_of(value: Tensor) -> Tensor:
+    """value / (|value| + ε): the absolute rule's R_y / |y| from the Gradient×Input gradient R_y / y."""
+    return value / (value.abs() + STABILISER)
+
+
 class _RuleGradient(torch.autograd.Function):
     """``value`` in the forward; in the backward the incoming gradient, times ``scale`` when one is given, goes
-    to ``surrogate`` — or, in the plain phase of :func:`both_gradients`, unchanged to ``value``."""
+    to ``surrogate`` — or, in the plain phase of :func:`both_gradients`, unchanged to ``value``.
+
+    ``scale=None`` with ``by_magnitude``: the scale is :func:`_sign_of` ``value``, computed in the backward from
+    ``value`` (whose storage the next layer keeps anyway) rather than kept as a tensor of its own.
+    """
 
     @staticmethod
-    def forward(ctx, value: Tensor, surrogate: Tensor, scale: Tensor | None, phase: Phase | None) -> Tensor:
-        ctx.phase = phase
-        ctx.save_for_backward(scale)
+    def forward(ctx, value: Tensor, surrogate: Tensor, scale: Tensor | None, phase: Phase | None,
+                by_magnitude: bool = False) -> Tensor:
+        ctx.phase, ctx.by_magnitude = phase, by_magnitude
+        ctx.save_for_backward(value if by_magnitude else scale)
         return value.view_as(value)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         if _plain_phase(ctx.phase):
-            return grad if ctx.needs_input_grad[0] else None, None, None, None
+            return grad if ctx.needs_input_grad[0] else None, None, None, None, None
         if not ctx.needs_input_grad[1]:
-            return None, None, None, None
-        (scale,) = ctx.saved_tensors
-        return None, grad if scale is None else grad * scale, None, None
+            return None, None, None, None, None
+        (saved,) = ctx.saved_tensors
+        scale = _sign_of(saved) if ctx.by_magnitude else saved
+        return None, grad if scale is None else grad * scale, None, None, None
 
 
-def _rule_gradient(value: Tensor, surrogate: Tensor, scale: Tensor | None) -> Tensor:
+def _rule_gradient(value: Tensor, surrogate: Tensor, scale: Tensor | None, by_magnitude: bool = False) -> Tensor:
     phase = _PHASE.get()
-    return _RuleGradient.apply(value if phase is not None else value.detach(), surrogate, scale, phase)
+    return _RuleGradient.apply(value if phase is not None else value.detach(), surrogate, scale, phase, by_magnitude)
 
 
 def with_gradient_of(value: Tensor, surrogate: Tensor) -> Tensor:
@@ -239,9 +250,7 @@ def absolute_rule(output: Tensor, linear_part: Tensor, absolute_part: Tensor) ->
     """
     if not torch.is_grad_enabled():
         return output
-    with torch.no_grad():
-        scale = output / (output.abs() + STABILISER)
-    return _rule_gradient(output, linear_part + absolute_part, scale)
+    return _rule_gradient(output, linear_part + absolute_part, None, by_magnitude=True)
 
 
 def absolute_passthrough(x: Tensor) -> Tensor:
@@ -289,7 +298,7 @@ class AlphaBeta(ModuleRule):
             return F.linear(x, weight, linear.bias)
         unbiased = F.linear(x, weight)
         output = unbiased if linear.bias is None else unbiased + linear.bias
-        doubled = unbiased + F.linear(x.abs(), weight.detach().abs())  # 2z
+        doubled = unbiased + _magnitudes(linear, x, bias=False)  # 2z
         with torch.no_grad():
             scale = safe_divide(output, doubled / 2).div_(2)
         return _rule_gradient(output, doubled, scale)
@@ -315,13 +324,31 @@ class Gradient(ModuleRule):
         pass
 
 
-def _magnitudes(module: nn.Module, x: Tensor) -> Tensor:
-    """|W| |x| + |b|: the Linear's or convolution's map of ``|x|`` with its weights' and bias' magnitudes."""
-    weight = module.weight.detach().abs()
-    bias = None if module.bias is None else module.bias.detach().abs()
+class _LinearMagnitudes(torch.autograd.Function):
+    """|W| |x| (+ |b|) of a Linear; the gradient reaching x is sign(x) ⊙ (g |W|), as autograd's, with |W| taken
+    again in the backward: kept by autograd, a copy of every weight matrix would live until the backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return F.linear(x.abs(), weight.abs(), None if bias is None else bias.abs())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        x, weight = ctx.saved_tensors
+        return (grad @ weight.abs()) * x.sign(), None, None
+
+
+def _magnitudes(module: nn.Module, x: Tensor, bias: bool = True) -> Tensor:
+    """|W| |x| (+ |b| with ``bias``): the Linear's or convolution's map of ``|x|`` with its weights' and bias'
+    magnitudes."""
+    bias = module.bias.detach() if bias and module.bias is not None else None
     if isinstance(module, nn.Linear):
-        return F.linear(x.abs(), weight, bias)
-    return module._conv_forward(x.abs(), weight, bias)
+        return _LinearMagnitudes.apply(x, module.weight.detach(), bias)
+    return module._conv_forward(x.abs(), module.weight.detach().abs(), None if bias is None else bias.abs())
 
 
 class Gamma(ModuleRule):
@@ -399,7 +426,7 @@ class AbsoluteLinear(ModuleRule):
     renormalise = True
 
     def output(self, linear: nn.Module, x: Tensor, output: Tensor) -> Tensor:
-        return absolute_rule(output, output, F.linear(x.abs(), linear.weight.detach().abs()))
+        return absolute_rule(output, output, _magnitudes(linear, x, bias=False))
 
 
 class AbsoluteNorm(ModuleRule):
@@ -441,7 +468,7 @@ class AbsoluteConv(ModuleRule):
     renormalise = True
 
     def output(self, conv: nn.Module, x: Tensor, output: Tensor) -> Tensor:
-        return absolute_rule(output, output, conv._conv_forward(x.abs(), conv.weight.detach().abs(), None))
+        return absolute_rule(output, output, _magnitudes(conv, x, bias=False))
 
 
 class ZBox(ModuleRule):
@@ -560,14 +587,69 @@ class TaylorAttention(AttentionRule):
         return scores.softmax(dim=-1)
 
 
+class _AbsoluteProduct(torch.autograd.Function):
+    """left @ right under the absolute rule (:func:`absolute_rule` with ``|left| @ |right|`` as the absolute part),
+    its magnitudes taken again in the backward instead of being kept: per block an attention map fewer."""
+
+    @staticmethod
+    def forward(ctx, left: Tensor, right: Tensor, phase: Phase | None) -> Tensor:
+        ctx.phase = phase
+        product = left @ right
+        ctx.save_for_backward(left, right, product)
+        return product
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        left, right, product = ctx.saved_tensors
+        absolute = not _plain_phase(ctx.phase)
+        if absolute:
+            grad = grad * _sign_of(product)
+        grad_left = grad_right = None
+        if ctx.needs_input_grad[0]:
+            grad_left = grad @ right.transpose(-2, -1)
+            if absolute:
+                grad_left = grad_left + left.sign() * (grad @ right.abs().transpose(-2, -1))
+            grad_left = grad_left.sum_to_size(left.shape)
+        if ctx.needs_input_grad[1]:
+            grad_right = left.transpose(-2, -1) @ grad
+            if absolute:
+                grad_right = grad_right + right.sign() * (left.abs().transpose(-2, -1) @ grad)
+            grad_right = grad_right.sum_to_size(right.shape)
+        return grad_left, grad_right, None
+
+
+class _AbsoluteSoftmax(torch.autograd.Function):
+    """The softmax over the last dimension under the absolute rule (:meth:`AbsoluteAttention.softmax`):
+    R_s = (s A + |s| softmax(|s|)) / A · R_A, so the gradient reaching s is g ⊙ sign(A) ⊙ (A + sign(s)
+    softmax(|s|)); A and softmax(|s|) are computed again from s in the backward instead of being kept."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, phase: Phase | None) -> Tensor:
+        ctx.phase = phase
+        ctx.save_for_backward(scores)
+        return scores.softmax(dim=-1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        (scores,) = ctx.saved_tensors
+        probabilities = scores.softmax(dim=-1)
+        if _plain_phase(ctx.phase):
+            return probabilities * (grad - (grad * probabilities).sum(-1, keepdim=True)), None
+        grad = grad * _sign_of(probabilities)
+        return grad * (probabilities + scores.sign() * scores.abs().softmax(dim=-1)), None
+
+
 class AbsoluteAttention(AttentionRule):
     """Vukadin et al.'s absolute rule on the products, the softmax (row max and sum constant) and the offsets."""
 
     @staticmethod
     def _product(left: Tensor, right: Tensor) -> Tensor:
         left, right = normalise_relevance(left), normalise_relevance(right)
-        product = left @ right
-        return absolute_rule(product, product, left.abs() @ right.abs())
+        if not torch.is_grad_enabled():
+            return left @ right
+        return _AbsoluteProduct.apply(left, right, _PHASE.get())
 
     def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
         return self._product(q.detach() if constant_query else q, k.transpose(-2, -1))
@@ -581,10 +663,9 @@ class AbsoluteAttention(AttentionRule):
         """Their ``SoftmaxAttention``: exp(s - max) / Σ with max and Σ detached, so the Jacobian is diag(A);
         the absolute version is the softmax of |s|: R_s = (s A + |s| softmax(|s|)) / A · R_A."""
         scores = normalise_relevance(scores)
-        probabilities = scores.softmax(dim=-1)
-        magnitudes = scores.abs()
-        return absolute_rule(probabilities, scores * probabilities.detach(),
-                             magnitudes * magnitudes.softmax(dim=-1).detach())
+        if not torch.is_grad_enabled():
+            return scores.softmax(dim=-1)
+        return _AbsoluteSoftmax.apply(scores, _PHASE.get())
 
     def mix(self, attn: Tensor, v: Tensor) -> Tensor:
         return self._product(attn, v)
