@@ -82,20 +82,19 @@ class SanityCheck:
 
     Attributes:
         images: how many of the run's images (the first of the selection) are explained again under
-            every randomisation level.
-        threshold: a method whose mean Spearman correlation with its original maps stays above this
-            once the whole model is randomised is flagged as insensitive to the model.
+            every randomisation level; at least 2 (a deterministic method's noise floor compares two
+            images' maps), and more to decide: the verdict is a bootstrap interval over these images.
         methods: labels of the methods to check (default: all of the run's).
     """
 
     images: int = 8
-    threshold: float = 0.9
     methods: list[str] | None = None
 
     def __post_init__(self) -> None:
         _check_count("images", self.images)
-        if not -1 <= self.threshold <= 1:
-            raise ValueError(f"sanity threshold must be a correlation in [-1, 1], got {self.threshold!r}")
+        if self.images < 2:
+            raise ValueError(f"the sanity check needs at least 2 images (its noise floor compares two images' maps), "
+                             f"got {self.images}")
 
 
 @dataclass

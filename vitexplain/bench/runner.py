@@ -34,6 +34,7 @@ from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEnt
 from .data import Batch, build_dataset, loader, normalisation, select_indices, take
 from .distributed import Place, place
 from .gallery import build_gallery
+from .lock import FolderInUse, config_key, folder_lock
 from .result import BenchResult, Share, build_result
 from .sanity_check import check_model
 from .store import safe_name
@@ -50,14 +51,25 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
     process takes images r::world; rank 0 reduces and writes the reports (and alone builds the
     gallery and runs the model-randomisation check, on its own images), and every process returns
     the same :class:`BenchResult`. Errors of single items (an unreadable image, a method or metric
-    raising on a batch) are recorded in ``BenchResult.errors`` and the run goes on.
+    raising on a batch) are recorded in ``BenchResult.errors`` and the run goes on. While it runs, the
+    output folder is locked (:mod:`vitexplain.bench.lock`): a run of the same config waits for it, one
+    of another config raises :class:`~vitexplain.bench.lock.FolderInUse`.
     """
     started = time.perf_counter()
     if isinstance(config, (str, Path)):
         config = BenchConfig.from_yaml(config)
     elif isinstance(config, dict):
         config = BenchConfig.from_dict(config)
-    with place(config.device) as where:
+    with place(config.device) as where, contextlib.ExitStack() as held:
+        refusal = None
+        if where.rank == 0:                     # one lock per run, taken by the process that writes the reports
+            try:
+                held.enter_context(folder_lock(config.output_dir, config_key(config)))
+            except FolderInUse as error:
+                refusal = str(error)
+        refusal = where.broadcast(refusal)
+        if refusal:
+            raise FolderInUse(refusal)
         work = Work()
         with precision_mode(config.precision, where.device):
             for model_entry in config.models:

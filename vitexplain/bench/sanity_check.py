@@ -1,9 +1,10 @@
 """The model-randomisation check inside a benchmark: which images, cached records, errors and seconds.
 
 The computation is :mod:`vitexplain.bench.sanity`; here it runs on rank 0 for one model, compares
-with the bench's cached maps, and keeps each method's correlations beside its maps (a checksummed
-JSON record keyed by the images, the seed and the check's options), so a resumed or extended run
-recomputes only what is missing.
+with the bench's cached maps, finds each method's noise floor (a randomised method explains the
+images once more with another seed), and keeps each method's correlations and floor beside its maps
+(a checksummed JSON record keyed by the images, the seed and the check's options), so a resumed or
+extended run recomputes only what is missing.
 """
 from __future__ import annotations
 
@@ -15,22 +16,40 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ..api import explain
+from ..metrics.sensitivity import sample_seeds
+from ..registry import get_method
 from .cache import MethodCache
 from .config import SanityCheck
 from .data import one_batch
-from .sanity import cascading_randomisation, flagged
+from .sanity import cascading_randomisation, image_to_image, spearman, verdict
 from .store import discard, options_key, read_record, write_record
 from .work import Work, add_seconds, error_entry
 
 
+#: what a record holds (part of its key: records of an earlier check are not read)
+RECORD = "correlations per image and level, noise floor per image"
+
+
 def _valid(record: dict[str, Any] | None) -> bool:
-    """Whether a stored record has the shape written below: level names and one row of correlations per image."""
+    """Whether a stored record has the shape written below: level names, one row of correlations per
+    image and one floor per image."""
     try:
-        levels, rows = record["levels"], record["correlations"]
-        return (all(isinstance(level, str) for level in levels) and len(rows) > 0
+        levels, rows, floor = record["levels"], record["correlations"], record["floor"]
+        return (all(isinstance(level, str) for level in levels) and len(rows) > 0 and len(floor) == len(rows)
+                and record["floor_kind"] in ("seed", "image") and all(isinstance(v, (int, float)) for v in floor)
                 and all(len(row) == len(levels) and all(isinstance(v, (int, float)) for v in row) for row in rows))
     except (KeyError, TypeError):
         return False
+
+
+def _floor(model: nn.Module, cache: MethodCache, images: Tensor, original: dict[str, Tensor]) -> tuple[Tensor, str]:
+    """The method's noise floor per image and its kind: ``seed`` (randomised methods: the trained model's
+    maps with another seed) or ``image`` (the map of another image of the check)."""
+    if not get_method(cache.method).randomised:
+        return image_to_image(original["maps"]), "image"
+    options = {**cache.options, "seed": sample_seeds(cache.options.get("seed", 0), 1)[0]}
+    other = explain(model, images, cache.method, target=original["targets"], **options)
+    return spearman(original["maps"], other.to(original["maps"])), "seed"
 
 
 def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: list[int], caches: dict[str, MethodCache],
@@ -45,7 +64,7 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
     batch = one_batch(dataset, indices, device)
     if batch is None:
         return {}
-    key = options_key({"images": batch.indices, "seed": seed, "check": repr(check)})
+    key = options_key({"images": batch.indices, "seed": seed, "check": repr(check), "record": RECORD})
     paths = {label: caches[label].sanity_record(key) for label in labels}
     done = {}
     for label, path in paths.items():
@@ -72,13 +91,23 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
         for label, message in cascade.errors.items():
             work.errors.append(error_entry(model_name, label, "sanity", batch.ids, message))
         for label, correlations in cascade.correlations.items():
-            done[label] = {"levels": cascade.levels, "correlations": correlations.tolist()}
+            started = time.perf_counter()
+            try:
+                floor, kind = _floor(model, caches[label], batch.data["images"], todo[label])
+            except Exception as error:  # noqa: BLE001 - one method failing must not stop the others
+                work.errors.append(error_entry(model_name, label, "sanity", batch.ids, error))
+                continue
+            finally:
+                add_seconds(work.seconds, model_name, label, {"sanity": time.perf_counter() - started})
+            done[label] = {"levels": cascade.levels, "correlations": correlations.tolist(), "floor": floor.cpu().tolist(),
+                           "floor_kind": kind}
             write_record(paths[label], done[label])
     if not done:
         return {}
     methods = {}
     for label in [label for label in labels if label in done]:
-        mean = torch.tensor(done[label]["correlations"], dtype=torch.float64).mean(0).tolist()
-        methods[label] = {"correlation": mean, "flagged": flagged(mean, check.threshold)}
-    return {"levels": next(iter(done.values()))["levels"], "images": len(batch.indices), "threshold": check.threshold,
-            "methods": methods}
+        correlations = torch.tensor(done[label]["correlations"], dtype=torch.float64)
+        floor = torch.tensor(done[label]["floor"], dtype=torch.float64)
+        methods[label] = {"correlation": correlations.mean(0).tolist(), "floor": floor.mean().item(),
+                          "floor_kind": done[label]["floor_kind"], **verdict(correlations, floor, seed)}
+    return {"levels": next(iter(done.values()))["levels"], "images": len(batch.indices), "methods": methods}

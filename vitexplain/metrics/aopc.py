@@ -73,4 +73,5 @@ register_metric(Metric(
     reduce=reduce_aopc,
     higher_is_better={"aopc": True, "log_odds": False},
     cost=lambda options, method: options["n_steps"],
+    group="faithfulness",
 ))

@@ -78,4 +78,5 @@ register_metric(Metric(
     requires=("masks", "second"),
     higher_is_better={"class_sensitivity": True, "first_share": True, "second_share": True},
     cost=lambda options, method: method,
+    group="class sensitivity",
 ))

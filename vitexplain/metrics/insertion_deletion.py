@@ -119,4 +119,5 @@ register_metric(Metric(
     reduce=reduce_insertion_deletion,
     higher_is_better={"insertion": True, "deletion": False, "insertion_minus_deletion": True},
     cost=lambda options, method: 2 * options["n_steps"],
+    group="faithfulness",
 ))

@@ -96,4 +96,5 @@ register_metric(Metric(
     requires=("labels",),
     higher_is_better={"positive_auc": False, "negative_auc": True},
     cost=lambda options, method: options["n_steps"] * (2 if options["direction"] == "both" else 1),
+    group="faithfulness",
 ))

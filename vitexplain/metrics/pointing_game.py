@@ -84,4 +84,5 @@ register_metric(Metric(
     reduce=reduce_pointing_game,
     requires=("boxes",),
     higher_is_better={"accuracy": True},
+    group="localisation",
 ))

@@ -163,4 +163,5 @@ register_metric(Metric(
     reduce=reduce_road,
     higher_is_better={"morf": False, "lerf": True, "lerf_minus_morf": True},
     cost=lambda options, method: 2 * len(options["fractions"]),
+    group="faithfulness",
 ))

@@ -94,4 +94,5 @@ register_metric(Metric(
     reduce=reduce_saco,
     higher_is_better={"saco": True},
     cost=lambda options, method: options["n_groups"] + 1,
+    group="faithfulness",
 ))

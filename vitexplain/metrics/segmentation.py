@@ -167,4 +167,5 @@ register_metric(Metric(
     reduce=reduce_segmentation,
     requires=("masks",),
     higher_is_better={"pixel_accuracy": True, "miou": True, "map": True},
+    group="localisation",
 ))

@@ -134,4 +134,5 @@ register_metric(Metric(
     reduce=reduce_max_sensitivity,
     higher_is_better={"max_sensitivity": False},
     cost=lambda options, method: options["n_samples"] * method,
+    group="robustness",
 ))

@@ -59,4 +59,5 @@ register_metric(Metric(
     compute=_compute,
     reduce=reduce_sparseness,
     higher_is_better={"sparseness": True},
+    group="complexity",
 ))
