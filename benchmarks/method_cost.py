@@ -25,7 +25,8 @@ import torch
 
 import vitexplain
 from vitexplain.instrumentation import UnsupportedModelError
-from vitexplain.instrumentation.precision import PRECISIONS, precision_mode
+from vitexplain.instrumentation.precision import precision_mode
+from vitexplain.options import PRECISIONS
 
 from common import (BATCH1_TIME_TARGETS, FAMILIES, FAMILY_TOLERANCE, TIME_TARGETS, build_model, describe_machine, flops,
                     forward_backward, image_batch, interleaved, ratios)

@@ -60,6 +60,10 @@ Probability = Share
 BlockIndex = int
 #: What a method or metric differentiates or scores: the target's logit, softmax probability or its log.
 Score = Literal["logit", "probability", "log_probability"]
+#: what models run in while they are explained or benchmarked: ``float32`` (the papers'), ``tf32`` (TF32
+#: products and convolutions), ``bfloat16`` / ``float16`` (autocast); see instrumentation/precision.py
+Precision = Literal["float32", "tf32", "bfloat16", "float16"]
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 
 
 def _origin(annotation: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..instrumentation.precision import PRECISIONS
+from ..options import PRECISIONS
 from ..metrics import get_metric
 from ..registry import get_method
 

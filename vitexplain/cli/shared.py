@@ -20,7 +20,7 @@ def positive_int(text: str) -> int:
 
 
 def add_precision_option(parser: argparse.ArgumentParser, default: str | None = None) -> None:
-    from ..instrumentation.precision import PRECISIONS
+    from ..options import PRECISIONS
 
     parser.add_argument("--precision", choices=PRECISIONS, default=default,
                         help="what the models run in: float32 (the papers'; default), tf32, or bfloat16 / float16 "

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..options import PRECISIONS
+
 #: device types whose autocast state is kept and switched off
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 #: dtypes below float32 that are seen in float32 within a scope
@@ -248,9 +250,6 @@ def precision_modes(model: nn.Module) -> list[str]:
 
 
 # -- running in a user's precision ---------------------------------------------------------------
-#: the precisions a benchmark can run its models in (``float32``, the papers', is the default)
-PRECISIONS = ("float32", "tf32", "bfloat16", "float16")
-
 
 @contextlib.contextmanager
 def precision_mode(name: str, device: torch.device | str) -> Iterator[None]:
