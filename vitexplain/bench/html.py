@@ -25,7 +25,7 @@ from .plots import (
 from ..metrics.base import GROUPS
 from .result import BenchResult, Gallery
 from .sanity import VERDICT_RULE
-from .tables import Lead, Table, arrow, format_cell, groups_of, sanity_cells
+from .tables import Lead, Table, arrow, groups_of, sanity_cells
 
 STYLE = """
 body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1f2328;
@@ -145,10 +145,10 @@ def score_table(table: Table, flagged: set[str]) -> str:
     names = "".join(f'<th class="number{" group-start" if j in starts else ""}" title="{_direction(table.better[j])}">'
                     f'{_breakable(table.numbers[j])}{arrow(table.better[j])}</th>' for j in range(len(table.headers)))
     rows = []
-    for method, values, marks in zip(table.methods, table.values, table.marks):
+    columns = [table.cells(j) for j in range(len(table.headers))]
+    for i, (method, marks) in enumerate(zip(table.methods, table.marks)):
         cells = "".join(f'<td class="{mark} {"group-start" if j in starts else ""}"'
-                        f'{_MARK_TITLES.get(mark, "")}>{format_cell(v)}</td>'
-                        for j, (v, mark) in enumerate(zip(values, marks)))
+                        f'{_MARK_TITLES.get(mark, "")}>{_e(columns[j][i])}</td>' for j, mark in enumerate(marks))
         rows.append(f'<tr class="{_row_class(method, table.controls, flagged)}"><td class="method">{_e(method)}</td>{cells}</tr>')
     return (f'<div class="scroll"><table class="scores"><thead><tr class="metric"><th class="method" rowspan="2">method</th>'
             f'{top}</tr><tr>{names}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
@@ -160,35 +160,48 @@ def _swatch(style: dict) -> str:
             f'stroke-width="{style.get("linewidth", 1.4) + 0.4:g}" stroke-dasharray="{dash}"/></svg>')
 
 
-def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], grey: list[str], wide: bool = False) -> str:
+def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], others: list[str], wide: bool = False) -> str:
     """Plots of one model as inline SVG under one legend: each entry shows / hides its method's line in
-    every plot, one more entry the ``grey`` lines at once (checkboxes and CSS, no script). ``key``
-    prefixes every id, unique in the page."""
+    every plot, one more entry the ``others`` (the methods not highlighted) at once; below it, one
+    choice per method draws that method's line wide over the others, faded (radio buttons and CSS, no
+    script). ``key`` prefixes every id, unique in the page."""
     methods = list(dict.fromkeys(method for plot in plots for method in plot.curves))
-    grey = [method for method in grey if method in methods]
+    others = [method for method in others if method in methods]
     toggles = {method: f"{key}-m{k}" for k, method in enumerate(methods)}
+    chosen = {method: f"{key}-h{k}" for k, method in enumerate(methods)}
     lines = {method: f"{key}-l{k}-" for k, method in enumerate(methods)}
-    boxes = [(toggles[m], [m]) for m in methods] + ([(f"{key}-grey", grey)] if grey else [])
+    boxes = [(toggles[m], [m]) for m in methods] + ([(f"{key}-others", others)] if others else [])
     rules = []
     for box, members in boxes:
         rules.append(", ".join(f"#{box}:not(:checked) ~ .figures [id^='{lines[m]}']" for m in members) + " { display: none; }")
         rules.append(f"#{box}:not(:checked) ~ .legend label[for='{box}'] {{ opacity: 0.4; text-decoration: line-through; }}")
+    for method in methods:
+        rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{key}-l'] {{ opacity: 0.25; }}")
+        rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{lines[method]}'] {{ opacity: 1; }}")
+        rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{lines[method]}'] path {{ stroke-width: 3.5px !important; }}")
+        rules.append(f"#{chosen[method]}:checked ~ .highlight label[for='{chosen[method]}'] {{ font-weight: 700; }}")
+    rules.append(f"#{key}-h:checked ~ .highlight label[for='{key}-h'] {{ font-weight: 700; }}")
     labels = [f'<label for="{toggles[m]}" title="show / hide">{_swatch(styles[m])}{_e(m)}</label>' for m in methods]
-    if grey:
-        labels.append(f'<label for="{key}-grey" class="group" title="show / hide every grey line">{_swatch(styles[grey[0]])}'
-                      f'all grey lines</label>')
+    if others:
+        labels.append(f'<label for="{key}-others" class="group" title="show / hide every method not highlighted">'
+                      f'{_swatch(styles[others[0]])}all not highlighted</label>')
+    picks = [f'<label for="{key}-h">none</label>'] + [f'<label for="{chosen[m]}">{_e(m)}</label>' for m in methods]
     figures = []
     for number, plot in enumerate(plots):
         ids = {m: f"{lines[m]}{number}" for m in plot.curves if m in lines}
         svg = inline_svg(plot.render(styles, "svg", legend=False, ids=ids))
         figures.append(f'<figure class="{"wide" if wide else ""}" aria-label="{_e(plot.title)}">{svg}</figure>')
     inputs = "".join(f'<input type="checkbox" id="{box}" checked hidden>' for box, _ in boxes)
+    inputs += f'<input type="radio" name="{key}-h" id="{key}-h" checked hidden>' + "".join(
+        f'<input type="radio" name="{key}-h" id="{chosen[m]}" hidden>' for m in methods)
     return (f'<div class="toggled"><style>{" ".join(rules)}</style>{inputs}'
-            f'<div class="legend">{"".join(labels)}</div><div class="figures">{"".join(figures)}</div></div>')
+            f'<div class="legend">{"".join(labels)}</div>'
+            f'<div class="legend highlight"><span class="muted">highlight:</span>{"".join(picks)}</div>'
+            f'<div class="figures">{"".join(figures)}</div></div>')
 
 
-def _grey_methods(result: BenchResult, model: str) -> list[str]:
-    """The methods drawn grey (neither highlighted nor controls), when some are highlighted."""
+def _not_highlighted(result: BenchResult, model: str) -> list[str]:
+    """The methods drawn thin and pale (neither highlighted nor controls), when some are highlighted."""
     controls = result.controls(model)
     return [m for m in result.scores.get(model, {}) if result.highlight and m not in result.highlight and m not in controls]
 
@@ -245,7 +258,7 @@ def sanity_section(result: BenchResult, model: str, check: dict, key: str) -> st
     summary = (f"Flagged: <b>{_e(', '.join(flagged)) or 'none'}</b>" + (f"; controls, flagged as they should be: "
                f"{_e(', '.join(caught))}" if caught else "") + f". {_e(VERDICT_RULE.format(images=check['images']))}")
     return (f'<h3 id="{_anchor(model, "sanity")}">{_e(model)}</h3><p>{summary}</p>'
-            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model), _grey_methods(result, model),
+            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model), _not_highlighted(result, model),
                               wide=True)
             + f'<div class="scroll"><table class="scores"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>')
 
@@ -322,7 +335,7 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
                  'higher / lower is better; <b>bold</b> = best, better than every other method at 95 %; '
                  '<span style="text-decoration: underline dotted #1a7f37">underlined</span> = tied with the best; control '
                  'rows, in grey, are references and never lead. Red method names were flagged by the model-randomisation '
-                 'check. Curves: click a legend entry to hide or show its line.</p>')
+                 'check. Curves: each point at the share of pixels the step really removed, inserted or grouped; click a legend entry to hide or show its line, a name after “highlight” to draw it over the others.</p>')
     figure = itertools.count()
     for model in models:
         table = result.table(model)
@@ -330,7 +343,7 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
         mine = [plot for plot in plots if plot.model == model]
         if mine:
             parts += ["<h3>Curves</h3>", toggled_figures(f"figures{next(figure)}", mine, model_styles(result, model),
-                                                         _grey_methods(result, model))]
+                                                         _not_highlighted(result, model))]
         if model in galleries:
             parts.append(gallery_section(galleries[model], table.controls))
     if result.sanity:

@@ -70,6 +70,8 @@ class BenchResult:
             (:mod:`vitexplain.bench.uncertainty`).
         images: model -> method -> metric label -> how many images the numbers are reduced from.
         curves: model -> metric label -> per-image value with steps -> method -> its mean over the images.
+        axes: metric label -> per-image value with steps -> where its curves are drawn: ``x`` (the share of
+            pixels each point removed, inserted or grouped), ``xlabel``, ``ylabel`` (:func:`curve_axes`).
         higher_is_better: metric label (in config order) -> reported number -> whether higher is better.
         leaders: model -> metric label -> reported number with a direction -> ``methods`` that lead it (one:
             better than every other method at 95 %, paired over the images; more: tied) and ``controls`` no
@@ -97,6 +99,7 @@ class BenchResult:
     settings: dict[str, Any] = field(default_factory=dict)
     intervals: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = field(default_factory=dict)
     leaders: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = field(default_factory=dict)
+    axes: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     files: dict[str, Any] = field(default_factory=dict)
     sanity: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -249,6 +252,16 @@ class BenchResult:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "galleries"}
 
 
+def curve_axes(metric, options: dict[str, Any], key: str, points: int) -> dict[str, Any]:
+    """Where a metric's curve ``key`` of ``points`` points is drawn: ``x`` (the true shares, from the
+    metric's :class:`~vitexplain.metrics.base.Curves`; step numbers 1 ... points for a metric without),
+    ``xlabel`` and ``ylabel``."""
+    if metric.curves is None:
+        return {"x": [float(k) for k in range(1, points + 1)], "xlabel": "step", "ylabel": key}
+    return {"x": [float(x) for x in metric.curves.x({**metric.options, **options}, points)], "xlabel": metric.curves.xlabel,
+            "ylabel": metric.curves.ylabels.get(key, key)}
+
+
 def describe_dataset(dataset: Any) -> dict[str, Any] | str:
     """A dataset spec as plain data (a Dataset object by its class name)."""
     return asdict(dataset) if isinstance(dataset, DatasetSpec) else type(dataset).__name__
@@ -308,6 +321,7 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                     if value.ndim == 2:
                         curves = result.curves.setdefault(model.name, {}).setdefault(entry.label, {})
                         curves.setdefault(key, {})[method.label] = value.double().mean(0).tolist()
+                        result.axes.setdefault(entry.label, {})[key] = curve_axes(metric, entry.options, key, value.shape[1])
             for number, higher in result.higher_is_better[entry.label].items():
                 found = {m: result.scores[model.name][m][entry.label][number] for m in samples
                          if number in result.scores[model.name][m][entry.label]}

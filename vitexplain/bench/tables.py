@@ -2,7 +2,8 @@
 
 :class:`Table` (one model's scores) and the :class:`Lead` rows of its summary (who leads each
 reported number, per kind of protocol) are built by :class:`vitexplain.bench.result.BenchResult`;
-this module only lays them out, every number as :func:`format_estimate` writes it. Terminal tables fit
+this module only lays them out, every number as :func:`format_estimate` writes it, one format per
+column (:func:`column_decimals`). Terminal tables fit
 a width (100 columns by default): each protocol's numbers sit under the protocol's name, protocols
 are packed side by side while they fit, and long headers break after an underscore.
 """
@@ -29,16 +30,39 @@ class Estimate:
     images: int
 
 
-def format_estimate(estimate: Estimate) -> str:
-    """``value [low, high] (n)``, all three with the decimals that give the interval's width two
-    significant digits (``.4g`` when the width is 0 or unknown)."""
-    width = estimate.high - estimate.low
-    if math.isfinite(width) and width > 0:
-        decimals = min(max(1 - math.floor(math.log10(width)), 0), 8)
-        shown = [f"{v:.{decimals}f}" for v in (estimate.value, estimate.low, estimate.high)]
+#: the most decimals a number is shown with
+MAX_DECIMALS = 6
+
+
+def column_decimals(estimates: list[Estimate | None]) -> int:
+    """One format for a column: the decimals that give its narrowest interval two significant digits
+    (so no interval of the column reads [x, x] when it is not), or, where no interval has a width, the
+    largest value three significant digits; from 0 to :data:`MAX_DECIMALS`."""
+    found = [e for e in estimates if e is not None]
+    widths = [e.high - e.low for e in found if math.isfinite(e.high - e.low) and e.high > e.low]
+    if widths:
+        decimals = 1 - math.floor(math.log10(min(widths)))
     else:
-        shown = [f"{v:.4g}" for v in (estimate.value, estimate.low, estimate.high)]
-    return f"{shown[0]} [{shown[1]}, {shown[2]}] ({estimate.images})"
+        largest = max((abs(e.value) for e in found if math.isfinite(e.value) and e.value), default=0.0)
+        decimals = 2 - math.floor(math.log10(largest)) if largest else 2
+    return min(max(decimals, 0), MAX_DECIMALS)
+
+
+def fixed(value: float, decimals: int) -> str:
+    """``value`` with ``decimals`` decimals; a value that rounds to 0 shows no sign (``0.000``, never
+    ``-0.000`` or ``1.984e-17``)."""
+    if not math.isfinite(value):
+        return "–" if math.isnan(value) else f"{value}"
+    text = f"{value:.{decimals}f}"
+    return text.lstrip("-") if float(text) == 0 else text
+
+
+def format_estimate(estimate: Estimate, decimals: int | None = None) -> str:
+    """``value [low, high] (n)``, all three with ``decimals`` decimals (by default as
+    :func:`column_decimals` gives a column of this number alone)."""
+    decimals = column_decimals([estimate]) if decimals is None else decimals
+    value, low, high = (fixed(v, decimals) for v in (estimate.value, estimate.low, estimate.high))
+    return f"{value} [{low}, {high}] ({estimate.images})"
 
 
 #: how a table marks a value: better than every other method at 95 % (``best``), or not told apart from the best (``tied``)
@@ -71,6 +95,11 @@ class Table:
     def header(self, column: int) -> str:
         return self.headers[column] + arrow(self.better[column])
 
+    def cells(self, column: int) -> list[str]:
+        """The column's numbers, one format for all (:func:`column_decimals`), ``–`` where a method has none."""
+        decimals = column_decimals([row[column] for row in self.values])
+        return ["–" if row[column] is None else format_estimate(row[column], decimals) for row in self.values]
+
 
 @dataclass
 class Lead:
@@ -102,10 +131,6 @@ class TextColumn:
 
 def arrow(better: bool | None) -> str:
     return {True: " ↑", False: " ↓", None: ""}[better]
-
-
-def format_cell(value: Estimate | None) -> str:
-    return "–" if value is None else format_estimate(value)
 
 
 def method_name(method: str, controls: set[str]) -> str:
@@ -192,7 +217,7 @@ def score_text(table: Table, width: int = 100) -> list[str]:
     """The model's scores, one group of columns per protocol; best values end in ``*``, tied ones in ``≈``."""
     columns = []
     for j, metric in enumerate(table.metrics):
-        cells = [format_cell(values[j]) + (TEXT_MARKS[marks[j]] or " ") for values, marks in zip(table.values, table.marks)]
+        cells = [cell + (TEXT_MARKS[marks[j]] or " ") for cell, marks in zip(table.cells(j), table.marks)]
         count = table.counts.get(metric)
         columns.append(TextColumn(table.numbers[j] + arrow(table.better[j]), cells,
                                   metric + (f" (n={count})" if count else "")))
@@ -226,8 +251,10 @@ def sanity_cells(check: dict) -> tuple[list[str], dict[str, list[str]]]:
     noise floor and its kind (seed or image), the last level's correlation less the floor with its
     interval, and the verdict."""
     header = [*check["levels"], "floor", "last - floor", "verdict"]
-    rows = {method: [*(f"{v:.2f}" for v in found["correlation"]), f"{found['floor']:.2f} ({found['floor_kind']})",
-                     format_estimate(Estimate(*found["excess"], check["images"])), "flagged" if found["flagged"] else "passes"]
+    excess = {method: Estimate(*found["excess"], check["images"]) for method, found in check["methods"].items()}
+    decimals = column_decimals(list(excess.values()))
+    rows = {method: [*(fixed(v, 2) for v in found["correlation"]), f"{fixed(found['floor'], 2)} ({found['floor_kind']})",
+                     format_estimate(excess[method], decimals), "flagged" if found["flagged"] else "passes"]
             for method, found in check["methods"].items()}
     return header, rows
 
@@ -245,9 +272,10 @@ def _markdown_rows(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def score_markdown(table: Table) -> list[str]:
     rows = []
-    for method, values, marks in zip(table.methods, table.values, table.marks):
-        cells = [f"**{format_cell(v)}**" if mark == "best" else format_cell(v) + (" ≈" if mark == "tied" else "")
-                 for v, mark in zip(values, marks)]
+    columns = [table.cells(j) for j in range(len(table.headers))]
+    for i, (method, marks) in enumerate(zip(table.methods, table.marks)):
+        cells = [f"**{column[i]}**" if mark == "best" else column[i] + (" ≈" if mark == "tied" else "")
+                 for column, mark in zip(columns, marks)]
         rows.append([f"*{method} (control)*" if method in table.controls else method, *cells])
     return _markdown_rows(["method", *map(table.header, range(len(table.headers)))], rows)
 

@@ -82,9 +82,10 @@ def leaders(samples: dict[str, Sample], scores: dict[str, float], higher_is_bett
     paired interval cannot tell from it (one name: it is better than all the others at :data:`CONFIDENCE`;
     more: they are tied); ``controls``: the controls no leader is better than at that confidence.
 
-    ``scores`` holds each method's reported value of ``number``; methods without a finite one are left out.
+    ``scores`` holds each method's reported value of ``number``; methods without a finite one, or without a
+    sample, are left out.
     """
-    found = {m: v for m, v in scores.items() if np.isfinite(v)}
+    found = {m: v for m, v in scores.items() if m in samples and np.isfinite(v)}
     methods = sorted((m for m in found if m not in controls), key=lambda m: -found[m] if higher_is_better else found[m])
     if not methods:
         return {"methods": [], "controls": []}

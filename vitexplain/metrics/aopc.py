@@ -30,7 +30,7 @@ from torch import Tensor
 from ._common import check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
 from ..options import PositiveInt, Range
-from .base import EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, Metric, even_steps, register_metric
 
 
 def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
@@ -74,4 +74,8 @@ register_metric(Metric(
     higher_is_better={"aopc": True, "log_odds": False},
     cost=lambda options, method: options["n_steps"],
     group="faithfulness",
+    curves=Curves(lambda options, points: even_steps(0, points, options["n_steps"]),
+                  "share of the most relevant pixels set to black (0 = the image itself)",
+                  {"probability_drop": "drop of the explained class's probability",
+                   "log_odds": "log(p / p of the image itself), explained class"}),
 ))

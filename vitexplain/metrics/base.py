@@ -77,6 +77,25 @@ GROUPS = {
 
 
 @dataclass(frozen=True)
+class Curves:
+    """What a metric's per-image curves ([B, S] values) plot, so the reports draw them at the true x.
+
+    ``x(options, points)`` gives, for the effective options, the x of each of the ``points`` (a share of
+    the pixels removed, inserted or grouped: the steps the metric really took, not ``linspace(0, 1)``);
+    ``xlabel`` says what x is, ``ylabels`` per value key what is plotted.
+    """
+
+    x: Callable[[dict[str, Any], int], list[float]]
+    xlabel: str
+    ylabels: dict[str, str]
+
+
+def even_steps(first: int, points: int, steps: int) -> list[float]:
+    """``k / steps`` for k = first ... first + points - 1: the shares of evenly spaced steps."""
+    return [k / steps for k in range(first, first + points)]
+
+
+@dataclass(frozen=True)
 class Metric:
     """A registered evaluation protocol.
 
@@ -94,6 +113,8 @@ class Metric:
             planning (``vitexplain reproduce --list``).
         group: what kind of protocol it is, a key of :data:`GROUPS` (the reports compare methods within
             a group, never across).
+        curves: what its per-image curves plot (:class:`Curves`; None: it has none, or the reports draw
+            them over their step numbers).
     """
 
     name: str
@@ -103,6 +124,7 @@ class Metric:
     higher_is_better: dict[str, bool] = field(default_factory=dict)
     cost: Callable[[dict[str, Any], float], float] = lambda options, method_passes: 0.0
     group: str = "other"
+    curves: Curves | None = None
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:

@@ -38,7 +38,7 @@ from ._common import (
 from ._perturb import check_batch_size, mixed_logits
 from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
-from .base import EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, Metric, even_steps, register_metric
 
 BASELINES = ("blur", "black", "mean", "random")
 
@@ -120,4 +120,9 @@ register_metric(Metric(
     higher_is_better={"insertion": True, "deletion": False, "insertion_minus_deletion": True},
     cost=lambda options, method: 2 * options["n_steps"],
     group="faithfulness",
+    # s / n_steps: exact when n_steps divides the pixels, as TIS's 224 steps at 224 px (else the last step is shorter)
+    curves=Curves(lambda options, points: even_steps(1, points, options["n_steps"]),
+                  "share of the pixels replaced, most relevant first (no point at 0, as in TIS's code)",
+                  {"insertion": "probability of the explained class, pixels inserted into the baseline",
+                   "deletion": "probability of the explained class, pixels replaced by the baseline"}),
 ))

@@ -34,7 +34,7 @@ from ._common import check_images, check_maps, check_targets, removal_rank, upsa
 from ._perturb import mixed_logits, removal_counts
 from .insertion_deletion import baseline_images
 from ..options import PositiveInt, Range
-from .base import EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, Metric, register_metric
 
 
 def saco(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *, n_groups: int = 10,
@@ -95,4 +95,7 @@ register_metric(Metric(
     higher_is_better={"saco": True},
     cost=lambda options, method: options["n_groups"] + 1,
     group="faithfulness",
+    curves=Curves(lambda options, points: [(k + 0.5) / options["n_groups"] for k in range(points)],
+                  "salience group, at its middle as a share of the pixels ranked most salient first",
+                  {"group_drop": "probability drop when that group alone is replaced by the image's mean"}),
 ))
