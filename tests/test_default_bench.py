@@ -97,7 +97,7 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     for metric in data["metrics"]:
         if isinstance(metric, dict) and "limit" in metric:
             metric["limit"] = 2
-    data.update(limit=3, gallery=2, sanity={"images": 2, "threshold": 0.9}, output_dir=str(tmp_path), progress=False,
+    data.update(limit=3, gallery=2, sanity={"images": 3}, output_dir=str(tmp_path), progress=False,
                 device="cpu")
     result = run_benchmark(BenchConfig.from_dict(data))
     assert result.errors == []
@@ -130,5 +130,7 @@ def test_config_errors_name_the_problem():
         BenchConfig(**base, sanity={"imgs": 3})
     with pytest.raises(ValueError, match="sanity names method.*'rise'"):
         BenchConfig(**base, sanity={"methods": ["rise"]})
-    with pytest.raises(ValueError, match="correlation in"):
-        BenchConfig(**base, sanity={"threshold": 2})
+    with pytest.raises(ValueError, match="the sanity check needs at least 2 images"):
+        BenchConfig(**base, sanity={"images": 1})
+    with pytest.raises(ValueError, match="unknown sanity option.*threshold"):       # the fixed threshold is gone
+        BenchConfig(**base, sanity={"threshold": 0.9})
