@@ -15,7 +15,7 @@ from test_datasets_files import kaggle_layout, seg_fixture, voc_fixture, write_g
 from test_hf_bert import BERT_TINY, make_bert, make_tokenizer
 from test_rationale_f1 import write_movies
 
-import vitexplain.viz
+import vitexplain.bench.plots
 import vitexplain.reproduce
 from vitexplain.registry import available_methods
 
@@ -43,7 +43,7 @@ FAST_METRICS = {"insertion_deletion": {"n_steps": 4}, "max_sensitivity": {"n_sam
 @pytest.fixture(autouse=True)
 def no_curve_plots(monkeypatch):
     """The bench's PNG curves (tested with the bench, unused by the tables) take most of a tiny run's time."""
-    monkeypatch.setattr(vitexplain.viz, "line_plot", lambda *args, **kwargs: b"<svg></svg>")
+    monkeypatch.setattr(vitexplain.bench.plots, "draw_curves", lambda *args, **kwargs: b"<svg></svg>")
 
 
 def published(name: str) -> dict:

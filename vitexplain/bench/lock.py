@@ -74,12 +74,14 @@ def _missing_folders(folder: Path) -> list[Path]:
 def folder_lock(folder: Path, key: str) -> Iterator[None]:
     """Hold ``folder``'s lock for a run of the config ``key`` (see the module docstring); raises
     :class:`FolderInUse` when a run of another config holds it."""
-    created = _missing_folders(Path(folder))
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
     path = folder / LOCK_NAME
+    created: list[Path] = []
     handle = None
     try:
         while handle is None:
+            created += _missing_folders(folder)          # again after a wait: the holder may have removed it
+            folder.mkdir(parents=True, exist_ok=True)
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
