@@ -109,13 +109,13 @@ def test_reports_carry_every_interval_and_a_rerun_in_other_batches_gives_the_sam
     assert again.intervals == result.intervals and again.leaders == result.leaders
 
 
-def test_one_format_per_column_from_its_narrowest_interval():
+def test_one_format_per_column_from_its_median_interval():
     assert format_estimate(Estimate(0.87412, 0.81234, 0.92101, 20)) == "0.87 [0.81, 0.92] (20)"
     assert format_estimate(Estimate(68.43, 65.21, 71.02, 20)) == "68.4 [65.2, 71.0] (20)"
     assert format_estimate(Estimate(-0.0031, -0.0102, 0.0033, 8)) == "-0.003 [-0.010, 0.003] (8)"   # width 0.0135
     column = [Estimate(0.95, 0.91, 0.99, 20), Estimate(1.0, 1.0, 1.0, 20), None, Estimate(1.984e-17, -1e-9, 2e-9, 20)]
-    decimals = column_decimals(column)
-    assert decimals == 6                                    # the narrowest width, 3e-9, is below the cap
+    assert column_decimals(column) == 3                     # the median width (0.08 and 3e-9): 0.04
+    assert column_decimals([Estimate(0.5, 0.3, 0.7, 20)]) == 2   # width 0.4: 0.40
     column[3] = Estimate(1.984e-17, -0.004, 0.021, 20)
     decimals = column_decimals(column)
     assert decimals == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import textwrap
 from dataclasses import dataclass, field
 
@@ -35,13 +36,13 @@ MAX_DECIMALS = 6
 
 
 def column_decimals(estimates: list[Estimate | None]) -> int:
-    """One format for a column: the decimals that give its narrowest interval two significant digits
-    (so no interval of the column reads [x, x] when it is not), or, where no interval has a width, the
-    largest value three significant digits; from 0 to :data:`MAX_DECIMALS`."""
+    """One format for a column: the decimals that give its median interval width two significant digits
+    (a control whose interval is almost 0 does not give the whole column eight decimals), or, where no
+    interval has a width, the largest value three significant digits; from 0 to :data:`MAX_DECIMALS`."""
     found = [e for e in estimates if e is not None]
     widths = [e.high - e.low for e in found if math.isfinite(e.high - e.low) and e.high > e.low]
     if widths:
-        decimals = 1 - math.floor(math.log10(min(widths)))
+        decimals = 1 - math.floor(math.log10(statistics.median(widths)))
     else:
         largest = max((abs(e.value) for e in found if math.isfinite(e.value) and e.value), default=0.0)
         decimals = 2 - math.floor(math.log10(largest)) if largest else 2
