@@ -124,9 +124,9 @@ def test_controls_keep_their_maps_under_randomisation_and_a_model_explanation_do
     assert verdict(result.correlations["random_baseline"], floor, 0)["flagged"]        # seeded noise: not the model's
 
 
-def test_the_verdict_is_a_bootstrap_of_correlation_less_floor_that_must_lie_below_zero():
+def test_the_verdict_flags_a_correlation_clearly_above_its_floor_or_maps_that_never_change():
     """By hand with numpy: the mean over images of (last level - floor), its 95 % percentile bootstrap drawn by
-    default_rng(seed) one resample after the other; flagged unless the interval's top is below 0."""
+    default_rng(seed) one resample after the other; flagged when the interval's bottom is above 0."""
     generator = np.random.default_rng(3)
     correlations = torch.from_numpy(generator.uniform(-0.2, 0.9, (8, 4)))
     floor = torch.from_numpy(generator.uniform(0.2, 0.6, 8))
@@ -142,7 +142,12 @@ def test_the_verdict_is_a_bootstrap_of_correlation_less_floor_that_must_lie_belo
         found = verdict(moved, floor, 7)
         expected = by_hand(moved[:, -1].numpy(), floor.numpy(), 7)
         assert found["excess"] == pytest.approx(expected, abs=1e-12)
-        assert found["flagged"] == (not expected[2] < 0) == (shift >= 0)
+        assert found["flagged"] == (expected[1] > 0) == (shift > 0)
+    unchanged = torch.ones(8, 4, dtype=torch.float64)
+    assert verdict(unchanged, torch.ones(8, dtype=torch.float64), 7) == {"excess": [0.0, 0.0, 0.0], "flagged": True}
+    almost = unchanged.clone()
+    almost[0, -1] = 0.99
+    assert not verdict(almost, torch.ones(8, dtype=torch.float64), 7)["flagged"]    # one image changed: not "unchanged"
 
 
 def test_the_image_to_image_floor_pairs_each_map_with_the_previous_image():

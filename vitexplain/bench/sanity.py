@@ -25,13 +25,12 @@ Here (decisions in docs/decisions/default-bench.md):
   model with another seed (seed-to-seed: a map dominated by its own sampling, such as RISE with few
   masks, is closer to the random model's map with the same seed than to the trained model's with
   another); for a deterministic method, the trained model's map of another image of the check
-  (image-to-image: what every map of the method shares, whatever the image). A method passes when,
-  with the whole model random, its correlation is clearly below the floor: the 95 % bootstrap
-  interval over the images of the mean of (correlation - floor) lies below 0 (:data:`VERDICT_RULE`);
-  otherwise it is flagged, the check having failed to show that its maps depend on the model. The
-  controls are flagged (their maps never change). On data whose maps share nothing from one image
-  to the next the image-to-image floor is near 0 and a deterministic method cannot go clearly below
-  it: there the check flags what it cannot decide rather than pass it.
+  (image-to-image: what unrelated maps of the method share, whatever the image). A map that depends
+  on the model falls to about its floor once the whole model is random; one that does not stays above
+  it. So a method is flagged when, with the whole model random, the 95 % bootstrap interval over the
+  images of the mean of (correlation - floor) lies above 0, or when its maps did not change at all
+  (correlation 1 on every image: the constant map, whose floor is 1 too) (:data:`VERDICT_RULE`).
+  The controls are flagged.
 
 Which parameters form a level is read from timm's parameter names (``blocks.<i>.``, ``head``,
 ``norm``, ``fc_norm``, ``attn_pool``); the instrumentation adapter does not expose the blocks'
@@ -52,11 +51,11 @@ from .uncertainty import CONFIDENCE, bootstrap, interval
 TOP_PREFIXES = ("head", "norm.", "fc_norm.", "attn_pool.")
 INIT_STD = 0.02
 #: the verdict, as the reports state it (``images``: how many images the check ran on)
-VERDICT_RULE = ("Verdict: a method passes when, with the whole model random, its maps are clearly less like the trained "
-                "model's maps than its noise floor is: the {images} images' mean of (correlation - floor) has a "
-                f"{CONFIDENCE:.0%} bootstrap interval below 0. Otherwise it is flagged: the check could not show that its "
-                "maps depend on the model. Floor: for a randomised method, the trained model's map of the same image with "
-                "another seed; for a deterministic one, the trained model's map of another image.")
+VERDICT_RULE = ("Verdict: a method is flagged when, with the whole model random, its maps are clearly more like the "
+                "trained model's maps than its noise floor explains: the {images} images' mean of (correlation - floor) "
+                f"has a {CONFIDENCE:.0%} bootstrap interval above 0, or its maps did not change at all (correlation 1 on "
+                "every image). Floor: for a randomised method, the trained model's map of the same image with another "
+                "seed; for a deterministic one, the trained model's map of another image.")
 
 
 def average_ranks(values: Tensor) -> Tensor:
@@ -183,7 +182,9 @@ def image_to_image(maps: Tensor) -> Tensor:
 
 def verdict(correlations: Tensor, floor: Tensor, seed: int) -> dict[str, object]:
     """``excess``: the mean over images of the last level's correlation less the floor, with its bootstrap
-    interval (value, low, high); ``flagged`` unless that interval lies below 0 (see the module docstring)."""
+    interval (value, low, high); ``flagged`` when that interval lies above 0 or the last level's maps equal
+    the trained model's on every image (see the module docstring)."""
     excess = {"excess": (correlations[:, -1] - floor).double()}
     low, high = interval(bootstrap(excess, lambda values: {"excess": values["excess"].mean()}, seed)["excess"])
-    return {"excess": [excess["excess"].mean().item(), low, high], "flagged": not high < 0}
+    unchanged = bool((correlations[:, -1] >= 1 - 1e-9).all())
+    return {"excess": [excess["excess"].mean().item(), low, high], "flagged": low > 0 or unchanged}
