@@ -30,7 +30,7 @@ FAMILIES = {
 
 #: targets of issue 13 (and the earlier ones for the attention methods): method time / one forward+backward
 TIME_TARGETS = {"raw_attention": 1.3, "rollout": 1.3, "attn_gradcam": 1.3, "gae": 1.3, "gradtoken": 1.5,
-                "tokentm": 1.5, "transformer_attribution": 2.0, "legrad": 1.5}
+                "tokentm": 1.5, "transformer_attribution": 2.0, "legrad": 1.5, "attnlrp": 1.5, "cp_lrp": 1.5}
 #: at batch 1, per image
 BATCH1_TIME_TARGETS = {"gae": 1.5, "transformer_attribution": 1.5}
 #: peak memory of a single-pass method / that of one forward+backward
@@ -156,3 +156,12 @@ def describe_machine(device: torch.device) -> str:
         where = f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
     load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
     return f"{where}; {load}; torch {torch.__version__}, timm {timm.__version__}"
+
+
+def pearson(maps: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Pearson r of each map [B, ...] with its reference, in float64 (1 where both are the same constant)."""
+    a, b = (m.flatten(1).double().cpu() for m in (maps, reference))
+    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+    norms = a.norm(dim=1) * b.norm(dim=1)
+    same = (a - b).abs().amax(1) == 0
+    return torch.where(same, torch.ones_like(norms), (a * b).sum(1) / norms.clamp(min=1e-300))

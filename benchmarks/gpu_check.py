@@ -34,7 +34,7 @@ from vitexplain.instrumentation.precision import precision_mode
 from vitexplain.models import load_model
 from vitexplain.registry import get_method
 
-from common import describe_machine
+from common import describe_machine, pearson
 
 SHIPPED = ("digits_vit", "digits_deit")
 PARTS = ("fidelity", "seeds", "bench", "cost")
@@ -59,15 +59,6 @@ def bench_options() -> dict[str, dict]:
 def canvases(count: int, device: torch.device) -> torch.Tensor:
     dataset = get_dataset("digits", split="test", n=count)
     return collate([dataset[i] for i in range(count)])["images"].to(device)
-
-
-def pearson(maps: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Pearson r of each map [B, ...] with its reference, in float64 (1 where both are the same constant)."""
-    a, b = (m.flatten(1).double().cpu() for m in (maps, reference))
-    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
-    norms = a.norm(dim=1) * b.norm(dim=1)
-    same = (a - b).abs().amax(1) == 0
-    return torch.where(same, torch.ones_like(norms), (a * b).sum(1) / norms.clamp(min=1e-300))
 
 
 def modes(device: torch.device) -> dict[str, tuple[str | None, torch.dtype | None]]:

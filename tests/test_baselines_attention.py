@@ -78,7 +78,7 @@ def integrated_weights(model, image, target, steps):
 # -- the methods, written out ----------------------------------------------------------------------
 def attcat_reference(model, image, target, attention_row="mean", tokens="input"):
     logits, blocks = manual_forward(model, image)
-    features = [block[tokens] for block in blocks]
+    features = [block[{"attn_input": "normed"}.get(tokens, tokens)] for block in blocks]
     grads = torch.autograd.grad(logits[0, target], features)
     total = 0
     for block, feature, grad in zip(blocks, features, grads):
@@ -162,7 +162,7 @@ def gradcam_reference(model, image, target, layer=-1):
 
 REFERENCES = {
     "attcat": (attcat_reference, [{}, {"attention_row": "class"}, {"tokens": "output"},
-                                  {"attention_row": "class", "tokens": "output"}]),
+                                  {"attention_row": "class", "tokens": "output"}, {"tokens": "attn_input"}]),
     "agcam": (agcam_reference, [{}, {"gradient_of": "attn_logits"}, {"head_fusion": "max", "layer_fusion": "max"},
                                 {"detach_attention_input": False}]),
     "tam": (tam_reference, [{"start_layer": 1, "n_steps": STEPS}, {"start_layer": 0, "n_steps": STEPS},

@@ -6,6 +6,8 @@ bwr), written out here; expected values are the numpy maps the test builds. Need
 """
 from __future__ import annotations
 
+import base64
+import io
 import re
 from html.parser import HTMLParser
 
@@ -13,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 from chromium import start_chromium
+from PIL import Image
+from test_viz import plain_percentile
 
 from vitexplain.explorer import ExplorerItem, explorer_html, write_explorer
 
@@ -264,29 +268,34 @@ def test_arrow_keys_move_over_the_tokens(driver, items):
 
 # ---------- colour scales and interpolation ----------
 
-def test_signed_maps_are_diverging_and_centred_at_zero(driver):
+def test_signed_maps_are_diverging_centred_at_zero_with_robust_ends(driver, items):
     _select(driver, "method", "signed")
     _opacity(driver, 100)
     pixels = _pixels(driver, "signed")
-    for (row, col), colour in [((1, 2), RDBU_CENTRE), ((0, 0), RDBU_RED)]:
+    for (row, col), colour in [((1, 2), RDBU_CENTRE), ((0, 0), RDBU_RED)]:              # 0; the maximum saturates
         assert np.abs(_token_block(pixels, row, col).astype(int) - colour).max() <= 1, (row, col)
-    minimum = _token_block(pixels, 3, 3)[0].astype(int)                  # -0.6 of ±1.5: blue, lighter than the end
+    minimum = _token_block(pixels, 3, 3)[0].astype(int)                  # -0.6 of ±(about 1.4): blue, not the end
     assert minimum[2] > minimum[0] + 50 and (minimum > RDBU_BLUE).all()
+    end = plain_percentile(np.abs(items[0].maps["signed"]))              # 16 values: between the 2 largest |v|
+    assert 1.0 < end < 1.5
     ticks = driver.find_element("css selector", "figure.panel .ticks").text.split()
-    assert ticks == ["-1.5", "0", "1.5"]                                   # ±max|v|
-    assert "-0.6 … 1.5" in driver.find_element("css selector", "figure.panel .scale").text
+    assert ticks[0] == "-" + ticks[-1] and ticks[1] == "0" and float(ticks[-1]) == pytest.approx(end, rel=1e-3)
+    assert len(ticks) == 4 and ticks[2] == "≥"                            # the maximum, beyond the end, saturates
+    scale = driver.find_element("css selector", "figure.panel .scale").text
+    assert "99th percentile of |v|" in scale and "-0.6 … 1.5" in scale
     _select(driver, "diverging", "bwr")
     assert np.abs(_token_block(_pixels(driver, "signed"), 1, 2).astype(int) - BWR_CENTRE).max() <= 1
 
 
-def test_non_negative_maps_are_sequential_min_max(driver, items):
+def test_non_negative_maps_are_sequential_from_the_minimum_to_the_99th_percentile(driver, items):
     _opacity(driver, 100)
     pixels = _pixels(driver, "tokens")
     assert np.abs(_token_block(pixels, 0, 3).astype(int) - VIRIDIS_LOW).max() <= 1       # the minimum
-    assert np.abs(_token_block(pixels, 2, 2).astype(int) - VIRIDIS_HIGH).max() <= 1      # the maximum
-    ticks = driver.find_element("css selector", "figure.panel .ticks").text.split()
-    assert [float(t) for t in ticks] == pytest.approx([0.05, 1.275, 2.5], rel=1e-3)
-    assert "sequential" in driver.find_element("css selector", "figure.panel .scale").text
+    assert np.abs(_token_block(pixels, 2, 2).astype(int) - VIRIDIS_HIGH).max() <= 1      # the maximum: saturated
+    end = plain_percentile(items[0].maps["tokens"])
+    ticks = driver.find_element("css selector", "figure.panel .ticks").text.replace("≥ ", "").split()
+    assert [float(t) for t in ticks] == pytest.approx([0.05, (0.05 + end) / 2, end], rel=1e-3)
+    assert "minimum to 99th percentile" in driver.find_element("css selector", "figure.panel .scale").text
 
 
 def test_nearest_draws_token_blocks_and_bilinear_smooths_them(driver):
@@ -349,3 +358,135 @@ def _item(**changes) -> ExplorerItem:
 def test_bad_input_raises_a_clear_error(items, message):
     with pytest.raises(ValueError, match=message):
         explorer_html(items)
+
+
+# ---------- labels at 1,400 px ----------
+
+#: per label: its text, whether it is cut (wider or taller than its box, or ellipsised), and the pairs of
+#: characters it wraps between (a line break is where a character's box starts a new line)
+LABELS_SCRIPT = """
+const checked = 'figure.panel figcaption strong, figure.panel .kind, #thumbnails button span, .top5 .name, .ticks span';
+return Array.from(document.querySelectorAll(checked)).map((node) => {
+  const cut = node.scrollWidth > node.clientWidth || node.scrollHeight > node.clientHeight
+    || getComputedStyle(node).textOverflow === 'ellipsis';
+  const walker = document.createTreeWalker(node, NodeFilter.SHOW_TEXT);
+  const characters = [];
+  while (walker.nextNode()) {
+    const text = walker.currentNode;
+    for (let i = 0; i < text.length; i++) {
+      const range = document.createRange();
+      range.setStart(text, i);
+      range.setEnd(text, i + 1);
+      const box = range.getClientRects()[0];
+      characters.push([text.data[i], box ? box.top : null]);
+    }
+  }
+  const breaks = [];
+  let top = null, previous = '';
+  for (const [character, at] of characters) {
+    if (at === null) { previous += character; continue; }
+    if (top !== null && Math.abs(at - top) > 2) breaks.push([previous.slice(-1), character, previous]);
+    top = at;
+    previous += character;
+  }
+  return [node.textContent, cut, breaks];
+});
+"""
+
+
+def _bench_page(tmp_path) -> str:
+    """The explorer as the default bench writes it: 8 images named model · image id, every method of the
+    shipped config (its labels: "gradtoken(transpose=True)" ...), 112 px images with a 14 x 14 grid."""
+    from vitexplain.bench import DEFAULT_CONFIG, BenchConfig
+
+    labels = [entry.label for entry in BenchConfig.from_yaml(DEFAULT_CONFIG).methods]
+    assert "gradtoken(transpose=True)" in labels and "transformer_attribution" in labels
+    rng = np.random.default_rng(0)
+    top5 = [("American Staffordshire terrier", 0.5), ("seven", 0.2), ("Granny Smith", 0.1), ("a", 0.05), ("b", 0.01)]
+    items = [ExplorerItem(f"{model} · digits-test-s0-{index:06d}", rng.integers(0, 256, (112, 112, 3), dtype=np.uint8),
+                          {label: rng.normal(size=(14, 14)) for label in labels}, top5=top5, target="seven", grid=(14, 14))
+             for model in ("digits_vit", "digits_deit") for index in (37, 44, 675, 775)]
+    return write_explorer(tmp_path / "bench" / "explorer.html", items, title="vitexplain bench: digits").as_uri()
+
+
+def test_no_label_is_cut_or_broken_inside_a_word_at_1400_px(browser, tmp_path):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert browser.execute_script("return window.innerWidth") == 1400
+    browser.get(_bench_page(tmp_path))
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script("return document.documentElement.dataset.ready"))
+    _select(browser, "method", "gradtoken(transpose=True)")
+    for mode in ("single", "compare"):
+        if mode == "compare":
+            browser.find_element("id", "compare").click()
+        labels = browser.execute_script(LABELS_SCRIPT)
+        texts = [text for text, _, _ in labels]
+        assert "digits_deit · digits-test-s0-000775" in texts and "gradtoken(transpose=True)" in texts
+        assert len(texts) > (26 if mode == "compare" else 10)
+        assert [text for text, cut, _ in labels if cut] == [], mode
+        for text, _, breaks in labels:
+            for before, after, _ in breaks:                  # a label wraps after ( = , _ - or at a space
+                assert before in "(=,_- " or after == " ", (mode, text, breaks)
+    overflowing = browser.execute_script(
+        "return Array.from(document.querySelectorAll('figure.panel, #controls, #prediction'))"
+        ".filter(n => n.scrollWidth > n.clientWidth).map(n => n.className || n.id);")
+    assert overflowing == []
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= 1400
+
+
+# ---------- one colour convention: explorer, PNG overlay, report gallery ----------
+
+def test_the_explorer_the_png_overlay_and_the_gallery_colour_a_map_alike(browser, tmp_path):
+    """Pixel-level maps (nothing to upsample) drawn by the three, against the rule computed here:
+    signed -> RdBu_r at 0.5 + v / (2 e), e the 99th percentile of |v|; else viridis at (v - min) / (p99 - min)."""
+    from matplotlib import colormaps
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from vitexplain.bench.html import gallery_section
+    from vitexplain.bench.result import Gallery
+    from vitexplain.viz import save_overlay
+
+    rng = np.random.default_rng(5)
+    image = rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+    signed = rng.standard_t(2, (SIZE, SIZE))                             # heavy tailed, as LRP / IG maps are
+    signed[9, 9] = 20 * plain_percentile(np.abs(signed))                # an outlier, saturated
+    sequential = rng.random((SIZE, SIZE)) ** 4
+    sequential[3, 30] = 40.0
+    maps = {"signed": signed, "sequential": sequential}
+    blend = lambda colour: 0.5 * image + 0.5 * colour[..., :3] * 255  # noqa: E731 - at the convention's 50 %
+    continuous = lambda name: colormaps[name].resampled(4096)  # noqa: E731 - finer than any palette
+    end = plain_percentile(np.abs(signed))
+    expected = {"signed": blend(continuous("RdBu_r")(np.clip(0.5 + signed / (2 * end), 0, 1))),
+                "sequential": blend(continuous("viridis")(np.clip(
+                    (sequential - sequential.min()) / (plain_percentile(sequential) - sequential.min()), 0, 1)))}
+
+    page = write_explorer(tmp_path / "one" / "explorer.html", [ExplorerItem("x", image, maps)])
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script("return document.documentElement.dataset.ready"))
+    browser.find_element("id", "compare").click()
+    explorer = {label: _pixels(browser, label) for label in maps}
+    scales = browser.execute_script("return Array.from(document.querySelectorAll('figure.panel .scale'), n => n.textContent);")
+
+    overlays, bars = {}, []
+    for label, values in maps.items():
+        figure = save_overlay(tmp_path / f"{label}.png", image, torch.from_numpy(values))
+        overlays[label] = np.round(figure.axes[0].get_images()[0].get_array() * 255)
+        bars.append(figure.axes[1].get_ylabel())
+
+    gallery = Gallery(model="m", ids=["x"], images=torch.from_numpy(image / 255.0), labels=[-1], predicted=[0],
+                      probability=[1.0], class_names=["a"], maps={k: torch.from_numpy(v)[None] for k, v in maps.items()},
+                      top5=[], grid=GRID)
+    gallery.images = gallery.images[None]
+    section = gallery_section(gallery, set())
+    shown = {}
+    for label in maps:
+        uri = re.search(rf'alt="{label} on x"[^>]*src="data:image/png;base64,([^"]+)"', section).group(1)
+        shown[label] = np.asarray(Image.open(io.BytesIO(base64.b64decode(uri))).convert("RGB"))
+
+    for label in maps:      # 257 palette colours (steps of <= 4) against the continuous map: half a step, blended
+        for drawn in (explorer[label], overlays[label], shown[label]):
+            assert np.abs(drawn.astype(float) - expected[label]).max() <= 2, label
+    assert "99th percentile of |v|" in scales[0] and "minimum to 99th percentile" in scales[1]
+    assert "99th pct of |v|" in bars[0] and "99th pct" in bars[1]
+    assert "RdBu_r, 0 at the centre, ends at ± the 99th percentile of |v|" in section
+    assert "viridis, minimum to 99th percentile" in section

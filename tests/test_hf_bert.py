@@ -2,17 +2,29 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, BertTokenizer, RobertaConfig,
-                          RobertaForSequenceClassification)
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertTokenizer,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
 
 import vitexplain
 from vitexplain.registry import available_methods
 
 TEXT_METHODS = available_methods("text")
-from vitexplain.instrumentation import BLOCK_FIELDS, TokenBatch, UnsupportedModelError, adapter_for
-from vitexplain.instrumentation.families import TransformersText
-
 from test_instrumentation import _assert_same, _snapshot
+
+from vitexplain.instrumentation import (
+    BLOCK_FIELDS,
+    TokenBatch,
+    UnsupportedModelError,
+    adapter_for,
+    family_of,
+)
+from vitexplain.instrumentation.families.hf_bert import TransformersText
 
 BERT_TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                  max_position_embeddings=64, initializer_range=0.2)
@@ -182,7 +194,7 @@ def test_image_methods_and_bad_targets_are_refused_for_text():
     for method in ("tis", "rise", "integrated_gradients", "tam", "transformer_attribution"):
         with pytest.raises(ValueError, match=f"method '{method}' explains images only; for text use one of: agcam"):
             vitexplain.explain(model, batch, method)
-    with pytest.raises(ValueError, match="3 entries for a batch of 2 sequences"):
+    with pytest.raises(ValueError, match="3 entries for a batch of 2 inputs"):
         vitexplain.explain(model, batch, "gae", target=[0, 1, 2])
     with pytest.raises(ValueError, match="outside the model's 3 classes"):
         vitexplain.explain(model, batch, "gae", target=5)
@@ -248,10 +260,10 @@ def test_what_cannot_be_served_gets_a_reason():
     torch.manual_seed(0)
     config = BertConfig(vocab_size=19, **BERT_TINY)
     with pytest.raises(UnsupportedModelError, match="BertForMaskedLM is not a sequence classifier"):
-        adapter_for(BertForMaskedLM(config))
+        family_of(BertForMaskedLM(config))
     with pytest.raises(UnsupportedModelError, match="decoder"):
-        adapter_for(make_bert(is_decoder=True))
+        family_of(make_bert(is_decoder=True))
     with pytest.raises(UnsupportedModelError, match="chunk"):
-        adapter_for(make_bert(chunk_size_feed_forward=2))
+        family_of(make_bert(chunk_size_feed_forward=2))
     with pytest.raises(UnsupportedModelError, match="patches"):
         adapter_for(make_bert()).patch_size

@@ -1,16 +1,27 @@
 """Hugging Face transformers ViT / DeiT: the same weights as a timm ViT give the same recording and maps."""
 import pytest
 import torch
-from transformers import (DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher, ViTConfig,
-                          ViTForImageClassification, ViTForMaskedImageModeling)
-
-import vitexplain
-from vitexplain.instrumentation import BLOCK_FIELDS, UnsupportedModelError, adapter_for, lrp
-from vitexplain.instrumentation.families import TransformersViT
-from vitexplain.instrumentation.lrp import RULE_SETS
-
 from conftest import make_vit
 from test_instrumentation import _assert_same, _snapshot
+from transformers import (
+    DeiTConfig,
+    DeiTForImageClassification,
+    DeiTForImageClassificationWithTeacher,
+    ViTConfig,
+    ViTForImageClassification,
+    ViTForMaskedImageModeling,
+)
+
+import vitexplain
+from vitexplain.instrumentation import (
+    BLOCK_FIELDS,
+    UnsupportedModelError,
+    adapter_for,
+    family_of,
+    lrp,
+)
+from vitexplain.instrumentation.families.hf_vit import TransformersViT
+from vitexplain.instrumentation.lrp import RULE_SETS
 
 HF_TINY = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
                intermediate_size=96, num_labels=10, layer_norm_eps=1e-6, qkv_bias=True)
@@ -176,11 +187,11 @@ def test_model_left_as_found_and_outputs_unchanged(twins, attention):
 def test_what_cannot_be_served_gets_a_reason():
     torch.manual_seed(0)
     with pytest.raises(UnsupportedModelError, match="ViTForMaskedImageModeling is not one of ViTForImageClassification"):
-        adapter_for(ViTForMaskedImageModeling(ViTConfig(**HF_TINY)))
+        family_of(ViTForMaskedImageModeling(ViTConfig(**HF_TINY)))
     flex = ViTForImageClassification(ViTConfig(**HF_TINY))
     flex.config._attn_implementation = "flex_attention"
     with pytest.raises(UnsupportedModelError, match="attention implementation is 'flex_attention'"):
-        adapter_for(flex)
+        family_of(flex)
     with pytest.raises(ValueError, match="takes 32x32 images, got 48x48"):
         vitexplain.explain(ViTForImageClassification(ViTConfig(**HF_TINY)), torch.randn(1, 3, 48, 48), "gae")
 

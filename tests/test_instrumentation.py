@@ -161,7 +161,7 @@ def test_logits_on_all_tokens_equal_the_model_and_subsets_equal_a_manual_run():
 
 def test_models_it_cannot_serve_get_errors_naming_what_is_missing():
     cnn = timm.create_model("resnet18", pretrained=False, num_classes=10)
-    with pytest.raises(UnsupportedModelError, match="ResNet is not a timm VisionTransformer"):
+    with pytest.raises(UnsupportedModelError, match="^method 'rollout' reads attention; ResNet has none"):
         vitexplain.explain(cnn, torch.randn(1, 3, 32, 32), "rollout")
     max_pooled = make_vit(class_token=False, global_pool="max")
     with pytest.raises(UnsupportedModelError, match="global_pool='max', which is not a weighting of the tokens"):

@@ -307,7 +307,7 @@ def test_batch_of_four_equals_one_at_a_time(tiny, method):
     assert together.shape == (4, *size) and together.isfinite().all()
 
 
-@pytest.mark.parametrize("method", LRP_METHODS + ("abs_lrp",))
+@pytest.mark.parametrize("method", LRP_METHODS + ("abs_lrp", "attnlrp", "cp_lrp"))
 def test_maps_do_not_depend_on_whether_the_parameters_are_frozen(tiny, method):
     """A user explaining a trained model often freezes it; the relevance must not need parameter gradients."""
     images, targets = images_like(2), torch.tensor([1, 6])

@@ -1,4 +1,5 @@
 """Option values checked and parsed by their annotations (vitexplain.options), and the generic registry."""
+import sys
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -7,7 +8,6 @@ import torch
 
 from vitexplain.options import (InvalidOption, PositiveInt, Range, Share, check_options, conforms, describe,
                                 parse_option)
-from vitexplain.registry import Registry
 
 
 def _fn(x, *, count: PositiveInt = 3, ratio: Share | Sequence[Share] = 0.5, mode: Literal["a", "b"] = "a",
@@ -75,11 +75,20 @@ def test_descriptions_and_conformance_agree_on_bounds():
     assert describe(Literal["x", "y"]) == "one of 'x', 'y'"
 
 
-def test_registry_names_lookup_and_duplicates():
-    loaded = []
-    registry = Registry("widget", lambda: loaded.append(True) or registry.add("beta", 2), sort=False)
+def test_registry_names_lookup_and_duplicates(tmp_path, monkeypatch):
+    """Built-ins are the modules of the registry's package, imported at the first lookup, `_` ones skipped."""
+    package = tmp_path / "widget_parts"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "beta.py").write_text("import test_widget_registry as r\nr.REGISTRY.add('beta', 2)\n")
+    (package / "_shared.py").write_text("raise RuntimeError('a helper module is not an entry')\n")
+    (tmp_path / "test_widget_registry.py").write_text(
+        "from vitexplain.registry import Registry\nREGISTRY = Registry('widget', 'widget_parts', sort=False)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from test_widget_registry import REGISTRY as registry
     registry.add("gamma", 3)
-    assert registry.names() == ["gamma", "beta"] and loaded == [True]
+    assert "widget_parts.beta" not in sys.modules
+    assert registry.names() == ["gamma", "beta"] and "widget_parts.beta" in sys.modules
     assert registry.get("beta") == 2 and "gamma" in registry and len(registry) == 2
     with pytest.raises(ValueError, match="a widget named 'beta' is already registered"):
         registry.add("beta", 4)

@@ -8,16 +8,16 @@ import textwrap
 
 import pytest
 import torch
+from cli import run_python_many
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 from vitexplain import explain, get_method
 from vitexplain.bench import BenchConfig, run_benchmark
 from vitexplain.registry import METHODS
 from vitexplain.reproduce.cost import FORWARDS_PER_SECOND, estimate_gpu_hours
-from vitexplain.reproduce.recipes import Column, MetricUse, Recipe, Row, Setting, TIS_RECIPES
-
-from cli import run_python_many
-from conftest import make_vit
-from test_bench_fakes import RandomImages
+from vitexplain.reproduce.recipe import Column, MetricUse, Row, Setting, TableRecipe
+from vitexplain.reproduce.tables.tis import TIS_RECIPES
 
 PLUGIN = '''
 """A plug-in: the attention the class token pays in the first block, scaled."""
@@ -75,7 +75,7 @@ def test_the_bench_shows_it_in_tables_gallery_and_sanity_check(plugin, tmp_path)
 def test_reproduce_cost_estimates_read_its_cost(plugin):
     template = TIS_RECIPES[0]
     setting = Setting("s", "g", "vit_base", template.settings[0].data, "label", (MetricUse("pg", "pointing_game"),))
-    recipe = Recipe("plugin", "paper", "table", (Row("P", "plugin_first_attention", {"n_steps": 5}),),
+    recipe = TableRecipe("plugin", "paper", "table", (Row("P", "plugin_first_attention", {"n_steps": 5}),),
                     (Column("pg", ("PG",), "g", "pg", "accuracy"),), (setting,))
     images = template.settings[0].data.subset
     assert get_method("plugin_first_attention").passes({"n_steps": 5}) == 10

@@ -13,9 +13,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from chromium import start_chromium
 from conftest import make_vit
 from test_bench_fakes import RandomImages
@@ -286,23 +284,3 @@ def test_terminal_tables_name_each_protocol_above_its_columns_within_100_columns
     cells = [scores.cells(j)[0] + {"best": "*", "tied": "≈", "": ""}[scores.marks[0][j]] for j in range(3)]
     assert re.split(r"\s{2,}", gae[0].strip()) == ["gae", *cells]
 
-
-def test_signed_maps_are_drawn_on_a_diverging_scale_centred_at_zero():
-    from matplotlib import colormaps
-
-    from vitexplain.bench.plots import DIVERGING, SEQUENTIAL, overlay, signed_scale
-
-    values = np.array([-3.0] + [0.5] * 198 + [1000.0])                   # sorted |values|: 0.5 ... 0.5, 3, 1000
-    assert signed_scale(values) == pytest.approx(0.5 + 0.01 * (3 - 0.5))   # 99th percentile, linear between ranks
-    assert signed_scale(np.array([0.0] * 199 + [-2.0])) == 2.0             # all but one zero: the largest instead
-    image = torch.zeros(4, 4, 3)
-    saliency = torch.tensor([[-1.0, 0.0], [1.0, 3.0]])                   # corners of a 2x2 -> 4x4 upsampling
-    up = torch.nn.functional.interpolate(saliency[None, None], size=(4, 4), mode="bilinear", align_corners=False)[0, 0]
-    magnitudes = up.abs().flatten().sort().values                          # 16 values; the 99th percentile lies
-    scale = (magnitudes[14] + 0.85 * (magnitudes[15] - magnitudes[14])).item()   # at rank 0.99 * 15 = 14.85
-    signed = overlay(image, saliency, signed=True)
-    half = lambda value: 0.5 * np.asarray(colormaps[DIVERGING](value)[:3])  # noqa: E731 - blended at 50 % over black
-    assert np.allclose(signed[0, 0], half(0.5 - 0.5 / scale)) and np.allclose(signed[3, 3], half(1.0))  # 3 saturates
-    assert np.allclose(signed[0, 3], half(0.5))                           # 0 is the middle of the scale
-    unsigned = overlay(image, saliency, signed=False)
-    assert np.allclose(unsigned[0, 3], 0.5 * np.asarray(colormaps[SEQUENTIAL](0.25)[:3]))  # min-max: 0 is a quarter up

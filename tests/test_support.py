@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+import sys
+import types
 
+from vitexplain.readme_tables import README, method_table, section, with_tables
 from vitexplain.support import TABLE, builtin_methods, support_markdown, support_matrix
 
 
@@ -11,14 +13,36 @@ def test_the_stored_support_matrix_is_regenerated_exactly():
     """Every built-in method runs on every family's example, or is refused with the reason the table gives
     (methods other tests register are not part of the stored table)."""
     assert support_markdown(support_matrix(builtin_methods())) == TABLE.read_text(), \
-        "the support matrix changed: run `python -m vitexplain.support` and copy it into the README"
+        "the support matrix changed: run `python -m vitexplain.readme_tables`"
 
 
-def test_the_readme_shows_the_stored_matrix():
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    table = TABLE.read_text()
-    first, last = table.splitlines()[0], table.strip().splitlines()[-1]
-    section = readme[readme.index(first):]
-    assert section.startswith(table.strip()[:len(section)]) and last in section, \
-        "README.md's support matrix differs from vitexplain/assets/support.md"
+def test_the_readme_holds_what_the_command_writes():
+    """The method table and the stored support matrix, each between its markers (vitexplain.readme_tables)."""
+    readme = README.read_text()
+    assert with_tables(readme) == readme, "README.md's generated tables are stale: run `python -m vitexplain.readme_tables`"
+    start, end = section(readme, "support")
+    assert readme[start:end] == TABLE.read_text()
+    start, end = section(readme, "methods")
+    rows = [line for line in readme[start:end].splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == sorted(builtin_methods() + ["constant_baseline", "random_baseline"],
+                                                         key=lambda name: (name.endswith("_baseline"), name))
     assert re.search(r"vitexplain methods --models", readme)
+
+
+def test_a_new_method_reaches_the_readme_table_through_the_command(monkeypatch):
+    """A method module's first docstring line is its row's description (nothing to edit by hand)."""
+    from vitexplain.registry import METHODS, register_method
+
+    module = types.ModuleType("vitexplain.methods.throwaway_for_readme")
+    module.__doc__ = "Throwaway: a test's method (Nobody et al., 2026)."
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    def throwaway(adapter, images, target=None):
+        """A throwaway method."""
+
+    throwaway.__module__ = module.__name__
+    register_method("throwaway_for_readme", cost=1)(throwaway)
+    try:
+        assert "| `throwaway_for_readme` | Throwaway: a test's method (Nobody et al., 2026) | token |" in method_table()
+    finally:
+        METHODS.remove("throwaway_for_readme")

@@ -68,13 +68,14 @@ def test_integrated_gradients_of_a_direction_equal_captum_on_the_cosine_similari
 def test_methods_that_explain_classes_only_say_so():
     model, x = build("vit", num_classes=0), images(1)
     only_classes = [name for name in available_methods("image") if not get_method(name).score_targets]
-    assert set(only_classes) == {"lrp", "partial_lrp", "conservative_lrp", "abs_lrp", "transformer_attribution"}
+    assert set(only_classes) == {"lrp", "partial_lrp", "conservative_lrp", "abs_lrp", "attnlrp", "cp_lrp",
+                                 "transformer_attribution"}
     for method in only_classes:
         with pytest.raises(ValueError, match="explains classes only"):
             explain(model, x, method, torch.ones(48))
     with pytest.raises(ValueError, match="no classifier head"):
         explain(model, x, "gae")
-    with pytest.raises(ValueError, match="no classifier head, so a class index cannot be explained"):
+    with pytest.raises(ValueError, match=r"no classifier head \(its output is an embedding\), so it has no classes to explain"):
         explain(model, x, "gae", 3)
     with pytest.raises(ValueError, match=r"embedding direction must be \[D\] or \[B, D\] with D = 48"):
         explain(model, x, "gae", torch.ones(47))

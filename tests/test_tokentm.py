@@ -88,7 +88,7 @@ def tokentm_maps(model, images, blocks, attn_grads, use_length, use_necc, aggreg
             attn = module.attn
             heads, dim = attn.num_heads, attn.head_dim
             gamma = module.ls1.gamma if hasattr(module.ls1, "gamma") else torch.ones(1, dtype=images.dtype)
-            originals = block["normed" if reference == "normalized" else "residual"][i]
+            originals = block["normed" if reference == "normalised" else "residual"][i]
             output_projection = [attn.proj.weight[:, h * dim:(h + 1) * dim] for h in range(heads)]  # W^H_h
             per_head_tokens = [[gamma * (output_projection[h] @ block["v"][i, h, j]) for j in range(n)] for h in range(heads)]
             if per_head:
@@ -105,7 +105,7 @@ def tokentm_maps(model, images, blocks, attn_grads, use_length, use_necc, aggreg
                 contribution = update
                 break
             contribution = update @ contribution
-            mlp_originals = block["mlp_normed" if reference == "normalized" else "middle"][i]
+            mlp_originals = block["mlp_normed" if reference == "normalised" else "middle"][i]
             mlp_weights = transform_weights(list(mlp_originals), list(block["mlp_branch"][i]), use_length, use_necc)
             contribution = (eye + eye @ torch.diag(mlp_weights)) @ contribution
         maps.append(contribution[cls, prefix:].reshape(4, 4))
@@ -139,7 +139,7 @@ ABLATIONS = [
     {"aggregate": False},
     {"end_layer": 0},
     {"end_layer": -2},
-    {"reference": "normalized"},
+    {"reference": "normalised"},
     {"per_head": False},
     {"score": "logit"},
 ]

@@ -3,10 +3,12 @@ import math
 import socket
 
 import numpy as np
-import safetensors.torch
 import pytest
+import safetensors.torch
 import torch
 from PIL import Image
+from renderers import accuracy as renderer_accuracy
+from renderers import alternative_canvases
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
@@ -14,10 +16,20 @@ from vitexplain.cli.main import build_parser, main
 from vitexplain.datasets import Digits
 from vitexplain.image_files import load_image, make_transform
 from vitexplain.models import ASSETS, load_model
-from vitexplain.training import (Recipe, build_model, digit_windows, digits_labels, distillation_loss, focused, jitter,
-                                 learning_rate, loop, photometric, rendering_styles, train_digits)
-
-from renderers import alternative_canvases, accuracy as renderer_accuracy
+from vitexplain.training import (
+    TrainingRecipe,
+    build_model,
+    digit_windows,
+    digits_labels,
+    distillation_loss,
+    focused,
+    jitter,
+    learning_rate,
+    loop,
+    photometric,
+    rendering_styles,
+    train_digits,
+)
 
 # patch 16 on the 112 px canvases: a 7 x 7 grid keeps the training runs here fast
 TINY = dict(patch_size=16, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0)
@@ -97,7 +109,7 @@ def test_recipe_options_are_checked():
                          (dict(steps=5, gradient=-0.1), r"gradient must be in \[0, 1\]"),
                          (dict(steps=5, noise=0.6), r"noise must be in \[0, 0.5\]")):
         with pytest.raises(ValueError, match=message):
-            Recipe(**bad)
+            TrainingRecipe(**bad)
     with pytest.raises(ValueError, match=r"focus_window must lie in \[7, 14\]"):
         train_digits("vit_tiny_patch16_224", {"patch_size": 8}, steps=1, focus=0.5, focus_window=6, **FAST)
 
@@ -172,13 +184,13 @@ def test_photometric_augmentation_matches_its_written_out_formula():
 
 def test_rendering_styles_draw_their_share_and_nothing_when_off():
     g = torch.Generator().manual_seed(0)
-    styles = rendering_styles(Recipe(steps=1, nearest=0.3, stroke=2), 4000, g)
+    styles = rendering_styles(TrainingRecipe(steps=1, nearest=0.3, stroke=2), 4000, g)
     assert abs(styles["nearest"].float().mean().item() - 0.3) < 0.03
     assert sorted(styles["stroke"].unique().tolist()) == [-2, -1, 0, 1, 2]
     counts = torch.bincount(styles["stroke"] + 2)
     assert counts.min() > 700
     quiet = torch.Generator().manual_seed(0)
-    assert rendering_styles(Recipe(steps=1), 32, quiet) == {}
+    assert rendering_styles(TrainingRecipe(steps=1), 32, quiet) == {}
     assert torch.equal(quiet.get_state(), torch.Generator().manual_seed(0).get_state())
 
 

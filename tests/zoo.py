@@ -16,6 +16,7 @@ import timm
 import torch
 
 SIZE = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
+HF_SIZE = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96)
 SWIN_SIZE = dict(img_size=32, patch_size=8, embed_dim=24, depths=(2, 2), num_heads=(2, 4), window_size=2,
                  num_classes=10)
 
@@ -33,17 +34,57 @@ ZOO = {
     "beit_shared": ("beit_base_patch16_224", dict(use_rel_pos_bias=False, use_shared_rel_pos_bias=True), "avg"),
     "relpos": ("vit_relpos_base_patch16_224", dict(), "avg"),
     "srelpos": ("vit_srelpos_small_patch16_224", dict(), "avg"),
+    "vit_pwee": ("vit_pwee_patch16_reg1_gap_256", dict(qkv_bias=False), "avg"),  # a separate MLP bias
     "swin": ("swin_tiny_patch4_window7_224", dict(), "avg"),
     "swinv2": ("swinv2_tiny_window8_256", dict(), "avg"),
 }
 
 #: what a zero-initialised parameter is called, in any family
 RANDOMISED = ("relative_position_bias_table", "q_bias", "v_bias", "gamma", "head.", "latent", "rel_pos", "pos_embed",
-              "cls_token", "reg_token", "cpb_mlp")
+              "cls_token", "reg_token", "cpb_mlp", "class_token", "register_tokens", "lambda1", "mlp_bias")
+
+
+def torchvision_vit(**overrides) -> torch.nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(**{**dict(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48, mlp_dim=96,
+                                       num_classes=10), **overrides})
+
+
+def transformers_vit_model(**overrides) -> torch.nn.Module:
+    from transformers import ViTConfig, ViTModel
+
+    return ViTModel(ViTConfig(**{**HF_SIZE, **overrides}))
+
+
+def transformers_dinov2(registers: int = 0, classes: int = 0, **overrides) -> torch.nn.Module:
+    """``Dinov2Model`` (``classes=0``) or the classifier, with ``registers`` register tokens."""
+    import transformers
+
+    settings = {**HF_SIZE, "mlp_ratio": 2, "num_labels": classes, **overrides}
+    if registers:
+        config = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **settings)
+        kind = transformers.Dinov2WithRegistersForImageClassification if classes else transformers.Dinov2WithRegistersModel
+    else:
+        config = transformers.Dinov2Config(**settings)
+        kind = transformers.Dinov2ForImageClassification if classes else transformers.Dinov2Model
+    return kind(config)
+
+
+#: models outside timm: family name -> (builder of the tiny model with random weights, expected readout)
+FOREIGN = {
+    "torchvision_vit": (torchvision_vit, "token"),
+    "hf_vit_model": (transformers_vit_model, "token"),
+    "dinov2": (transformers_dinov2, "token"),
+    "dinov2_reg_swiglu_classifier": (lambda **o: transformers_dinov2(2, 10, use_swiglu_ffn=True, **o), "token_avg"),
+}
 
 
 def build(name: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """The tiny ``name`` model of :data:`ZOO` in eval mode, all its parameters random."""
+    if name in FOREIGN:
+        torch.manual_seed(seed)
+        return randomise(FOREIGN[name][0](**overrides))
     architecture, arguments, _ = ZOO[name]
     size = SWIN_SIZE if architecture.startswith("swin") else SIZE
     torch.manual_seed(seed)

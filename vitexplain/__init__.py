@@ -18,20 +18,18 @@ _EXPORTS = {
     "available_methods": "registry",
     "get_method": "registry",
     "register_method": "registry",
+    "explain_texts": "text_prompts",
+    "text_embeddings": "text_prompts",
 }
 
-__all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "get_method", "register_method",
-           "__version__"]
-
-# the built-in methods register themselves on import; the registry loads them before its first lookup
-from . import registry as _registry  # noqa: E402  (light: no torch until a method is looked up)
-
-_registry.METHODS.load_with(lambda: importlib.import_module(f"{__name__}.methods"))
+__all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "explain_texts", "get_method",
+           "register_method", "text_embeddings", "__version__"]
 
 if TYPE_CHECKING:
     from .api import explain
     from .instrumentation import UnsupportedModelError, adapter_for
     from .registry import available_methods, get_method, register_method
+    from .text_prompts import explain_texts, text_embeddings
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,7 @@
 """The public entry point: one call explains a batch of images, or of tokenised text, with any registered method."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,7 +11,8 @@ from torch import Tensor, nn
 
 from .instrumentation import ModelAdapter, TokenBatch, adapter_for
 from .instrumentation.precision import float32_scope, precision_modes
-from .instrumentation.targets import is_score_target
+from .instrumentation.targets import class_indices, is_score_target, refuse_classes
+from .instrumentation.two_tower import is_text, text_directions
 from .registry import MethodSpec, available_methods, get_method
 
 
@@ -19,13 +21,20 @@ def explain(
     inputs: Tensor | Any,
     method: str,
     target: int | Sequence[int] | Tensor | None = None,
+    *,
+    classes: bool | None = None,
     **options,
 ) -> Tensor:
-    """Explain a batch of predictions of a Vision Transformer or a BERT-style text classifier.
+    """Explain a batch of predictions of a Vision Transformer, a BERT-style text classifier, or (with the
+    methods that read only its outputs) any differentiable image classifier.
 
     Args:
-        model: a supported model (see :mod:`vitexplain.instrumentation`). It is left exactly as it
-            was: hooks removed, train/eval flags restored, even if an error is raised.
+        model: a model a family describes (see :mod:`vitexplain.instrumentation`) — also compiled, or as the
+            last module of an ``nn.Sequential`` whose modules before it preprocess the images — or any
+            module mapping images to scores [B, K], which the methods registered with ``reads="output"``
+            explain (RISE, Integrated Gradients, SmoothGrad, the controls; the others refuse it, saying
+            what they read). It is left exactly as it was: hooks removed, train/eval and gradient
+            checkpointing flags restored, even if an error is raised.
         inputs: preprocessed float images [B, 3, H, W]; for a text classifier, tokenised text: a
             tokenizer's output (e.g. a ``BatchEncoding`` with ``input_ids`` and ``attention_mask``),
             or token ids [B, T] whose pad tokens are padding. Sequences must be right-padded.
@@ -36,8 +45,17 @@ def explain(
             registered with ``score_targets`` (all but the LRP family), any score of the output: an
             embedding direction (float tensor [D] or [B, D]; the score is the cosine similarity of the
             output — for a model without a classifier head, its pooled embedding — to it) or a function
-            ``outputs [R, ...] -> [R]`` applied to every row alike (see :mod:`vitexplain.instrumentation.targets`).
+            ``outputs [R, ...] -> [R]`` applied to every row alike (see :mod:`vitexplain.instrumentation.targets`);
+            for a two-tower model (transformers' ``CLIPModel`` / ``SiglipModel``), a text or one text per image:
+            its text embedding is the direction, read with the tokenizer saved beside the model
+            (:func:`vitexplain.text_embeddings` takes another; :func:`vitexplain.explain_texts` runs several texts).
+            A model whose head projects to an embedding (CLIP-style towers) has no classes: None and class
+            indices are refused there, unless ``classes=True``.
+        classes: whether the model's outputs are class logits; None decides from the model (docs/decisions/targets.md).
         **options: the method's options; an unknown one raises an error listing the valid ones.
+
+    Inside ``torch.inference_mode()`` the explanation leaves inference mode for its length (inputs and
+    targets made in it are copied); a model whose weights were made in it cannot be differentiated and is refused.
 
     Precision: the explanation computes in float32 with full-precision matrix products whatever the caller
     runs (autocast, TF32, bfloat16 / float16 weights, seen in float32 for the length of the call); only the
@@ -53,13 +71,19 @@ def explain(
     """
     spec = get_method(method)
     spec.check_options(options)
+    if is_text(target):  # a text (or one per image) of a two-tower model: its text embedding, a direction
+        target = text_directions(model, target, inputs.shape[0] if isinstance(inputs, Tensor) and inputs.ndim else 1)
     if is_score_target(target) and not spec.score_targets:
         raise ValueError(f"method {spec.name!r} explains classes only (LRP starts from relevance on the class "
                          "logits); give target= class indices, or use a method that explains any score")
-    adapter = adapter_for(model)
+    adapter = adapter_for(model, classes=classes)
+    adapter.require(spec.reads, spec.name)
+    if not spec.control:  # the controls read no target
+        refuse_classes(target, adapter.family.head_reason)
     _warn_of_caveats(spec, precision_modes(adapter.model))
-    with float32_scope(adapter.model):  # the explanation's arithmetic in float32 (instrumentation/precision.py)
-        prepared = adapter.check_inputs(inputs)
+    with torch.inference_mode(False), float32_scope(adapter.model):  # float32: instrumentation/precision.py
+        _refuse_inference_weights(adapter.model)
+        prepared, target = _outside_inference(adapter.check_inputs(inputs)), _outside_inference(target)
         if isinstance(prepared, TokenBatch):
             return _explain_text(spec, adapter, prepared, target, options).to(_device_of(inputs))
         maps = spec.fn(adapter, prepared, target, **options).float()
@@ -98,11 +122,11 @@ def _explain_text(spec: MethodSpec, adapter: ModelAdapter, tokens: TokenBatch, t
                          "tokenize with padding_side='right'")
     if (lengths == 0).any():
         raise ValueError(f"sequence {int((lengths == 0).nonzero()[0])} has no tokens")
-    per_sequence = _per_sequence_targets(target, tokens.shape[0])
+    per_sequence = None if target is None else class_indices(target, tokens.shape[0], tokens.device)
     maps = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     for length in lengths.unique().tolist():
         rows = (lengths == length).nonzero()[:, 0]
-        group_target = per_sequence[rows.to(per_sequence.device)] if isinstance(per_sequence, Tensor) else per_sequence
+        group_target = None if per_sequence is None else per_sequence[rows]
         group = spec.fn(adapter, tokens.select(rows, length), group_target, **options)
         if group.shape != (len(rows), length):
             raise RuntimeError(f"method {spec.name!r} returned shape {tuple(group.shape)}, expected {(len(rows), length)}")
@@ -110,19 +134,21 @@ def _explain_text(spec: MethodSpec, adapter: ModelAdapter, tokens: TokenBatch, t
     return maps
 
 
-def _per_sequence_targets(target, batch: int) -> int | Tensor | None:
-    """``target`` as None, one int for all, or one class per sequence [B] (checked as resolve_targets does)."""
-    if target is None or isinstance(target, int):
-        return target
-    targets = torch.as_tensor(target)
-    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
-        raise TypeError(f"target must hold integer class indices, got dtype {targets.dtype}")
-    targets = targets.long().reshape(-1)
-    if targets.numel() == 1:
-        return int(targets)
-    if targets.numel() != batch:
-        raise ValueError(f"target has {targets.numel()} entries for a batch of {batch} sequences")
-    return targets
+def _refuse_inference_weights(model: nn.Module) -> None:
+    if any(parameter.is_inference() for parameter in model.parameters()):
+        raise RuntimeError(f"this {type(model).__name__}'s weights were made under torch.inference_mode(), so no "
+                           "gradient can flow through them: build or load the model outside inference mode")
+
+
+def _outside_inference(value: Any) -> Any:
+    """``value`` (inputs, a target), its tensors made under ``torch.inference_mode()`` copied into ordinary ones,
+    which autograd may save."""
+    if isinstance(value, Tensor):
+        return value.clone() if value.is_inference() else value
+    if isinstance(value, TokenBatch):
+        return dataclasses.replace(value, **{field.name: _outside_inference(getattr(value, field.name))
+                                             for field in dataclasses.fields(value)})
+    return value
 
 
 def _device_of(inputs: Any) -> torch.device:

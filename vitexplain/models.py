@@ -1,5 +1,6 @@
 """Loading the models users explain: timm names (local weight cache), checkpoints, shipped models,
-local Hugging Face text classifiers; and the one place a model's preprocessing is resolved.
+local Hugging Face text classifiers and two-tower models (CLIP, SigLIP); and the one place a model's
+preprocessing is resolved.
 
 Nothing here downloads at import time. ``load_model`` never reaches the network either: timm's
 pretrained weights are read from the local Hugging Face / torch cache only, and a missing file gets
@@ -187,8 +188,9 @@ def load_model(name_or_path: str, arch: str | None = None, device: str | torch.d
 
     Args:
         name_or_path: a shipped model's short name (see :func:`shipped_models`), a checkpoint file
-            (timm state dict, ``.pth``/``.pt``/``.bin`` or ``.safetensors``), or a timm model name
-            whose pretrained weights are in the local cache.
+            (timm state dict, ``.pth``/``.pt``/``.bin`` or ``.safetensors``), a timm model name
+            whose pretrained weights are in the local cache, or a local transformers folder of a
+            two-tower model (:func:`load_two_tower_folder`).
         arch: the timm architecture of a checkpoint file. May be omitted when a model card
             (``<checkpoint>.json`` with ``arch`` and optional ``model_kwargs``, ``class_names``) lies beside it.
         device: where to put the model (default: CUDA when available, else CPU); one this machine
@@ -204,6 +206,9 @@ def load_model(name_or_path: str, arch: str | None = None, device: str | torch.d
         entry = shipped[name_or_path]
         model = _from_checkpoint(entry.weights, entry.arch, **entry.config)
         class_names = entry.class_names
+    elif (Path(name_or_path) / "config.json").is_file():
+        model, config = load_two_tower_folder(Path(name_or_path))
+        return model.to(device).eval(), config
     elif Path(name_or_path).exists() or Path(name_or_path).suffix in (".safetensors", ".pth", ".pt", ".bin"):
         path = Path(name_or_path)
         card = read_card(path)
@@ -216,6 +221,47 @@ def load_model(name_or_path: str, arch: str | None = None, device: str | torch.d
     if class_names:
         config["class_names"] = class_names
     return model, config
+
+
+#: the transformers two-tower models a local folder may hold, and their image processors' defaults
+#: (mean, std, crop, PIL resampling code)
+TWO_TOWER_DEFAULTS = {
+    "CLIPModel": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711), "center", 3),
+    "SiglipModel": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "squash", 2),
+}
+#: PIL resampling codes (as processors save them) -> timm's interpolation names
+RESAMPLING = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
+
+def load_two_tower_folder(folder: Path) -> tuple[nn.Module, dict]:
+    """A CLIP or SigLIP two-tower model saved by transformers' ``save_pretrained`` (config.json, weights and,
+    for text targets, its tokenizer), and its preprocessing: the image size of its vision tower, the mean,
+    std and resampling of ``preprocessor_config.json`` when the folder has one (else the processor's
+    defaults), CLIP's processor resizing the short side and cropping the centre, SigLIP's resizing to the
+    square without a crop. Never downloads."""
+    try:
+        import transformers
+    except ImportError:
+        raise ModelLoadError("a transformers model folder needs transformers: pip install 'vitexplain[hf]'") from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"cannot read the transformers config in {folder}: {' '.join(str(error).split())[:200]}") from None
+    architecture = (getattr(config, "architectures", None) or ["?"])[0]
+    if architecture not in TWO_TOWER_DEFAULTS:
+        raise ModelLoadError(f"{folder} holds a {architecture}; a transformers folder is read for the two-tower "
+                             f"models explained with --text ({', '.join(TWO_TOWER_DEFAULTS)})")
+    try:
+        model = getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise ModelLoadError(f"cannot load the {architecture} in {folder}: {' '.join(str(error).split())[:200]}") from None
+    mean, std, crop_mode, resample = TWO_TOWER_DEFAULTS[architecture]
+    processor = folder / "preprocessor_config.json"
+    saved = json.loads(processor.read_text()) if processor.is_file() else {}
+    size = config.vision_config.image_size
+    return model, {"input_size": (3, size, size), "mean": tuple(saved.get("image_mean", mean)),
+                   "std": tuple(saved.get("image_std", std)), "interpolation": RESAMPLING.get(saved.get("resample", resample), "bicubic"),
+                   "crop_pct": 1.0, "crop_mode": crop_mode, "two_tower": True}
 
 
 def data_config(model: nn.Module) -> dict:

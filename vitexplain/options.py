@@ -180,3 +180,11 @@ def parse_option(owner: str, fn: Callable, text: str) -> tuple[str, Any]:
         value = raw
     check_options(owner, fn, {key: value})
     return key, value
+
+
+def block_index(option: str, value: int, num_blocks: int) -> int:
+    """A block index option (0-based, negative counts from the end) as 0 … num_blocks-1, checked against the model."""
+    if not -num_blocks <= value < num_blocks:
+        raise ValueError(f"{option} must index one of the model's {num_blocks} blocks (-{num_blocks} … {num_blocks - 1}), "
+                         f"got {value}")
+    return value % num_blocks

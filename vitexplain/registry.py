@@ -1,21 +1,26 @@
 """Things registered by name — explanation methods, metrics, datasets, reproduce recipes — in one kind of registry.
 
 A :class:`Registry` maps names to entries, refuses a second entry under a taken name, and answers an
-unknown name with the closest match and the full list. Everything a part of the library needs to
+unknown name with the closest match and the full list. Built-in entries are found one way for every
+kind: each lives in a module of the registry's package (methods in :mod:`vitexplain.methods`, metrics in
+:mod:`vitexplain.metrics`, datasets in :mod:`vitexplain.datasets`, model families in
+:mod:`vitexplain.instrumentation.families`, recipes in :mod:`vitexplain.reproduce.tables`), registers itself
+when imported, and the registry imports every module of its package whose name does not start with ``_``
+before its first lookup; adding one is adding a module. Everything a part of the library needs to
 know about an entry lives on the entry (for a method: its resolution, whether it is class-specific,
 randomised or a control, which inputs it explains, what it costs), so adding one touches no table
 elsewhere.
 
 Explanation methods are functions ``fn(adapter, images, target, *, option=default, ...) -> Tensor
 [B, h, w]`` decorated with :func:`register_method`. Their keyword-only parameters are their options,
-checked by name and by annotated type (:mod:`vitexplain.options`). Each built-in method lives in its
-own module under :mod:`vitexplain.methods`, which imports them all (the package loads it before the
-first lookup).
+checked by name and by annotated type (:mod:`vitexplain.options`).
 """
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -29,28 +34,37 @@ T = TypeVar("T")
 
 RESOLUTIONS = ("token", "pixel")
 MODALITIES = ("image", "text")
+#: what a method reads of a model, least first: only its ``output`` (and gradients with respect to the
+#: inputs: any differentiable model), a Transformer block's ``tokens``, or its ``attention``
+READS = ("output", "tokens", "attention")
+
+
+def import_modules(package: str) -> None:
+    """Import every module of ``package`` whose name does not start with ``_`` (in name order): the
+    built-in entries of a registry register themselves on import."""
+    found = importlib.import_module(package)
+    for module in sorted(pkgutil.iter_modules(found.__path__), key=lambda info: info.name):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{package}.{module.name}")
 
 
 class Registry(Generic[T]):
-    """Entries of one kind by name; ``loader`` (called before any lookup) registers the built-in ones.
+    """Entries of one kind by name; the built-in ones are the modules of ``package`` (dotted name),
+    imported before the first lookup.
 
     Names are listed sorted, or in registration order with ``sort=False`` (e.g. recipes in table order).
     """
 
-    def __init__(self, kind: str, loader: Callable[[], None] | None = None, *, sort: bool = True):
+    def __init__(self, kind: str, package: str | None = None, *, sort: bool = True):
         self.kind = kind
         self._entries: dict[str, T] = {}
-        self._loader = loader
+        self._package = package
         self._sort = sort
 
-    def load_with(self, loader: Callable[[], None]) -> None:
-        """Call ``loader`` (which registers the built-in entries) before the first lookup."""
-        self._loader = loader
-
     def _load(self) -> None:
-        if self._loader is not None:
-            loader, self._loader = self._loader, None
-            loader()
+        if self._package is not None:
+            package, self._package = self._package, None
+            import_modules(package)
 
     def add(self, name: str, entry: T) -> T:
         if not isinstance(name, str) or not name:
@@ -113,6 +127,8 @@ class MethodSpec:
         precision_caveats: reduced precisions (named as
             :func:`~vitexplain.instrumentation.precision.precision_modes` names them) in which its maps were
             measured below r = 0.99 to the float32 ones, with the worst r measured; ``explain`` warns once.
+        reads: what it reads of a model (one of :data:`READS`); ``explain`` refuses a model from which
+            that cannot be read, naming it.
     """
 
     name: str
@@ -124,6 +140,7 @@ class MethodSpec:
     cost: Callable[[dict[str, Any]], float]
     score_targets: bool = True
     precision_caveats: Mapping[str, float] = field(default_factory=dict)
+    reads: str = "attention"
 
     @property
     def randomised(self) -> bool:
@@ -153,22 +170,23 @@ class MethodSpec:
         return self.cost({**self.options, **(options or {})})
 
 
-#: the built-in methods register themselves when :mod:`vitexplain.methods` is imported, which the
-#: package's ``__init__`` arranges before the first lookup (the registry imports nothing above it)
-METHODS: Registry[MethodSpec] = Registry("explanation method")
+METHODS: Registry[MethodSpec] = Registry("explanation method", "vitexplain.methods")
 
 
 def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
                     modalities: tuple[str, ...] = ("image",), control: bool = False,
                     cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True,
-                    precision_caveats: Mapping[str, float] | None = None) -> Callable:
+                    precision_caveats: Mapping[str, float] | None = None, reads: str = "attention") -> Callable:
     """Decorator that registers an explanation method under ``name`` (see :class:`MethodSpec`).
 
     ``cost`` is a number of model passes, or a function of the effective options returning one; the
-    default, 3, is one forward and one backward.
+    default, 3, is one forward and one backward. ``reads`` defaults to the most a method can read, so
+    that a method which does not say is never run on a model whose attention cannot be read.
     """
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
+    if reads not in READS:
+        raise ValueError(f"reads must be one of {READS}, got {reads!r}")
     unknown = set(modalities) - set(MODALITIES)
     if not modalities or unknown:
         raise ValueError(f"modalities must be a non-empty subset of {MODALITIES}, got {modalities!r}")
@@ -176,7 +194,7 @@ def register_method(name: str, *, resolution: str = "token", class_specific: boo
 
     def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
-                                     score_targets, dict(precision_caveats or {})))
+                                     score_targets, dict(precision_caveats or {}), reads))
         return fn
 
     return decorate

@@ -3,8 +3,10 @@
 Each family description lists tiny randomly initialised example models
 (:meth:`~vitexplain.instrumentation.families.base.Family.examples`); :func:`support_matrix` runs every
 registered method on each (with its sample counts at their minimum) and records whether it works or
-why it is refused. ``vitexplain methods --models`` prints the matrix stored with the package
-(``assets/support.md``, written by :func:`write_support_table`); a test regenerates it and compares,
+why it is refused; a model without a classifier (a two-tower model's image tower) explains a fixed
+embedding direction. ``vitexplain methods --models`` prints the matrix stored with the package
+(``assets/support.md``, written by :func:`write_support_table` when ``python -m vitexplain.readme_tables``
+runs); a test regenerates it and compares,
 so the stored table cannot drift from the code.
 """
 from __future__ import annotations
@@ -34,10 +36,11 @@ def quick_options(method: str) -> dict[str, Any]:
 
 
 def examples() -> dict[str, Callable[[], tuple[Any, Any]]]:
-    """Every family's example builders, by label, in the order families are tried."""
-    from .instrumentation import FAMILIES
+    """Every family's example builders, by label, in the order families are tried, then a model known by its
+    outputs only."""
+    from .instrumentation import ForwardOnly, served_families
 
-    return {label: build for family in FAMILIES for label, build in family.examples().items()}
+    return {label: build for family in (*served_families(), ForwardOnly) for label, build in family.examples().items()}
 
 
 def builtin_methods() -> list[str]:
@@ -66,19 +69,32 @@ def support_matrix(methods: list[str] | None = None, progress: bool = False) -> 
     matrix: dict[str, dict[str, str | None]] = {}
     for label, build in tqdm(examples().items(), desc="support matrix", disable=not progress):
         model, inputs = build()
-        modality = adapter_for(model).modality
+        adapter = adapter_for(model)
+        target = None if adapter.family.has_classes else embedding_direction(adapter, inputs)
         row: dict[str, str | None] = {}
         for method in methods:
-            if modality not in get_method(method).modalities:
+            if adapter.modality not in get_method(method).modalities:
                 row[method] = ""
                 continue
+            if target is not None and not get_method(method).score_targets:
+                row[method] = "explains classes only, and this model has no classifier (its output is an embedding)"
+                continue
             try:
-                explain(model, inputs, method, **quick_options(method))
+                explain(model, inputs, method, target=target, **quick_options(method))
                 row[method] = None
-            except UnsupportedModelError as error:
-                row[method] = str(error)
+            except UnsupportedModelError as error:  # the row names the method: one reason for all it applies to
+                row[method] = str(error).removeprefix(f"method {method!r} ")
         matrix[label] = row
     return matrix
+
+
+def embedding_direction(adapter, inputs):
+    """A fixed direction [D] in the output space of a model without a classifier (its target in the matrix)."""
+    import torch
+
+    with torch.no_grad():
+        width = adapter.forward(adapter.check_inputs(inputs)).shape[-1]
+    return torch.randn(width, generator=torch.Generator().manual_seed(0))
 
 
 def support_markdown(matrix: dict[str, dict[str, str | None]]) -> str:
@@ -111,7 +127,3 @@ def write_support_table(path: Path = TABLE) -> str:
     table = support_markdown(support_matrix(builtin_methods(), progress=True))
     path.write_text(table)
     return table
-
-
-if __name__ == "__main__":
-    print(write_support_table())

@@ -19,8 +19,9 @@ import itertools
 import re
 from datetime import datetime, timezone
 
+from .. import viz
 from .plots import (
-    DIVERGING, OVERLAY_ALPHA, SEQUENTIAL, CurvePlot, cascade_plot, colour_scale, is_signed, model_styles, overlay, png_of,
+    CurvePlot, cascade_plot, model_styles, png_of,
 )
 from ..metrics.base import GROUPS
 from .result import BenchResult, Gallery
@@ -209,7 +210,7 @@ def _not_highlighted(result: BenchResult, model: str) -> list[str]:
 def gallery_table(gallery: Gallery, controls: set[str]) -> str:
     """Rows of images: a caption (label, prediction, probability) above the input and every overlay."""
     methods = list(gallery.maps)
-    signed = {m: gallery.maps[m] is not None and is_signed(gallery.maps[m]) for m in methods}
+    signed = {m: gallery.maps[m] is not None and viz.is_signed(gallery.maps[m]) for m in methods}
     header = "<tr><th><div>input</div></th>" + "".join(
         f'<th title="{_e(m)}{" (signed: diverging scale)" if signed[m] else ""}" class="{"control" if m in controls else ""}">'
         f'<div>{_e(m)}{" ±" if signed[m] else ""}</div></th>' for m in methods) + "</tr>"
@@ -227,18 +228,19 @@ def gallery_table(gallery: Gallery, controls: set[str]) -> str:
             if maps is None:
                 cells.append('<td><span class="missing">no map</span></td>')
             else:
-                uri = data_uri(png_of(overlay(gallery.images[i], maps[i], signed[method])))
+                uri = data_uri(png_of(viz.overlay(gallery.images[i], maps[i], signed=signed[method])))
                 cells.append(f'<td><img alt="{_e(method)} on {_e(image_id)}" title="{_e(method)}" src="{uri}"></td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f'<div class="scroll"><table class="gallery"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
 def gallery_section(gallery: Gallery, controls: set[str]) -> str:
-    scales = (f'<p class="scale muted">Maps without negative values: min-max scaled, low'
-              f'<img alt="colour scale {SEQUENTIAL}" src="{data_uri(colour_scale(SEQUENTIAL))}">high. '
-              f'Maps with negative values (marked ±): 0 in the middle, the largest 1 % of the magnitudes saturated, negative'
-              f'<img alt="colour scale {DIVERGING}" src="{data_uri(colour_scale(DIVERGING))}">positive. '
-              f'Blended at {OVERLAY_ALPHA:.0%} over the image.</p>')
+    strip = lambda name: f'<img alt="colour scale {name}" src="{data_uri(png_of(viz.palette_strip(name)))}">'  # noqa: E731
+    scales = (f'<p class="scale muted">Maps without negative values: {viz.SEQUENTIAL}, {_e(viz.scale_rule(False))}, '
+              f'low{strip(viz.SEQUENTIAL)}high. Maps with negative values (marked ±): {viz.DIVERGING}, '
+              f'{_e(viz.scale_rule(True))}, negative{strip(viz.DIVERGING)}positive. Values beyond the ends saturate; each '
+              f'map has its own scale, blended at {viz.OVERLAY_ALPHA:.0%} over the image (as in explorer.html and the '
+              f'PNG overlays).</p>')
     link = ('<p class="muted">Every map of these images, token by token and side by side, in the interactive '
             'explorer: <code>explorer.html</code> beside this report.</p>')
     return "<h3>Gallery</h3>" + scales + link + gallery_table(gallery, controls)

@@ -1,4 +1,5 @@
-"""The bench's pictures: curves of per-image values, the randomisation plot, and the gallery's overlays.
+"""The bench's pictures: curves of per-image values, the randomisation plot, and PNG bytes of the gallery's
+overlays (coloured by :mod:`vitexplain.viz`'s convention).
 
 Curves are described once (:class:`CurvePlot`) and drawn twice (:func:`draw_curves`): as PNG files under
 ``plots/`` and as inline SVG in report.html, where each line can be shown, hidden and highlighted. Each
@@ -14,18 +15,10 @@ import io
 from dataclasses import dataclass
 
 import numpy as np
-from torch import Tensor
 
 from .. import viz
 from .result import BenchResult
 
-OVERLAY_ALPHA = 0.5
-#: maps without negative values: min-max scaled
-SEQUENTIAL = "jet"
-#: maps with negative values: 0 in the middle of the scale, ± the magnitude of :func:`signed_scale` at the ends
-DIVERGING = "RdBu_r"
-#: a signed map's largest magnitudes, this percentile and up, saturate the diverging scale
-SATURATED_PERCENTILE = 99
 CONTROL_STYLES = ({"color": "#4d4d4d", "linestyle": "--"}, {"color": "#000000", "linestyle": ":"},
                   {"color": "#8c8c8c", "linestyle": "-."})
 #: the dash patterns that, with the colours, tell the methods apart (the first colours all solid, then dashed ...)
@@ -158,44 +151,3 @@ def png_of(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray((np.clip(pixels, 0, 1) * 255).round().astype(np.uint8)).save(buffer, format="PNG", optimize=True)
     return buffer.getvalue()
-
-
-def is_signed(maps: Tensor) -> bool:
-    """Whether maps hold negative values (then they are drawn on the diverging scale)."""
-    return bool((maps < 0).any())
-
-
-def signed_scale(values: np.ndarray) -> float:
-    """The magnitude at the ends of the diverging scale: the 99th percentile of |value| (the largest
-    when that is 0), so the few extreme pixels of a heavy-tailed map (LRP puts about a third of its
-    relevance on 1 % of the pixels of a digit) saturate instead of washing every other value out."""
-    magnitudes = np.abs(values)
-    scale = float(np.percentile(magnitudes, SATURATED_PERCENTILE))
-    return scale if scale > 0 else float(magnitudes.max())
-
-
-def overlay(image: Tensor, saliency: Tensor, signed: bool = False) -> np.ndarray:
-    """``saliency`` upsampled to ``image`` [H, W, 3], coloured and blended over it.
-
-    Unsigned: min-max scaled on the sequential scale (as :mod:`vitexplain.viz` draws maps). Signed: 0
-    at the middle of the diverging scale and ± :func:`signed_scale` at its ends (beyond: clipped), so
-    positive and negative evidence keep their sign and a map of small values does not turn
-    uniformly mid-scale.
-    """
-    from matplotlib import colormaps
-
-    upsampled = viz.upsample(saliency.float(), tuple(image.shape[:2])).numpy().astype(np.float64)
-    if signed:
-        scale = signed_scale(upsampled)
-        heat = 0.5 + 0.5 * np.clip(upsampled / scale, -1, 1) if scale > 0 else np.full_like(upsampled, 0.5)
-    else:
-        heat = viz.normalise(upsampled)
-    colours = colormaps[DIVERGING if signed else SEQUENTIAL](heat)[..., :3]
-    return (1 - OVERLAY_ALPHA) * image.numpy() + OVERLAY_ALPHA * colours
-
-
-def colour_scale(name: str) -> bytes:
-    """PNG of a colour map from low to high, 256 x 12 pixels."""
-    from matplotlib import colormaps
-
-    return png_of(np.repeat(colormaps[name](np.linspace(0, 1, 256))[None, :, :3], 12, axis=0))

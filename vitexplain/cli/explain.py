@@ -24,7 +24,10 @@ output names:
   (photo.jpg -> photo). When inputs of one call share a stem, those keep their extension
   (photo.jpg, photo.png), and when that is still ambiguous their parent folders too, as subfolders
   of OUTPUT (a/photo.jpg, b/photo.jpg): names that clash grow, one step at a time, until none does.
-  The same file given twice is explained once."""
+  The same file given twice is explained once.
+  With --text, each text gets its own outputs: OUTPUT/STEM.TEXT.METHOD.npy and .png (or STEM.TEXT.all.png),
+  TEXT the text in lower case with every run of other characters than letters and digits made one '_'
+  (at most 40 characters; texts that still clash get -2, -3 ...)."""
 
 
 def add_parser(subparsers) -> None:
@@ -33,13 +36,18 @@ def add_parser(subparsers) -> None:
                                "overlay (PNG) and the raw map (.npy) per image and method.",
         epilog=NAMING, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any mode PIL reads)")
-    parser.add_argument("--model", required=True, help="shipped model name, timm model name, or checkpoint file")
+    parser.add_argument("--model", required=True,
+                        help="shipped model name, timm model name, checkpoint file, or a local transformers folder of a "
+                             "CLIP / SigLIP two-tower model (save_pretrained, with its tokenizer; explained with --text)")
     parser.add_argument("--arch", help="timm architecture of a checkpoint file")
     parser.add_argument("--method", required=True,
                         help="a method name (see `vitexplain methods`), several separated by commas (gae,tokentm,tis: "
                              "one grid per image), or 'all' (every method that explains images, without the controls)")
     add_method_options(parser)
     parser.add_argument("--target", type=int, help="class to explain (default: each image's prediction)")
+    parser.add_argument("--text", action="append", metavar="TEXT",
+                        help="explain the image's similarity to this text (two-tower models: the cosine of the image "
+                             "and text embeddings); repeat it for several texts, one map each")
     parser.add_argument("-o", "--output", default="vitexplain-out", help="output folder (default: %(default)s)")
     parser.add_argument("--batch-size", type=positive_int, default=16,
                         help="images read and explained together (default: %(default)s)")
@@ -81,6 +89,7 @@ class Setup:
     model: Any
     config: dict[str, Any]
     class_names: list[str]
+    texts: list[str] | None = None
 
 
 def prepare(args, out: Path) -> Setup:
@@ -96,10 +105,89 @@ def prepare(args, out: Path) -> Setup:
     options = method_options(methods, args.options)
     model, config = load_model(args.model, arch=args.arch, device=device)
     names = class_names_for(model, config)
+    texts = check_texts(args, model, config)
+    if texts:  # a text is a score target: 'all' means the methods that explain one, and a named LRP method is refused
+        methods = [name for name in methods if args.method != "all" or get_method(name).score_targets]
+        for name in methods:
+            if not get_method(name).score_targets:
+                raise ValueError(f"method {name} explains classes only (LRP starts from relevance on the class logits), "
+                                 "not the similarity to a --text")
     if args.target is not None and not 0 <= args.target < len(names):
         raise ValueError(f"--target {args.target} is not a class of this model "
                          f"(it has {len(names)} classes, 0 to {len(names) - 1})")
-    return Setup(out, methods, options, model, config, names)   # the folder is made by the first output written
+    return Setup(out, methods, options, model, config, names, texts)   # the folder is made by the first output written
+
+
+def check_texts(args, model, config: dict[str, Any]) -> list[str] | None:
+    """The distinct ``--text`` values, once the model has embedded them (so a model without a text tower, or
+    without its tokenizer, is refused before any image is read); None without ``--text``."""
+    if not args.text:
+        if config.get("two_tower"):
+            raise ValueError(f"{args.model} is a two-tower model without a classifier: give --text (one or more)")
+        return None
+    if args.target is not None:
+        raise ValueError("--target (a class) and --text are exclusive")
+    texts = list(dict.fromkeys(args.text))
+    if not all(text.strip() for text in texts):
+        raise ValueError("--text must not be empty")
+    from ..text_prompts import text_embeddings
+
+    text_embeddings(model, texts)
+    return texts
+
+
+def text_slugs(texts: list[str]) -> list[str]:
+    """Each text as a part of a file name (see :data:`NAMING`), distinct."""
+    import re
+
+    slugs, seen = [], Counter()
+    for text in texts:
+        slug = re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")[:40] or "text"
+        seen[slug] += 1
+        slugs.append(slug if seen[slug] == 1 else f"{slug}-{seen[slug]}")
+    return slugs
+
+
+def explain_texts_batch(setup: Setup, names: list[str], stems: list[Path], batch, shown: list, bar, report,
+                        html: bool) -> list:
+    """--text: every method's map of every image and text (:func:`vitexplain.explain_texts`), saved per image
+    and text, titled with the text and the image–text cosine; the explorer items when ``html``."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..explorer import ExplorerItem
+    from ..instrumentation import adapter_for
+    from ..registry import get_method
+    from ..text_prompts import explain_texts, text_embeddings
+
+    adapter = adapter_for(setup.model)
+    with torch.no_grad():
+        cosine = F.cosine_similarity(adapter.forward(batch)[:, None], text_embeddings(setup.model, setup.texts)[None],
+                                     dim=-1).cpu()
+    maps = {}
+    for method in setup.methods:
+        try:
+            maps[method] = explain_texts(setup.model, batch, setup.texts, method, **setup.options[method]).cpu()
+        except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
+            report(f"method {method} on {', '.join(names)}: {error}")
+    items = []
+    for i, name in enumerate(names):
+        for t, (text, slug) in enumerate(zip(setup.texts, text_slugs(setup.texts))):
+            title = f'"{text}" (cosine {float(cosine[i, t]):.3f})'
+            pair = {method: method_maps[i, t] for method, method_maps in maps.items()}
+            try:
+                save_outputs(stems[i].with_name(f"{stems[i].name}.{slug}"), shown[i], pair, title,
+                             grid=len(setup.methods) > 1)
+            except OSError as error:
+                report(f"{name}: cannot write its outputs ({error})")
+                continue
+            bar.write(f"{name} -> {title}", file=sys.stdout)
+            if html:
+                items.append(ExplorerItem(
+                    name=f"{name}: {text}", image=shown[i], maps={m: v.numpy() for m, v in pair.items()},
+                    options={m: {**get_method(m).options, **setup.options[m]} for m in pair}, target=title,
+                    grid=tuple(adapter.grid_size(batch))))
+    return items
 
 
 def unique_files(images: list[str]) -> dict[Path, str]:
@@ -206,6 +294,12 @@ def run(args) -> int:
                 bar.update(len(chunk) * len(setup.methods))
                 continue
             batch = torch.stack(tensors).to(device)
+            if setup.texts:  # --text: one map per image, text and method
+                pages += explain_texts_batch(setup, [given[path] for path in kept], [setup.out / stems[path] for path in kept],
+                                             batch, shown, bar, report, args.html)
+                written = written or setup.out.is_dir()       # made by the first map it saved
+                bar.update(len(chunk) * len(setup.methods))
+                continue
             with torch.no_grad():
                 probabilities = setup.model(batch).softmax(-1).cpu()
             predicted = probabilities.argmax(-1)

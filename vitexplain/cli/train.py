@@ -6,16 +6,16 @@ import shlex
 import sys
 
 from ..models import ModelLoadError
-from ..training import DISTILLATIONS, Recipe, train_digits
+from ..training import DISTILLATIONS, TrainingRecipe, train_digits
 from .shared import output_file
 
 #: model-shape options passed to timm when given (None: the architecture's own value)
 SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
-RECIPE_OPTIONS = tuple(field.name for field in dataclasses.fields(Recipe))
+RECIPE_OPTIONS = tuple(field.name for field in dataclasses.fields(TrainingRecipe))
 
 
 def add_parser(subparsers) -> None:
-    defaults = Recipe(steps=1)
+    defaults = TrainingRecipe(steps=1)
     parser = subparsers.add_parser(
         "train", help="train a ViT (or a DeiT with a teacher) on the digits benchmark, from scratch or from --init",
         description="Train a timm Vision Transformer on digits canvases (112 x 112, test split held out) and write "
@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--depth", type=int)
     shape.add_argument("--num-heads", type=int)
     shape.add_argument("--mlp-ratio", type=float)
-    recipe = parser.add_argument_group("training (see vitexplain.training.Recipe)")
+    recipe = parser.add_argument_group("training (see vitexplain.training.TrainingRecipe)")
     recipe.add_argument("--steps", type=int, required=True, help="optimiser steps")
     for name, kind, text in (
             ("batch_size", int, "canvases per step"), ("lr", float, "peak learning rate"),

@@ -144,7 +144,7 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------- registry
 
-DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset")
+DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset", "vitexplain.datasets")
 
 
 def register_dataset(name: str) -> Callable:

@@ -66,14 +66,12 @@
     return map.signed ? DATA.palettes.diverging[state.diverging] : DATA.palettes.sequential[state.sequential];
   }
 
-  /* Where a value falls on the palette, 0 … 1: min-max for maps >= 0, symmetric about 0 for signed ones. */
+  /* Where a value falls on the palette, 0 … 1 (clipped by colourIndex): between the ends computed in
+     Python (vitexplain.viz.map_scale), 0 at the centre of a signed map's diverging palette. */
   function scaler(map) {
-    if (map.signed) {
-      const peak = Math.max(-map.low, map.high);
-      return (value) => 0.5 + value / (2 * peak);
-    }
-    const range = map.high - map.low;
-    return range > 0 ? (value) => (value - map.low) / range : () => 0;
+    const {low, high} = map.scale;
+    if (map.signed) return high > 0 ? (value) => 0.5 + value / (2 * high) : () => 0.5;
+    return high > low ? (value) => (value - low) / (high - low) : () => 0;
   }
 
   function colourIndex(t) {
@@ -151,12 +149,11 @@
       strip.data[4 * i + 3] = 255;
     }
     context.putImageData(strip, 0, 0);
-    const peak = Math.max(-map.low, map.high);
-    const ticks = map.signed ? [-peak, 0, peak] : [map.low, (map.low + map.high) / 2, map.high];
-    panel.ticks.forEach((tick, i) => { tick.textContent = format(ticks[i], 4); });
-    const range = `${format(map.low, 4)} … ${format(map.high, 4)}`;
-    panel.scale.textContent = map.signed ? `diverging ${palette(map).label}, centred at 0, ±max|v|; map range ${range}`
-      : `sequential ${palette(map).label}, min-max scaled`;
+    const {low, high, rule} = map.scale;
+    const ends = [map.low < low ? "≤ " : "", "", map.high > high ? "≥ " : ""];     // saturated beyond the ends
+    const ticks = [low, map.signed ? 0 : (low + high) / 2, high];
+    panel.ticks.forEach((tick, i) => { tick.textContent = ends[i] + format(ticks[i], 4); });
+    panel.scale.textContent = `${palette(map).label}: ${rule}; map range ${format(map.low, 4)} … ${format(map.high, 4)}`;
   }
 
   /* ---------- reading values ---------- */
@@ -236,6 +233,12 @@
     return node;
   }
 
+  /* A label that may wrap only after "(", "=", ",", "_", "-" or at a space, never inside a word
+     (method labels such as "gradtoken(transpose=True)", image names such as "digits_vit · digits-test-7"). */
+  function breakable(text) {
+    return text.split(/(?<=[(=,_-])/).flatMap((part, i) => (i ? [element("wbr"), part] : [part]));
+  }
+
   function optionsTable(options) {
     const keys = Object.keys(options);
     if (!keys.length) return element("p", {className: "options none", textContent: "no options recorded"});
@@ -265,7 +268,7 @@
     const kind = {token: `token map ${map.rows}×${map.cols}`, pixel: `pixel map ${map.rows}×${map.cols}`,
                   cell: `map ${map.rows}×${map.cols}, drawn over the image`}[map.kind];
     panel.node = element("figure", {className: "panel"}, [
-      element("figcaption", {}, [element("strong", {textContent: map.label}),
+      element("figcaption", {}, [element("strong", {}, breakable(map.label)),
                                  element("span", {className: "kind", textContent: kind})]),
       element("div", {className: "stage"}, [canvas, marker]),
       element("div", {className: "colourbar"}, [bar, element("div", {className: "ticks"}, ticks)]),
@@ -396,7 +399,7 @@
     fillSelect($("image"), DATA.items.map((item, i) => [String(i), item.name]), "0");
     $("thumbnails").replaceChildren(...DATA.items.map((item, i) => {
       const button = element("button", {type: "button", title: item.name}, [
-        element("img", {src: item.image, alt: ""}), element("span", {textContent: item.name})]);
+        element("img", {src: item.image, alt: ""}), element("span", {}, breakable(item.name))]);
       button.dataset.index = String(i);
       button.addEventListener("click", () => { state.item = i; render(); });
       return button;

@@ -18,13 +18,21 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from .attention import PLAIN, Arithmetic, NOTHING, Sink, attend
+from .attention import NOTHING, PLAIN, Arithmetic, Sink, attend
 from .blocks import BlockParts, block_forward
-from .families.base import Family, ProbeParts, UnsupportedModelError
+from .families import ForwardOnly
+from .families.base import Family, ProbeParts, UnsupportedModelError, check_images
 from .inputs import TokenBatch
 from .patching import ModelPatch
 from .precision import caller_precision, float32_scope
-from .recording import BLOCK_FIELDS, HEAD_FIELDS, BlockRecord, Readout, Recorder, Recording
+from .recording import (
+    BLOCK_FIELDS,
+    HEAD_FIELDS,
+    BlockRecord,
+    Readout,
+    Recorder,
+    Recording,
+)
 from .targets import Target, TargetLike, resolve_target
 from .windows import stage_grids
 
@@ -32,16 +40,30 @@ from .windows import stage_grids
 READOUT = -1
 
 
+#: the flags by which timm (``set_grad_checkpointing``) and transformers (``gradient_checkpointing_enable``) make
+#: a module recompute its forward in the backward
+CHECKPOINTING_FLAGS = ("grad_checkpointing", "gradient_checkpointing")
+
+
 @contextlib.contextmanager
 def evaluation_mode(model: nn.Module) -> Iterator[None]:
-    """Put every module in eval mode, and give each its own train/eval flag back afterwards."""
+    """Put every module in eval mode with gradient checkpointing off, and give each its own flags back afterwards.
+
+    Checkpointing runs a forward again in the backward, where the recording (and LRP's rules) would meet it a
+    second time; it only trades memory for time, so the values are the same without it.
+    """
     flags = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in flags:
-            module.training = training
+    with ModelPatch() as patch:
+        for module in model.modules():
+            for name in CHECKPOINTING_FLAGS:
+                if getattr(module, name, None) is True:
+                    patch.set_attribute(module, name, False)
+        model.eval()
+        try:
+            yield
+        finally:
+            for module, training in flags:
+                module.training = training
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +139,13 @@ class ModelAdapter:
     families and :class:`~vitexplain.instrumentation.inputs.TokenBatch` for text families.
     """
 
-    def __init__(self, family: Family):
+    def __init__(self, family: Family, *, model: nn.Module | None = None, preprocessing: nn.Module | None = None):
+        """``model``: the module the user gave (``family.model``, the described one, by default), whose
+        modes and precision the adapter keeps; ``preprocessing``: modules run on the inputs before
+        ``family.model`` (the modules of an ``nn.Sequential`` before it)."""
         self.family = family
-        self.model = family.model
+        self.model = family.model if model is None else model
+        self.preprocessing = preprocessing
 
     # -- model facts ------------------------------------------------------------------------------
     @property
@@ -156,8 +182,9 @@ class ModelAdapter:
         return self.family.patch_size
 
     def grid_size(self, inputs: Any) -> tuple[int, ...]:
-        """Patch grid (h, w) of a batch of images, or (T,) for a batch of T-token sequences."""
-        return self.family.grid_size(inputs)
+        """Patch grid (h, w) of a batch of images (as the described model sees them), or (T,) for a batch of
+        T-token sequences."""
+        return self.family.grid_size(inputs if self.preprocessing is None else self._as_seen(inputs))
 
     @property
     def device(self) -> torch.device:
@@ -171,7 +198,7 @@ class ModelAdapter:
         """The class token's position; refuses models without one, naming ``method``."""
         if self.class_token_index is None:
             raise UnsupportedModelError(
-                f"{method} explains through the class token, but this {type(self.model).__name__} has none "
+                f"{method} explains through the class token, but this {type(self.family.model).__name__} has none "
                 f"(its head reads the tokens by {self.readout!r} pooling)")
         return self.class_token_index
 
@@ -183,6 +210,21 @@ class ModelAdapter:
                 f"(it reads {', '.join(map(repr, kinds))}); see docs/decisions/readouts.md")
         return self.readout
 
+    def require(self, reads: str, method: str) -> None:
+        """Refuses, naming ``method``, a model of which ``reads`` (see :data:`~vitexplain.registry.READS`) cannot be
+        read: anything beyond the outputs of a model described by its forward alone."""
+        if reads != "output" and isinstance(self.family, ForwardOnly):
+            raise UnsupportedModelError(f"method {method!r} reads {reads}; {self.family.unreachable}")
+
+    def require_head_shares(self, method: str, blocks: Collection[int]) -> None:
+        """Refuses, naming ``method`` and the one cause, a model in whose ``blocks`` the heads' shares of the
+        attention branch cannot be read (``head_projection``)."""
+        for index in blocks:
+            reason = self.family.blocks[index].heads_reason()
+            if reason is not None:
+                raise UnsupportedModelError(f"{method} reads each head's share of the attention branch, but in block "
+                                            f"{index % self.num_blocks} of this {type(self.family.model).__name__} {reason}")
+
     def require_token_subsets(self, method: str) -> None:
         """Refuses, naming ``method``, a model that cannot run on token subsets (and why)."""
         reason = self.family.token_subsets_reason()
@@ -191,20 +233,35 @@ class ModelAdapter:
 
     # -- inputs and plain forwards ----------------------------------------------------------------
     def check_inputs(self, inputs: Any) -> Any:
-        """What the user passed, checked and moved to the model's device (and, for images, dtype)."""
-        checked = self.family.check_inputs(inputs)
+        """What the user passed, checked and moved to the model's device (and, for images, dtype); with
+        preprocessing, images are checked as the described model sees them (preprocessed)."""
+        if self.preprocessing is None:
+            checked = self.family.check_inputs(inputs)
+        else:
+            checked = check_images(inputs, grid_size=lambda images: None)
+            self.family.check_inputs(self._as_seen(checked))
         if isinstance(checked, TokenBatch):
             return checked.to(self.device)
         return checked.to(device=self.device, dtype=self.dtype)
 
+    def preprocessed(self, inputs: Any) -> Any:
+        """``inputs`` as the described model takes them: through the preprocessing, if any."""
+        return inputs if self.preprocessing is None else self.preprocessing(inputs)
+
+    def _as_seen(self, images: Tensor) -> Tensor:
+        """``images`` preprocessed without gradients, in eval mode: what the described model would check."""
+        with torch.no_grad(), evaluation_mode(self.model):
+            return self.preprocessed(images.to(device=self.device, dtype=self.dtype))
+
     def check_images(self, images: Any) -> Tensor:
         if self.modality != "image":
-            raise TypeError(f"{type(self.model).__name__} explains tokenised text, not images")
+            raise TypeError(f"{type(self.family.model).__name__} explains tokenised text, not images")
         return self.check_inputs(images)
 
     def forward(self, inputs: Any) -> Tensor:
-        """Outputs [B, classes] (or [B, D]) of a plain forward on checked inputs (current mode and grad setting)."""
-        return self.family.forward(inputs)
+        """Outputs [B, classes] (or [B, D]) of a plain forward on checked inputs (current mode and grad setting),
+        the preprocessing first."""
+        return self.family.forward(self.preprocessed(inputs))
 
     def logits(self, inputs: Any) -> Tensor:
         """Float32 outputs of a plain batched forward in eval mode, no gradients.
@@ -419,6 +476,9 @@ class ModelAdapter:
         weights = torch.zeros(batch, tokens, device=self.device)
         if kind == "token":
             weights[:, self.class_token_index] = 1
+        elif kind == "token_avg":  # a head on the class token concatenated with the patch tokens' mean: half each
+            weights[:, self.class_token_index] = 1 / 2
+            weights[:, self.num_prefix_tokens:] = 1 / (2 * (tokens - self.num_prefix_tokens))
         else:
             first = 0 if getattr(self.family, "readout_includes_prefix", False) else self.num_prefix_tokens
             weights[:, first:] = 1 / (tokens - first)
@@ -447,7 +507,7 @@ class ModelAdapter:
         prefix = self.num_prefix_tokens
         with torch.no_grad(), evaluation_mode(self.model), caller_precision():
             inputs = self.check_inputs(inputs)  # in the model's own dtype
-            tokens, context = self.family.embed(inputs)
+            tokens, context = self.family.embed(self.preprocessed(inputs))
             num_patches = tokens.shape[1] - prefix
             if keep.numel() and (keep.min() < 0 or keep.max() >= num_patches):
                 raise ValueError(f"keep holds patch indices outside 0..{num_patches - 1}")

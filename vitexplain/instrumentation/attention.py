@@ -173,12 +173,21 @@ class AttentionParts:
             self.qkv, self.query, self.key, self.value, self.kv, self.gate)
         return tuple(linear for linear in found if linear is not None)
 
+    def heads_reason(self) -> str | None:
+        """None when the output is a plain sum over heads of a Linear projection, else what stands in the way."""
+        if self.proj is None or not isinstance(self.proj, nn.Linear):
+            return "its attention's output projection is not a Linear"
+        if self.gate is not None:
+            return "its attention gates the heads' output"
+        if not _is_identity(self.output_norm):
+            return f"its attention normalises the heads' output ({type(self.output_norm).__name__}) before projecting it"
+        return None
+
     def head_projection(self, gamma: Tensor | None = None) -> Tensor | None:
         """The output projection per head [H, D, C] (``gamma`` — a LayerScale gain — folded in), so that
         ``v_h @ result[h]`` is head h's share of the branch; None when the output is not a plain sum
-        over heads (an output norm or a gate)."""
-        if self.proj is None or not isinstance(self.proj, nn.Linear) or self.gate is not None or not _is_identity(
-                self.output_norm):
+        over heads (:meth:`heads_reason`)."""
+        if self.heads_reason() is not None:
             return None
         with torch.no_grad():
             weight = self.proj.weight  # [C, H*D]

@@ -10,7 +10,9 @@ Layouts:
 
 * ``pre_norm`` (ViT, DeiT, EVA, BEiT, transformers' ViT): x + γ₁·attn(LN₁ x), then + γ₂·mlp(LN₂ ·);
 * ``res_post_norm`` (Swin V2, EVA post-norm): x + LN₁(attn(x)), then + LN₂(mlp(·));
-* ``post_norm`` (BERT): h = LN₁(x + attn(x)), output = LN₂(h + mlp(h)).
+* ``post_norm`` (BERT): h = LN₁(x + attn(x)), output = LN₂(h + mlp(h));
+* ``parallel`` (ViT-22B's parallel block, timm's ``ParallelScalingBlock``): h = LN₁ x, output =
+  x + γ₁·attn(h) + γ₂·mlp(h) (one LayerScale on the sum is γ₁ = γ₂; ``norm2`` unused).
 
 Windowed attention (Swin) is the same layout with :attr:`BlockParts.windows` set: the attention runs
 on window batches (:mod:`.windows`).
@@ -23,9 +25,17 @@ from typing import Any, Callable, Literal
 import torch
 from torch import Tensor, nn
 
-from .attention import PLAIN, Arithmetic, AttentionInput, AttentionParts, NOTHING, Sink, attend
+from .attention import (
+    NOTHING,
+    PLAIN,
+    Arithmetic,
+    AttentionInput,
+    AttentionParts,
+    Sink,
+    attend,
+)
 
-Layout = Literal["pre_norm", "res_post_norm", "post_norm"]
+Layout = Literal["pre_norm", "res_post_norm", "post_norm", "parallel"]
 
 
 @dataclass(frozen=True)
@@ -39,8 +49,9 @@ class BlockParts:
         mlp: the feed-forward branch (a module, or a callable of modules for families that split it).
         activation: the feed-forward's element-wise activation module (LRP places its rule there).
         gated_mlp: for a gated feed-forward (GLU, SwiGLU), the branch written out with its gating product
-            done by the arithmetic: ``(h, arithmetic) -> branch``; used instead of ``mlp``.
-        layout: ``pre_norm``, ``res_post_norm`` or ``post_norm``.
+            done by the arithmetic: ``(h, arithmetic) -> branch``; used instead of ``mlp`` (also by a feed-forward
+            with a bias kept apart from its Linear, added by the arithmetic as a constant offset).
+        layout: ``pre_norm``, ``res_post_norm``, ``post_norm`` or ``parallel``.
         gamma1, gamma2: callables giving the LayerScale gains of the two branches, or None.
         drop1, drop2: dropouts on the two branches (eval identities; their places matter to absLRP).
         inputs: turns the block's call arguments into (tokens [B, N, C], :class:`AttentionInput`).
@@ -64,10 +75,16 @@ class BlockParts:
     output: Callable[[Tensor, Tensor], Any] = lambda tokens, given: tokens
     windows: Any = None
 
+    def heads_reason(self) -> str | None:
+        """None when the attention branch is a plain sum over heads (each head's share can be read), else why not."""
+        if self.layout == "res_post_norm":
+            return "its blocks normalise the attention branch after the heads are summed (res-post-norm)"
+        return self.attention.heads_reason()
+
     def head_projection(self) -> Tensor | None:
         """Per-head output projection [H, D, C] with the attention branch's LayerScale folded in (see
         :meth:`AttentionParts.head_projection`); None when the branch is not a plain sum over heads."""
-        if self.layout != "pre_norm" and self.layout != "post_norm":
+        if self.heads_reason() is not None:
             return None
         return self.attention.head_projection(None if self.gamma1 is None else self.gamma1())
 
@@ -111,6 +128,15 @@ def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = Attentio
         sink.put(index, attn_branch=attended)
         x = arithmetic.add(x, attended)
         h = parts.norm2(x)
+        sink.put(index, mlp_residual=x, mlp_input=h)
+        fed = _branch(_feed_forward(parts, h, arithmetic), parts.drop2, parts.gamma2, arithmetic)
+        sink.put(index, mlp_branch=fed)
+        return arithmetic.add(x, fed)
+    if parts.layout == "parallel":  # both branches read the block's normed input; the MLP's is added second
+        h = parts.norm1(x)
+        attended = _branch(attention_of(h), parts.drop1, parts.gamma1, arithmetic)
+        sink.put(index, attn_branch=attended)
+        x = arithmetic.add(x, attended)
         sink.put(index, mlp_residual=x, mlp_input=h)
         fed = _branch(_feed_forward(parts, h, arithmetic), parts.drop2, parts.gamma2, arithmetic)
         sink.put(index, mlp_branch=fed)

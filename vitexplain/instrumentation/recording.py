@@ -17,7 +17,15 @@ import torch
 from torch import Tensor
 
 from .attention import Sink
-from .windows import Grid, WindowedMatrix, WindowLayout, mix_rows, mixing, to_tokens, tokens_in
+from .windows import (
+    Grid,
+    WindowedMatrix,
+    WindowLayout,
+    mix_rows,
+    mixing,
+    to_tokens,
+    tokens_in,
+)
 
 #: Per-block tensors that can be recorded, and whose gradients can be asked for.
 BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_residual",
@@ -118,13 +126,14 @@ class Readout:
     """How the model's output reads the last block's tokens.
 
     Attributes:
-        kind: ``token`` (a class token's output), ``avg`` (the mean of the patch tokens) or ``map``
-            (an attention-pooling probe, SigLIP-style: a learnt query attending to every token).
+        kind: ``token`` (a class token's output), ``avg`` (the mean of the patch tokens), ``token_avg`` (the
+            class token concatenated with the patch tokens' mean, DINOv2's linear probe) or ``map`` (an
+            attention-pooling probe, SigLIP-style: a learnt query attending to every token).
         weights: what the readout takes from each token [B, N]: one-hot at the class token; 1 / patches
-            on each patch token; the probe's attention averaged over its heads.
+            on each patch token; half of each of those; the probe's attention averaged over its heads.
     """
 
-    kind: Literal["token", "avg", "map"]
+    kind: Literal["token", "avg", "token_avg", "map"]
     weights: Tensor
 
 

@@ -6,7 +6,8 @@ A user's ``target`` becomes a :class:`Target`, one per input:
 * an int, a sequence of ints or an integer tensor [B] — classes;
 * a float tensor [D] or [B, D] — an embedding direction: the score is the cosine similarity of the
   model's output (for a model without a head, ``num_classes=0``: its pooled embedding) to it, e.g. a
-  CLIP text embedding for zero-shot classification, or another image's embedding for retrieval;
+  CLIP text embedding for zero-shot classification, or another image's embedding for retrieval (a float
+  scalar is neither: it is refused as a class that is not an integer);
 * a callable ``outputs [R, ...] -> [R]`` — any score of the output, applied to every row alike.
 
 For class targets the score of a method is the logit, the softmax probability or its log (the
@@ -83,31 +84,60 @@ class Target:
             raise ValueError(f"unknown score {score!r}; choose one of {sorted(SCORES)}") from None
 
 
+def _is_direction(target: object) -> bool:
+    return isinstance(target, Tensor) and target.dtype.is_floating_point and target.ndim > 0
+
+
 def is_score_target(target: object) -> bool:
     """Whether ``target`` names a score of the output (a direction or a function) rather than classes."""
     if isinstance(target, Target):
         return not target.is_class
-    return (isinstance(target, Tensor) and target.dtype.is_floating_point) or (
-        callable(target) and not isinstance(target, Tensor))
+    return _is_direction(target) or (callable(target) and not isinstance(target, Tensor))
+
+
+def refuse_classes(target: TargetLike, reason: str | None) -> None:
+    """Refuse a class target (None, the predicted class, included) of outputs that are not class logits, for
+    ``reason`` (None: they are class logits)."""
+    if reason is not None and not is_score_target(target):
+        raise ValueError(f"{reason}, so it has no classes to explain: give target= an embedding direction (float "
+                         "tensor [D] or [B, D]) or a score function of the outputs, or explain(..., classes=True) "
+                         "if its outputs are classes after all")
+
+
+def class_indices(target: int | Sequence[int] | Tensor, batch: int, device: torch.device | str | None = None) -> Tensor:
+    """One class index per input [B] from an int (for all), one index, or one per input; refuses booleans
+    and floats (a float tensor [D] or [B, D] is read as an embedding direction, never as classes)."""
+    if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
+        raise TypeError("target must hold integer class indices, not booleans")
+    if isinstance(target, int):
+        return torch.full((batch,), target, dtype=torch.long, device=device)
+    classes = torch.as_tensor(target, device=device)
+    if classes.dtype.is_floating_point or classes.dtype == torch.bool:
+        raise TypeError(f"target must hold integer class indices, got dtype {classes.dtype} (only a float tensor "
+                        "[D] or [B, D] is read otherwise: as an embedding direction)")
+    classes = classes.long().reshape(-1)
+    if classes.numel() == 1 and batch != 1:
+        classes = classes.expand(batch)
+    if classes.numel() != batch:
+        raise ValueError(f"target has {classes.numel()} entries for a batch of {batch} inputs")
+    return classes
 
 
 def resolve_target(target: TargetLike, outputs: Tensor, *, has_classes: bool = True) -> Target:
     """Turn the user's ``target`` into a :class:`Target` for the batch whose outputs are ``outputs`` [B, ...].
 
-    ``has_classes`` says whether the outputs are class logits (a model with a classifier head); a
-    model without one needs a direction or a score function.
+    ``has_classes`` says whether the outputs are class logits (a model with a classifier head); other
+    outputs need a direction or a score function.
     """
     batch = outputs.shape[0]
     if isinstance(target, Target):
         return target
     if callable(target) and not isinstance(target, Tensor):
         return Target(function=target)
+    refuse_classes(target, None if has_classes else "this model's outputs are not class logits")
     if target is None:
-        if not has_classes:
-            raise ValueError("this model has no classifier head (its output is an embedding): give target= an "
-                             "embedding direction (float tensor [D] or [B, D]) or a score function of the output")
         return Target(classes=outputs.argmax(-1))
-    if isinstance(target, Tensor) and target.dtype.is_floating_point:
+    if _is_direction(target):
         direction = target.to(outputs.device)
         direction = direction.expand(batch, -1) if direction.ndim == 1 else direction
         width = outputs.flatten(1).shape[1]
@@ -115,23 +145,8 @@ def resolve_target(target: TargetLike, outputs: Tensor, *, has_classes: bool = T
             raise ValueError(f"an embedding direction must be [D] or [B, D] with D = {width} (the output's width) "
                              f"and B = {batch}, got {tuple(target.shape)}")
         return Target(direction=direction)
-    if not has_classes:
-        raise ValueError("this model has no classifier head, so a class index cannot be explained; give an "
-                         "embedding direction (float tensor) or a score function")
     num_classes = outputs.shape[-1]
-    if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
-        raise TypeError("target must hold integer class indices, not booleans")
-    if isinstance(target, int):
-        classes = torch.full((batch,), target, dtype=torch.long, device=outputs.device)
-    else:
-        classes = torch.as_tensor(target, device=outputs.device)
-        if classes.dtype.is_floating_point or classes.dtype == torch.bool:
-            raise TypeError(f"target must hold integer class indices, got dtype {classes.dtype}")
-        classes = classes.long().reshape(-1)
-        if classes.numel() == 1 and batch != 1:
-            classes = classes.expand(batch)
-        if classes.numel() != batch:
-            raise ValueError(f"target has {classes.numel()} entries for a batch of {batch} inputs")
+    classes = class_indices(target, batch, outputs.device)
     bad = (classes < 0) | (classes >= num_classes)
     if bad.any():
         raise ValueError(f"target {classes[bad][0].item()} is outside the model's {num_classes} classes")

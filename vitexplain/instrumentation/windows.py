@@ -29,7 +29,15 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from .attention import PLAIN, Arithmetic, AttentionInput, AttentionParts, NOTHING, Sink, attend
+from .attention import (
+    NOTHING,
+    PLAIN,
+    Arithmetic,
+    AttentionInput,
+    AttentionParts,
+    Sink,
+    attend,
+)
 
 Grid = tuple[int, ...]
 

@@ -1,7 +1,2 @@
-"""Built-in explanation methods, one module each; importing this package registers them all."""
-import importlib
-import pkgutil
-
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")
+"""Built-in explanation methods, one module each; the method registry imports them all before its first
+lookup (a module whose name starts with ``_`` holds shared helpers)."""

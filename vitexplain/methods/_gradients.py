@@ -7,8 +7,7 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Target
-from ..options import Range
-from ._heads import block_index
+from ..options import Range, block_index
 from ._products import readout_rows
 
 #: Depth of ViT-B/16, the model the authors of TAM and Beyond Intuition chose their start layers for.

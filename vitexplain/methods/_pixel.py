@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
 #: How per-channel attributions [B, C, H, W] become a map [B, H, W]: ``sum`` Σ_c a_c (signed; what the TIS
 #: authors' Captum wrapper does), ``abs_sum`` Σ_c |a_c|, ``max_abs`` max_c |a_c| (Simonyan et al., 2014).
 ChannelReduction = Literal["sum", "abs_sum", "max_abs"]
@@ -29,7 +28,7 @@ def interpolation_matrix(size_in: int, size_out: int, *, device: torch.device) -
     return F.interpolate(basis, size=size_out, mode="linear", align_corners=False)[:, 0, :].T
 
 
-def upsample(maps: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+def resize_by_factors(maps: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
     """Bilinear resize of maps [..., h, w] -> [..., H, W] with :func:`interpolation_matrix` factors."""
     return rows @ maps @ cols.T
 

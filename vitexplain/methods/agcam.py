@@ -8,20 +8,12 @@ from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording
 from ..registry import register_method
+from ._fusion import Fusion, fuse
 from ._products import readout_rows
-Fusion = Literal["sum", "mean", "max", "min"]
-
-
-def fuse(maps: Tensor, dim: int, how: Fusion) -> Tensor:
-    if how == "sum":
-        return maps.sum(dim)
-    if how == "mean":
-        return maps.mean(dim)
-    return maps.amax(dim) if how == "max" else maps.amin(dim)
 
 
 @register_method("agcam", modalities=("image", "text"))
-def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: Fusion = "sum",
+def agcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, head_fusion: Fusion = "sum",
           layer_fusion: Fusion = "sum", gradient_of: Literal["attn", "attn_logits"] = "attn",
           detach_attention_input: bool = True) -> Tensor:
     """Attention Guided CAM: sigmoid-normalised attention scores weighted by positive gradients.
@@ -52,6 +44,6 @@ def agcam(adapter: ModelAdapter, images: Tensor, target=None, *, head_fusion: Fu
         weighted = block.mixing(block.grads[gradient_of].clamp(min=0) * block.attn_logits.sigmoid())
         return record.patch_grid(fuse(readout_rows(record, weighted)[..., record.num_prefix_tokens:], 1, head_fusion))
 
-    record = adapter.record(images, target, fields=("attn_logits",), grads=(gradient_of,), reduce=block_map,
+    record = adapter.record(inputs, target, fields=("attn_logits",), grads=(gradient_of,), reduce=block_map,
                             stop_gradient=("attn_input",) if detach_attention_input else ())
     return fuse(torch.stack([block.reduced for block in record.blocks], dim=1), 1, layer_fusion)

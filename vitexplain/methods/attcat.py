@@ -7,14 +7,14 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording
-from ..registry import register_method
 from ..instrumentation.windows import mix_rows
+from ..registry import register_method
 from ._products import readout_rows
 
 
 @register_method("attcat", modalities=("image", "text"))
-def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row: Literal["mean", "class"] = "mean",
-           tokens: Literal["input", "output"] = "input") -> Tensor:
+def attcat(adapter: ModelAdapter, inputs: Tensor, target=None, *, attention_row: Literal["mean", "class"] = "mean",
+           tokens: Literal["input", "attn_input", "output"] = "input") -> Tensor:
     """AttCAT: per block, gradient × token features (class activation tokens) weighted by attention, summed.
 
     Qiang, Pan, Li, Li, Jang & Zhu, "AttCAT: Explaining Transformers via Attentive Class Activation
@@ -25,16 +25,18 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
         AttCAT_i = Σ_l α_i^l Σ_c (∂y_c/∂h^l_ic) h^l_ic,   α_i^l = mean_h mean_q A^l_h[q, i].
 
     Following the authors' ``generate_attcat`` (qiangyao1988/AttCAT): h^l are the tokens entering
-    block l (the hidden state its attention reads), α^l is block l's attention averaged over heads
-    and over all query rows, y_c is the target logit, no ReLU; their final min-max scaling is left
-    to visualisation. A hierarchical model's blocks meet on its first stage's grid
+    block l, the residual stream before the block's LayerNorm (their BERT code's ``hidden_states[l]``;
+    docs/decisions/baselines-attention.md), α^l is block l's attention averaged over heads and over
+    all query rows, y_c is the target logit, no ReLU; their final min-max scaling is left to
+    visualisation. A hierarchical model's blocks meet on its first stage's grid
     (docs/decisions/families.md).
 
     Options:
         attention_row: ``mean`` (all query rows averaged, the authors' code) | ``class`` (the class
             token's row, i.e. the attention the class token pays to token i; the readout's row for
             pooled readouts).
-        tokens: ``input`` (block input, the authors' code) | ``output`` (block output).
+        tokens: ``input`` (block input, the pre-LayerNorm residual stream, the authors' code) |
+            ``attn_input`` (the LayerNorm-ed tokens the attention reads) | ``output`` (block output).
     """
     def attentive(record: Recording, block: BlockRecord) -> Tensor:  # α of one block [B, N]
         heads = block.mixing(block.attn.mean(1))
@@ -43,14 +45,14 @@ def attcat(adapter: ModelAdapter, images: Tensor, target=None, *, attention_row:
         every_query = torch.full_like(block.residual[..., 0], 1 / block.residual.shape[1])
         return mix_rows(every_query, heads)
 
-    gradient_of = "residual" if tokens == "input" else "mlp_branch"
-    record = adapter.record(images, target, grads=(gradient_of,), reduce=attentive,
-                            fields=("attn", "residual") if tokens == "input" else ("attn", "residual", "attn_branch",
-                                                                                   "mlp_branch"))
+    # the MLP branch is added straight to the block output, so its gradient is the output's
+    gradient_of = {"input": "residual", "attn_input": "attn_input", "output": "mlp_branch"}[tokens]
+    fields = {"input": ("attn", "residual"), "attn_input": ("attn", "residual", "attn_input"),
+              "output": ("attn", "residual", "attn_branch", "mlp_branch")}[tokens]
+    record = adapter.record(inputs, target, grads=(gradient_of,), reduce=attentive, fields=fields)
     relevance = 0
     for block in record.blocks:
-        # the MLP branch is added straight to the block output, so its gradient is the output's
-        features = block.residual if tokens == "input" else block.output
+        features = block.output if tokens == "output" else getattr(block, gradient_of)
         cat = (block.grads[gradient_of] * features).sum(-1)  # [B, N]
         relevance = relevance + record.patch_grid((block.reduced * cat)[:, record.num_prefix_tokens:])
     return relevance

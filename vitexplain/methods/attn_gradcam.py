@@ -10,7 +10,7 @@ from ._products import readout_rows
 
 @register_method("attn_gradcam", modalities=("image", "text"),
                  precision_caveats={"bfloat16 weights": 0.986})
-def attn_gradcam(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
+def attn_gradcam(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """Gradient-weighted last-block attention ("GradCAM" baseline of Chefer et al., CVPR 2021).
 
     Per head h, the weight is the gradient of the target logit with respect to the attention,
@@ -18,7 +18,7 @@ def attn_gradcam(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     Follows ``generate_attn_gradcam`` of hila-chefer/Transformer-Explainability. With a pooled readout,
     the readout's rows take the class token's (docs/decisions/readouts.md).
     """
-    record = adapter.record(images, target, fields=("attn",), blocks=(-1,), grads={"attn": (-1,)})
+    record = adapter.record(inputs, target, fields=("attn",), blocks=(-1,), grads={"attn": (-1,)})
     block = record.blocks[-1]
     prefix = record.num_prefix_tokens
     cam = readout_rows(record, block.mixing(block.attn))[..., prefix:]  # [B, H, patches]

@@ -5,8 +5,8 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..registry import register_method
 from ..options import PositiveInt
+from ..registry import register_method
 from ._gradients import IntegrationSteps, integrated_gradient_weights, resolve_start_layer
 from ._products import push_rows
 

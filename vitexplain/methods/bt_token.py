@@ -4,10 +4,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter, UnsupportedModelError
-from ..registry import register_method
+from ..instrumentation import ModelAdapter
 from ..options import PositiveInt
-from ._gradients import IntegrationSteps, integrated_gradient_weights, resolve_start_layer
+from ..registry import register_method
+from ._gradients import (
+    IntegrationSteps,
+    integrated_gradient_weights,
+    resolve_start_layer,
+)
 from ._products import push_rows
 
 #: First block of the attention perception in the authors' perturbation runs of "ours_c"
@@ -48,12 +52,10 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
         batch_size: scaled images per forward/backward pass of the integration; bounds memory only.
     """
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
+    adapter.require_head_shares("bt_token", range(start, adapter.num_blocks))
     record = adapter.record(images, target, fields=("residual", "attn", "v"), blocks=range(start, adapter.num_blocks))
     scaled = []
     for block in record.blocks[start:]:
-        if block.head_projection is None:
-            raise UnsupportedModelError("bt_token needs attention sublayers that are a sum over heads "
-                                        "(no output norm, gating, or norm after the branch as res-post-norm blocks have)")
         projected = torch.einsum("bhnd,hdc->bnc", block.v, block.head_projection)
         lengths = projected.norm(dim=-1) / block.residual.norm(dim=-1)  # [B, N]
         scaled.append(block.mixing(block.attn.mean(1) * block.per_key(lengths)))

@@ -9,7 +9,7 @@ from ._products import readout_map
 
 
 @register_method("gae", modalities=("image", "text"))
-def gae(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
+def gae(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """Generic Attention-model Explainability for self-attention encoders.
 
     Chefer, Gur & Wolf, "Generic Attention-model Explainability for Interpreting Bi-Modal and
@@ -18,7 +18,7 @@ def gae(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     pooled readouts, docs/decisions/readouts.md; hierarchical models, docs/decisions/families.md).
     Gradients are of the target logit, as in hila-chefer/Transformer-MM-Explainability.
     """
-    record = adapter.record(images, target, fields=("attn",), grads=("attn",), reduce=_cam)
+    record = adapter.record(inputs, target, fields=("attn",), grads=("attn",), reduce=_cam)
     return readout_map(record, [block.reduced for block in record.blocks])
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 
 
-@register_method("gradcam", modalities=("image", "text"))
-def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1) -> Tensor:
+@register_method("gradcam", modalities=("image", "text"), reads="tokens")
+def gradcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, layer: int = -1) -> Tensor:
     """Grad-CAM with the patch tokens of a block's first LayerNorm output as the feature map.
 
     Selvaraju et al., "Grad-CAM: Visual Explanations from Deep Networks via Gradient-based
@@ -26,7 +26,7 @@ def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = 
         layer: the block whose ``norm1`` output is the feature map (0-based, negative counts from the end).
     """
     chosen_index = block_index("layer", layer, adapter.num_blocks)
-    record = adapter.record(images, target, fields=("attn_input",), blocks=(chosen_index,),
+    record = adapter.record(inputs, target, fields=("attn_input",), blocks=(chosen_index,),
                             grads={"attn_input": (chosen_index,)})
     chosen = record.blocks[chosen_index]
     prefix = record.num_prefix_tokens

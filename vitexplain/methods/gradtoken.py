@@ -3,14 +3,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, UnsupportedModelError
 from ..instrumentation.windows import to_tokens, tokens_in
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 from ._products import push_columns, push_rows
 
 
@@ -45,7 +44,7 @@ def propagate(relevance: Tensor, readout: Tensor, fused: list, aggregation: str,
 
 @register_method("gradtoken", modalities=("image", "text"),
                  precision_caveats={"bfloat16 weights": 0.974})
-def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
+def gradtoken(adapter: ModelAdapter, inputs: Tensor, target=None, *,
               aggregation: Literal["average", "rollout"] = "average",
               propagation: Literal["matmul", "elementwise", "none"] = "matmul",
               heads: Literal["relu_mean", "mean"] = "relu_mean", start_layer: int = 0,
@@ -89,7 +88,7 @@ def gradtoken(adapter: ModelAdapter, images: Tensor, target=None, *,
     if propagation == "none":  # the last block alone
         lowest = num_blocks - 1
     # the lower blocks' attention, the last block's keys and its query gradient (its attention stays fused)
-    record = adapter.record(images, target, fields={"attn": range(lowest, num_blocks - 1), "k": (-1,)},
+    record = adapter.record(inputs, target, fields={"attn": range(lowest, num_blocks - 1), "k": (-1,)},
                             grads={"q": (-1,)}, score=score)
     last, prefix = record.blocks[-1], record.num_prefix_tokens
     reads = (record.readout.weights > 0).to(last.grads["q"].dtype)  # the positions the output reads

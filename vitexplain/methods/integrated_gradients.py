@@ -6,10 +6,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter
-from ..registry import register_method
+from ..instrumentation import ModelAdapter, Target
 from ..options import PositiveInt
-from ..instrumentation import Target
+from ..registry import register_method
 from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks
 
 Quadrature = Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]
@@ -39,7 +38,7 @@ class _PathScore:
         return self.target.select(image).score(self.forward(points))
 
 
-@register_method("integrated_gradients", resolution="pixel", cost=lambda o: 3 * o["n_steps"])
+@register_method("integrated_gradients", resolution="pixel", cost=lambda o: 3 * o["n_steps"], reads="output")
 def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, n_steps: PositiveInt = 50,
                          quadrature: Quadrature = "gausslegendre", baseline: float | Tensor = 0.0,
                          channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 64) -> Tensor:
@@ -61,10 +60,7 @@ def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, 
         batch_size: path points (images × steps) per forward/backward; bounds memory.
     """
     reduce = CHANNEL_REDUCTIONS[channel_reduction]
-    try:
-        from captum.attr import IntegratedGradients
-    except ImportError:
-        raise ImportError("integrated_gradients runs through Captum; install it with `pip install captum`") from None
+    from captum.attr import IntegratedGradients  # a dependency; imported here to keep `import vitexplain` light
     resolved = adapter.target(images, target)
     baselines = baseline_images(baseline, images)
     with adapter.differentiable_forward() as forward:

@@ -7,9 +7,9 @@ from torch import Tensor
 
 from ..instrumentation import LayerScores, ModelAdapter
 from ..instrumentation.windows import mix_rows, tokens_in
-from ..options import Score
+from ..maps import min_max
+from ..options import Score, block_index
 from ..registry import register_method
-from ._heads import block_index, min_max
 
 
 @register_method("legrad")
@@ -63,4 +63,4 @@ def legrad(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: i
             total = total + mix_rows(sensitivity.new_full((sensitivity.shape[0], queries), 1 / queries), mixing)
     patches = record.readout.weights.shape[-1] - record.num_prefix_tokens  # a probe may read the patches only
     maps = record.patch_grid(total[:, -patches:])
-    return min_max(maps) if normalise else maps
+    return min_max(maps, constant=0.0) if normalise else maps

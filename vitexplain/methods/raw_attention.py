@@ -8,7 +8,7 @@ from ..registry import register_method
 
 
 @register_method("raw_attention", class_specific=False, modalities=("image", "text"), cost=1)
-def raw_attention(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
+def raw_attention(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """Last block's class-token attention over the patches, averaged over heads.
 
     The "RawAtten" baseline of Chefer et al. (CVPR 2021) and GradToken Eq. (3):
@@ -16,6 +16,6 @@ def raw_attention(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     the readout's row of the last attention (docs/decisions/readouts.md); on a hierarchical model the
     last stage's map comes to the first stage's grid (docs/decisions/families.md).
     """
-    record = adapter.record(images, target, fields=("attn",), blocks=(-1,))
+    record = adapter.record(inputs, target, fields=("attn",), blocks=(-1,))
     last = record.blocks[-1]
     return record.readout_row(last.mixing(last.attn.mean(1)))

@@ -7,8 +7,8 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..registry import register_method
 from ..options import PositiveInt, Probability, Score
+from ..registry import register_method
 from ..seeding import seeded_draw
 from ._pixel import chunks, interpolation_matrix, mask_major_pairs
 
@@ -46,7 +46,7 @@ def grid_masks(grids: Tensor, shifts: Tensor, image_size: tuple[int, int]) -> Te
     return rows @ grids @ cols.transpose(1, 2)
 
 
-@register_method("rise", resolution="pixel", cost=lambda o: o["n_masks"])
+@register_method("rise", resolution="pixel", cost=lambda o: o["n_masks"], reads="output")
 def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: PositiveInt = 4000,
          grid_size: PositiveInt = 7, p1: Probability = 0.5, score: Score = "probability", batch_size: PositiveInt = 64,
          seed: int = 0) -> Tensor:

@@ -4,9 +4,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
+from ..options import OpenShare, block_index
 from ..registry import register_method
-from ..options import OpenShare
-from ._heads import HeadFusion, block_index, fuse_heads
+from ._fusion import HeadFusion, fuse
 from ._products import readout_map
 
 
@@ -31,7 +31,7 @@ def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
 
 
 @register_method("rollout", class_specific=False, modalities=("image", "text"), cost=1)
-def rollout(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0,
+def rollout(adapter: ModelAdapter, inputs: Tensor, target=None, *, start_layer: int = 0,
             head_fusion: HeadFusion = "mean", discard_ratio: OpenShare = 0.0) -> Tensor:
     """Attention rollout: the product of residual-augmented, row-normalised attention over blocks.
 
@@ -47,8 +47,8 @@ def rollout(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
             before the identity is added (vit-explain's option; 0 = the paper).
     """
     start = block_index("start_layer", start_layer, adapter.num_blocks)
-    record = adapter.record(images, target, fields=("attn",), blocks=range(start, adapter.num_blocks))
+    record = adapter.record(inputs, target, fields=("attn",), blocks=range(start, adapter.num_blocks))
     keep = adapter.class_token_index if adapter.class_token_index is not None else -1
-    layers = [block.mixing(discard_lowest(fuse_heads(block.attn, head_fusion), discard_ratio, keep))
+    layers = [block.mixing(discard_lowest(fuse(block.attn, 1, head_fusion), discard_ratio, keep))
               for block in record.blocks[start:]]
     return readout_map(record, layers, normalise=True)

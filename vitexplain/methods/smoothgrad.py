@@ -5,8 +5,8 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..registry import register_method
 from ..options import NonNegative, PositiveInt
+from ..registry import register_method
 from ..seeding import seeded_draw
 from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks, mask_major_pairs
 
@@ -17,7 +17,7 @@ def noise_samples(n_samples: int, image_shape: tuple[int, ...], seed: int, devic
     return seeded_draw(seed, lambda generator: torch.randn((n_samples, *image_shape), generator=generator), device)
 
 
-@register_method("smoothgrad", resolution="pixel", cost=lambda o: 3 * o["n_samples"])
+@register_method("smoothgrad", resolution="pixel", cost=lambda o: 3 * o["n_samples"], reads="output")
 def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, n_samples: PositiveInt = 50,
                stdev: NonNegative = 1.0, relative_to_range: bool = False, absolute: bool = True,
                channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 32, seed: int = 0) -> Tensor:
@@ -50,9 +50,10 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, n_samples:
         sigma = sigma * (images.flatten(1).amax(1) - images.flatten(1).amin(1))
     total = torch.zeros(images.shape, device=images.device)
     image_idx, sample_idx = mask_major_pairs(torch.full((images.shape[0],), n_samples, device=images.device))
-    for part in chunks(len(image_idx), batch_size):
-        img, smp = image_idx[part], sample_idx[part]
-        noisy = images[img] + sigma[img, None, None, None] * noise[smp]
-        gradient = adapter.record(noisy, resolved.select(img), fields=(), grads=("input",)).input_grad.float()
-        total.index_add_(0, img, gradient.abs() if absolute else gradient)
+    with adapter.differentiable_forward() as forward:  # the model's own forward: any differentiable model
+        for part in chunks(len(image_idx), batch_size):
+            img, smp = image_idx[part], sample_idx[part]
+            noisy = (images[img] + sigma[img, None, None, None] * noise[smp]).detach().requires_grad_(True)
+            gradient, = torch.autograd.grad(resolved.select(img).score(forward(noisy)).sum(), noisy)
+            total.index_add_(0, img, gradient.float().abs() if absolute else gradient.float())
     return reduce(total / n_samples)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..registry import register_method
 from ..options import PositiveInt
+from ..registry import register_method
 from ._gradients import IntegrationSteps, integrated_gradient_weights, resolve_start_layer
 from ._products import push_rows, readout_rows
 

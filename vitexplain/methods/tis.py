@@ -11,9 +11,9 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Recording
 from ..instrumentation.windows import to_tokens
+from ..options import PositiveInt, Share
 from ..registry import register_method
 from ._kmeans import kmeans
-from ..options import PositiveInt, Share
 from ._pixel import chunks
 
 
@@ -80,7 +80,8 @@ def _tokens_kept(ratio: float, num_patches: int) -> int:
     return count
 
 
-@register_method("tis", cost=lambda o: o["n_masks"] * (len(o["ratio"]) if isinstance(o["ratio"], (list, tuple)) else 1) + 1)
+@register_method("tis", cost=lambda o: o["n_masks"] * (len(o["ratio"]) if isinstance(o["ratio"], (list, tuple)) else 1) + 1,
+                 reads="tokens")
 def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: PositiveInt = 1024,
         ratio: Share | Sequence[Share] = 0.5, batch_size: PositiveInt = 128, seed: int = 0,
         score: Literal["probability", "logit"] = "probability", input_space: bool = False) -> Tensor:

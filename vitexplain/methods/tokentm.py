@@ -7,9 +7,10 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording, UnsupportedModelError
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 from ._products import readout_map
+
 
 def transformation_weights(reference_norm: Tensor, transformed_norm: Tensor, dot: Tensor,
                            use_length: bool, use_necc: bool) -> Tensor:
@@ -38,11 +39,7 @@ def attention_weights(block: BlockRecord, reference: Tensor, per_head: bool, use
     """
     if not (use_length or use_necc):
         return reference.new_ones(reference.shape[0], 1, reference.shape[1])
-    projection = block.head_projection  # [H, D, C]
-    if projection is None:
-        raise UnsupportedModelError(
-            "tokentm needs each head's output projection, but this model's attention is not a plain sum over "
-            "heads (it has an output norm, a gate, or a norm after the branch as res-post-norm blocks do)")
+    projection = block.head_projection  # [H, D, C] (tokentm has refused a model without one)
     reference_norm = reference.norm(dim=-1)[:, None]  # [B, 1, N]
     if per_head:
         gram = projection @ projection.transpose(1, 2)  # [H, D, D]
@@ -62,9 +59,9 @@ def attention_update(block: BlockRecord, weights: Tensor):
 
 
 @register_method("tokentm", modalities=("image", "text"))
-def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: bool = True,
+def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: bool = True,
             use_necc: bool = True, aggregate: bool = True, end_layer: int | None = None,
-            reference: Literal["residual", "normalized"] = "residual", per_head: bool = True,
+            reference: Literal["residual", "normalised"] = "residual", per_head: bool = True,
             score: Literal["probability", "logit"] = "probability") -> Tensor:
     """TokenTM: attention and token transformation effects aggregated over every sublayer.
 
@@ -86,7 +83,7 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
             Eq. (8) applied to the input tokens with the default switches off ("Baseline" row).
         end_layer: the highest block aggregated (0-based, negative counts from the end): blocks
             0 … end_layer (Table 7's "n layers" is ``end_layer=n-1``); None = all.
-        reference: ``"residual"`` (the stream the sublayer adds to) | ``"normalized"`` (the LayerNorm
+        reference: ``"residual"`` (the stream the sublayer adds to) | ``"normalised"`` (the LayerNorm
             output it transforms): the tensor E.
         per_head: per-head Ẽ_h = v_h W^H_h, else one Ẽ = Σ_h Ẽ_h for all heads.
         score: ``"probability"`` | ``"logit"``, what ∇_A differentiates.
@@ -96,24 +93,30 @@ def tokentm(adapter: ModelAdapter, images: Tensor, target=None, *, use_length: b
         raise ValueError("end_layer selects the aggregated blocks, so it needs aggregate=True")
     last = num_blocks - 1 if end_layer is None else block_index("end_layer", end_layer, num_blocks)
     chosen = range(last + 1) if aggregate else (0,)
-    normalized = reference == "normalized"
+    if use_length or use_necc:
+        adapter.require_head_shares("tokentm", chosen)
+    normalised = reference == "normalised"
+    if aggregate and any(adapter.family.blocks[i].layout == "parallel" for i in chosen):
+        raise UnsupportedModelError(
+            "tokentm composes each block's attention update with the MLP update that follows it (Eq. 15-17), but "
+            "this model's parallel blocks add the attention and the MLP to the same input; use aggregate=False")
     # E of both sublayers: the LayerNorm outputs or the residual streams; block 0's residual gives C⁰
-    references = ("attn_input", "mlp_input") if normalized else ("residual", "mlp_residual")
+    references = ("attn_input", "mlp_input") if normalised else ("residual", "mlp_residual")
     fields = dict.fromkeys(references + ("attn", "mlp_branch") + (("v",) if use_length or use_necc else ()), chosen)
     fields["residual"] = chosen if "residual" in references else (0,)
     switches = dict(per_head=per_head, use_length=use_length, use_necc=use_necc)
 
     def update(record: Recording, block: BlockRecord):  # the MHSA update, as the backward reaches the block
-        return attention_update(block, attention_weights(block, block.attn_input if normalized else block.residual,
+        return attention_update(block, attention_weights(block, block.attn_input if normalised else block.residual,
                                                          **switches))
 
-    record = adapter.record(images, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
+    record = adapter.record(inputs, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
     if not aggregate:
         return readout_map(record, [record.blocks[0].reduced])
 
     updates = []  # per sublayer, first to last: MHSA U = I + cam (Eq. 15), FFN U = I + diag(W) (Eq. 17)
     for block in record.blocks[:len(chosen)]:
-        mlp_reference = block.mlp_input if normalized else block.mlp_residual
+        mlp_reference = block.mlp_input if normalised else block.mlp_residual
         mlp_weights = transformation_weights(
             mlp_reference.norm(dim=-1), block.mlp_branch.norm(dim=-1), (block.mlp_branch * mlp_reference).sum(-1),
             use_length, use_necc)

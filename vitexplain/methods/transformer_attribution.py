@@ -5,8 +5,8 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp import relevance
+from ..options import block_index
 from ..registry import register_method
-from ._heads import block_index
 from ._products import push_rows
 
 

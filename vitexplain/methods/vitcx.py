@@ -7,11 +7,11 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Recording
+from ..maps import min_max
+from ..options import NonNegative, PositiveInt, Score, block_index
 from ..registry import register_method
-from ..options import NonNegative, PositiveInt, Score
 from ..seeding import seeded_draw
-from ._heads import block_index, min_max
-from ._pixel import chunks, interpolation_matrix, mask_major_pairs, upsample
+from ._pixel import chunks, interpolation_matrix, mask_major_pairs, resize_by_factors
 
 
 def patch_feature_maps(record: Recording, layer: int, features: str) -> Tensor:
@@ -27,7 +27,7 @@ def upsampled_ranges(maps: Tensor, rows: Tensor, cols: Tensor, chunk: int) -> tu
     flat = maps.flatten(0, 1)
     low, high = [], []
     for part in chunks(flat.shape[0], chunk):
-        resized = upsample(flat[part], rows, cols).flatten(1)
+        resized = resize_by_factors(flat[part], rows, cols).flatten(1)
         low.append(resized.amin(1))
         high.append(resized.amax(1))
     return torch.cat(low).view(maps.shape[:2]), torch.cat(high).view(maps.shape[:2])
@@ -118,7 +118,7 @@ def mask_noise(seed: int, first: int, last: int, shape: tuple[int, ...], max_mas
 
 
 @register_method("vitcx", resolution="pixel", cost=400,
-                 precision_caveats={"bfloat16 weights": 0.033, "float16 weights": 0.897})
+                 precision_caveats={"bfloat16 weights": 0.033, "float16 weights": 0.897}, reads="tokens")
 def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1,
           features: Literal["attn_input", "output"] = "attn_input", distance_threshold: NonNegative = 0.1,
           noise_std: NonNegative = 0.1, score: Score = "probability", batch_size: PositiveInt = 64,
@@ -168,7 +168,7 @@ def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1
     for part in chunks(len(image_idx), max(1, batch_size // 2)):
         img, msk = image_idx[part], mask_idx[part]
         first, last = int(msk[0]), int(msk[-1])
-        masks = min_max(upsample(clusters[img, msk], rows, cols))
+        masks = min_max(resize_by_factors(clusters[img, msk], rows, cols), constant=0.0)
         noise = mask_noise(seed, first, last, (channels, height, width), maps.shape[1], images.device)[msk - first]
         filler = (noise_std * noise * (1 - masks[:, None])).to(images.dtype)
         inputs = images[img]

@@ -151,7 +151,7 @@ class Metric:
         return self.cost({**self.options, **options}, method_passes)
 
 
-METRICS: Registry[Metric] = Registry("metric")
+METRICS: Registry[Metric] = Registry("metric", "vitexplain.metrics")
 
 
 def register_metric(metric: Metric) -> Metric:

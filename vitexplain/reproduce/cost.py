@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..metrics import get_metric
 from ..registry import get_method
-from .recipes import MODELS, Recipe
+from .recipe import MODELS, TableRecipe
 
 #: Batched fp32 ViT-B/16 forwards at 224 x 224 per second assumed for one GPU.
 FORWARDS_PER_SECOND = 1500.0
@@ -18,7 +18,7 @@ FORWARDS_PER_SECOND = 1500.0
 RELATIVE_COST = {"vit_large_patch16_224": 3.5}
 
 
-def estimate_gpu_hours(recipe: Recipe, limit: int | None = None) -> float:
+def estimate_gpu_hours(recipe: TableRecipe, limit: int | None = None) -> float:
     """GPU hours of a full run of ``recipe`` (or of ``limit`` images per setting)."""
     seconds = 0.0
     for setting in recipe.settings:

@@ -9,7 +9,7 @@ from torch.utils.data import Dataset
 from ..bench import DatasetSpec
 from ..datasets import DatasetFormatError, DatasetNotFoundError, Preprocess, get_dataset
 from ..datasets.preprocess import IMAGENET_MEAN, IMAGENET_STD
-from .recipes import DataSpec
+from .recipe import DataSpec
 
 PROTOCOLS = ("chefer", "tis", "tokenizer")
 

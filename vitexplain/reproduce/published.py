@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .recipes import Recipe
+from .recipe import TableRecipe
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 
@@ -42,12 +42,12 @@ def _read(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
-def published_file(recipe: Recipe) -> Path:
+def published_file(recipe: TableRecipe) -> Path:
     """The YAML file of the recipe's paper: ``published/<tokentm|gradtoken|tis>.yaml``."""
     return PUBLISHED_DIR / f"{recipe.name.split('-')[0]}.yaml"
 
 
-def load_published(recipe: Recipe) -> PublishedTable:
+def load_published(recipe: TableRecipe) -> PublishedTable:
     """The published numbers of ``recipe``'s table; raises if their rows or columns differ from the recipe's."""
     path = published_file(recipe)
     content = _read(path)

@@ -26,7 +26,7 @@ from ..models import ModelLoadError, data_config, load_model, load_text_model, r
 from ..registry import available_methods, get_method
 from .data import bench_dataset, check_dataset
 from .published import load_published
-from .recipes import DATA_INPUTS, MODELS, Recipe, Setting, get_recipe
+from .recipe import DATA_INPUTS, MODELS, Setting, TableRecipe, get_recipe
 from .table import Cell, ReproducedTable
 
 NOT_IN_PAPER = "the paper has no number in this cell"
@@ -73,7 +73,7 @@ def _check_overrides(overrides: dict[str, dict[str, Any]], kind: str) -> None:
             raise ValueError(f"{kind} {name!r} has no option {', '.join(map(repr, unknown))}")
 
 
-def plan_recipe(recipe: Recipe, method_options: dict[str, dict[str, Any]] | None = None,
+def plan_recipe(recipe: TableRecipe, method_options: dict[str, dict[str, Any]] | None = None,
                 metric_options: dict[str, dict[str, Any]] | None = None) -> list[SettingPlan]:
     """Which rows, metrics and settings of ``recipe`` the registered code can run, with the options they run with.
 
@@ -167,7 +167,7 @@ def _data_problem(key: str, error: str | None) -> str:
     return head if error is None else f"{head}\n" + "\n".join(f"      {line}" for line in error.splitlines())
 
 
-def prepare(recipe: Recipe, plans: list[SettingPlan], data: dict[str, Any], models: dict[str, Any]) -> dict[str, Loaded]:
+def prepare(recipe: TableRecipe, plans: list[SettingPlan], data: dict[str, Any], models: dict[str, Any]) -> dict[str, Loaded]:
     """Load the models of the runnable settings and check their datasets; raise RecipeInputError listing every problem."""
     problems, loaded = [], {}
     runnable = [plan.setting for plan in plans if plan.runnable]
@@ -212,7 +212,7 @@ def _setup_line(plan: SettingPlan, source: str, root: Any, result: BenchResult |
             f"target: {'ground-truth label' if setting.target == 'label' else 'predicted class'}; metrics: {metrics}")
 
 
-def _cell(recipe: Recipe, plans: dict[str, SettingPlan], results: dict[str, BenchResult], row: str, column,
+def _cell(recipe: TableRecipe, plans: dict[str, SettingPlan], results: dict[str, BenchResult], row: str, column,
           published: float | None, source: str) -> Cell:
     cell = Cell(row, column.key, None, published, source)
     setting = recipe.setting_for(row, column)
@@ -250,7 +250,7 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
     Args:
         name: a recipe (see :func:`vitexplain.reproduce.available_recipes`).
         data: input key -> path (``imagenet_seg``, ``imagenet``, ``cifar10``, ``cifar100``, ``voc``,
-            ``movie_reviews``, optional ``tis_indices``); see :data:`~vitexplain.reproduce.recipes.DATA_INPUTS`.
+            ``movie_reviews``, optional ``tis_indices``); see :data:`~vitexplain.reproduce.recipe.DATA_INPUTS`.
         models: model key -> an ``nn.Module``, a timm name or a checkpoint path, replacing the
             recipe's model (required for models without public weights).
         output_dir: ``<output_dir>/<name>/table.{md,csv,html,json}``; the bench's cache and reports

@@ -5,7 +5,7 @@ taught by a trained ViT, from scratch on rendered ``digits`` canvases (a CPU is 
 accuracy on the held-out test split and, given ``out``, writes a safetensors checkpoint and the JSON
 model card that :func:`vitexplain.models.load_model` reads. Decisions: docs/decisions/training.md.
 
-``recipe``        the :class:`Recipe`, the model it builds, its schedule and objective
+``recipe``        the :class:`TrainingRecipe`, the model it builds, its schedule and objective
 ``focus``         the focus phase (a window of tokens around the digit)
 ``augmentation``  what is done to the training canvases
 ``loop``          :func:`train_digits`, its steps, and the reported accuracy
@@ -15,9 +15,17 @@ from .augmentation import jitter, photometric, rendering_styles
 from .checkpoint import save_checkpoint
 from .focus import digit_windows, focused
 from .loop import digits_labels, evaluate, train_digits
-from .recipe import (CLASS_NAMES, DISTILLATIONS, PREPROCESSING, Recipe, build_model, digits_model_kwargs,
-                     distillation_loss, learning_rate)
+from .recipe import (
+                     CLASS_NAMES,
+                     DISTILLATIONS,
+                     PREPROCESSING,
+                     TrainingRecipe,
+                     build_model,
+                     digits_model_kwargs,
+                     distillation_loss,
+                     learning_rate,
+)
 
-__all__ = ["CLASS_NAMES", "DISTILLATIONS", "PREPROCESSING", "Recipe", "build_model", "digit_windows",
+__all__ = ["CLASS_NAMES", "DISTILLATIONS", "PREPROCESSING", "TrainingRecipe", "build_model", "digit_windows",
            "digits_labels", "digits_model_kwargs", "distillation_loss", "evaluate", "focused", "jitter",
            "learning_rate", "photometric", "rendering_styles", "save_checkpoint", "train_digits"]

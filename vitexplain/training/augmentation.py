@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..datasets.digits import CANVAS, Digits
-from .recipe import Recipe
+from .recipe import TrainingRecipe
 
 
 def jitter(images: Tensor, dataset: Digits, indices: Tensor, rotation: float, shear: float,
@@ -34,7 +34,7 @@ def jitter(images: Tensor, dataset: Digits, indices: Tensor, rotation: float, sh
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
-def rendering_styles(recipe: Recipe, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
+def rendering_styles(recipe: TrainingRecipe, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
     """How each of ``batch`` training canvases is drawn (keywords of :meth:`Digits.render`): with
     probability ``recipe.nearest`` its scans are scaled by nearest neighbour (blocky strokes with hard
     edges) instead of bilinearly, and its strokes are thickened or thinned by a whole number of

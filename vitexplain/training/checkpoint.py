@@ -14,7 +14,7 @@ from torch import nn
 
 from ..datasets import digits
 from ..datasets.digits import CANVAS
-from .recipe import CLASS_NAMES, Recipe
+from .recipe import CLASS_NAMES, TrainingRecipe
 
 
 def save_snapshot(path: Path, identity: str, run: dict[str, Any], model: nn.Module,
@@ -71,7 +71,7 @@ def _device_name(device: torch.device) -> str:
     return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
 
 
-def model_card(model: nn.Module, *, model_kwargs: dict[str, Any], recipe: Recipe, teacher: str | None,
+def model_card(model: nn.Module, *, model_kwargs: dict[str, Any], recipe: TrainingRecipe, teacher: str | None,
                init: dict[str, Any] | None, command: str | None, accuracy: float, history: list[dict[str, Any]], run: dict[str, Any],
                threads: int, train_canvases: int, device: torch.device) -> dict[str, Any]:
     """The model card's fields after ``arch``, ``model_kwargs`` and ``class_names``: what the model is,

@@ -19,7 +19,7 @@ from ..datasets.digits import CANVAS, DIGIT_SIZES, MEAN, STD, Digits
 from .augmentation import jitter, photometric, rendering_styles
 from .checkpoint import checkpoint_path, model_card, resume, save_checkpoint, save_snapshot
 from .focus import digit_windows, focused
-from .recipe import Recipe, build_model, digits_model_kwargs, distillation_loss, learning_rate
+from .recipe import TrainingRecipe, build_model, digits_model_kwargs, distillation_loss, learning_rate
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,7 +81,7 @@ def evaluate(model: nn.Module, dataset: Digits, batch_size: int = 250) -> float:
     return correct / len(dataset)
 
 
-def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.AdamW:
+def _optimizer(model: nn.Module, recipe: TrainingRecipe) -> torch.optim.AdamW:
     """AdamW; no weight decay on biases, norms, position embeddings and special tokens (timm's / DeiT's groups)."""
     skip = set(getattr(model, "no_weight_decay", lambda: ())())
     decay, no_decay = [], []
@@ -191,7 +191,7 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
             resume from that file when it exists (an interrupted run continues bit for bit; its time
             adds up); the file is deleted when the run ends. Needs ``out``.
         progress: show a tqdm progress bar.
-        **recipe: the fields of :class:`Recipe` (``steps`` is required).
+        **recipe: the fields of :class:`TrainingRecipe` (``steps`` is required).
 
     Returns:
         Metrics: ``test_accuracy``, ``losses`` (per step), ``history`` (test accuracy by step),
@@ -204,7 +204,7 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
     device = resolve_device(device)
     if out is not None:
         out = checkpoint_path(out)
-    recipe = Recipe(**recipe)
+    recipe = TrainingRecipe(**recipe)
     kwargs = digits_model_kwargs(model_kwargs)
     grid = CANVAS // kwargs["patch_size"]
     needed = -(-(DIGIT_SIZES[1] - 1) // kwargs["patch_size"]) + 1  # tokens a digit's square can touch per side
@@ -254,7 +254,7 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
     return result
 
 
-def _fit(model: nn.Module, teacher: nn.Module | None, recipe: Recipe, train_set: Digits, test_set: Digits, *,
+def _fit(model: nn.Module, teacher: nn.Module | None, recipe: TrainingRecipe, train_set: Digits, test_set: Digits, *,
          eval_every: int | None, progress: bool, desc: str, snapshot: Path | None, snapshot_every: int,
          identity: str) -> dict[str, Any]:
     """The training steps. Returns the loss of each step, the test accuracy every ``eval_every`` steps

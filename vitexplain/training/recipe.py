@@ -20,7 +20,7 @@ DISTILLATIONS = ("hard", "soft")
 
 
 @dataclasses.dataclass(frozen=True)
-class Recipe:
+class TrainingRecipe:
     """How a digits model is trained; every field is recorded in the model card.
 
     Attributes:

@@ -1,19 +1,23 @@
-"""Model family descriptions, one module each, in the order they are tried (the first that describes a model wins).
+"""Model family descriptions, one module each, each family registered by its module
+(:func:`~.base.register_family`); :func:`~.base.served_families` lists them.
 
-Adding a family is one module here with a :class:`~.base.Family` subclass, and its name in :data:`FAMILIES`.
+Adding a family is one module here with a registered :class:`~.base.Family` subclass: nothing else to
+edit. A family only recognises models of its own kind (:meth:`~.base.Family.recognises`), so the order in
+which they are asked does not matter. A model no family instruments is described by its forward alone
+(:class:`~.forward_only.ForwardOnly`, not registered: the fallback).
 """
 from __future__ import annotations
 
-from .base import EmbeddingParts, Family, ProbeParts, TokenContext, UnsupportedModelError
-from .hf_bert import TransformersText
-from .hf_vit import TransformersViT
-from .timm_eva import TimmEva
-from .timm_relpos import TimmBeit, TimmRelPos
-from .timm_swin import TimmSwin
-from .timm_vit import TimmViT
+from .base import (
+                   EmbeddingParts,
+                   Family,
+                   ProbeParts,
+                   TokenContext,
+                   UnsupportedModelError,
+                   register_family,
+                   served_families,
+)
+from .forward_only import ForwardOnly
 
-#: every family, in the order they are tried
-FAMILIES: list[type[Family]] = [TimmViT, TimmEva, TimmBeit, TimmRelPos, TimmSwin, TransformersViT, TransformersText]
-
-__all__ = ["EmbeddingParts", "FAMILIES", "Family", "ProbeParts", "TimmBeit", "TimmEva", "TimmRelPos", "TimmSwin", "TimmViT",
-           "TokenContext", "TransformersText", "TransformersViT", "UnsupportedModelError"]
+__all__ = ["EmbeddingParts", "Family", "ForwardOnly", "ProbeParts", "TokenContext", "UnsupportedModelError",
+           "register_family", "served_families"]

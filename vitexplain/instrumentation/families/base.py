@@ -5,18 +5,20 @@ are and what each holds (:class:`~vitexplain.instrumentation.blocks.BlockParts`)
 tokens lead the sequence, how the output reads the last tokens (:class:`Readout` kind and, for an
 attention-pooling head, :class:`ProbeParts`), where the patch and position embeddings are (for LRP),
 and how to run the model from its token embeddings on (token subsets). Recording, token subsets and
-LRP rules all read it; adding a family is writing one of these.
+LRP rules all read it; adding a family is writing one of these in a module of this package, decorated with
+:func:`register_family` (the registry imports every module here before its first lookup).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
+from ...registry import Registry
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
 
@@ -95,12 +97,16 @@ class Family(ABC):
 
     #: human-readable name, used in messages and in the support matrix
     name: ClassVar[str] = ""
+    #: where the family comes in lists (refusals, the support matrix's columns): lower first, then by name
+    listing_order: ClassVar[int] = 50
     #: what the family's models read
     modality: ClassVar[Literal["image", "text"]] = "image"
     #: how the output reads the last block's tokens (per model; see :class:`Readout`)
-    readout: Literal["token", "avg", "map"] = "token"
+    readout: Literal["token", "avg", "token_avg", "map"] = "token"
     #: the attention-pooling head, for ``readout == "map"``
     probe: ProbeParts | None = None
+    #: the caller's word on whether the outputs are class logits (None: decided from the model, :attr:`head_reason`)
+    classes: bool | None = None
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -108,9 +114,17 @@ class Family(ABC):
 
     # -- what a family must say ------------------------------------------------------------------
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        """Whether ``model`` is of the kind (the class) this family describes, whatever its settings: a
+        refusal then gives this family's reason, not a list of every family's. A family that does not say
+        recognises the models it describes."""
+        return cls.unsupported_reason(model) is None
+
+    @classmethod
     @abstractmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        """None when this family describes ``model``, else a sentence saying why not."""
+        """For a model the family recognises: None when it describes it, else the one part or setting it
+        does not cover (a clause: "its head pools with …", "block 0 is a …")."""
 
     @classmethod
     def examples(cls) -> dict[str, Callable[[], tuple[nn.Module, Any]]]:
@@ -135,30 +149,48 @@ class Family(ABC):
     def class_token_index(self) -> int | None: ...
 
     @property
+    def head_reason(self) -> str | None:
+        """None when the outputs are class logits; else why they are not (said when a class is asked of them)."""
+        if self.classes is not None:
+            return None if self.classes else "the caller said its outputs are not classes (classes=False)"
+        if getattr(self.model, "num_classes", 1) == 0:
+            return "this model has no classifier head (its output is an embedding)"
+        return projection_head(self.model)
+
+    @property
     def has_classes(self) -> bool:
-        """Whether the output is class logits (else an embedding: a model without a classifier head)."""
-        return getattr(self.model, "num_classes", 1) > 0
+        """Whether the output is class logits (else an embedding: no classifier head, or a projection head)."""
+        return self.head_reason is None
 
     # -- images ----------------------------------------------------------------------------------
     @property
     def patch_size(self) -> tuple[int, int]:
         return tuple(self.model.patch_embed.patch_size)
 
+    @property
+    def in_channels(self) -> int | None:
+        """Channels of the images the model takes (None: not known, not checked): a patch convolution's."""
+        return getattr(self.model.patch_embed.proj, "in_channels", None)
+
     def grid_size(self, images: Tensor) -> tuple[int, ...]:
         """Patch grid (h, w) of a batch of images; raises on sizes the model cannot take."""
         embed = self.model.patch_embed
         size = tuple(images.shape[-2:])
-        if getattr(self.model, "dynamic_img_size", False):
-            return tuple(embed.dynamic_feat_size(size))
-        if getattr(embed, "strict_img_size", True) and size != tuple(embed.img_size):
+        dynamic = getattr(self.model, "dynamic_img_size", False)
+        if getattr(embed, "strict_img_size", True) and not dynamic:
+            if size != tuple(embed.img_size):
+                raise ValueError(
+                    f"this model takes {embed.img_size[0]}x{embed.img_size[1]} images, got {size[0]}x{size[1]}; "
+                    "resize them, or build the model with dynamic_img_size=True")
+        elif not getattr(embed, "dynamic_img_pad", False) and any(side % patch for side, patch in zip(size, self.patch_size)):
             raise ValueError(
-                f"this model takes {embed.img_size[0]}x{embed.img_size[1]} images, got {size[0]}x{size[1]}; "
-                "resize them, or build the model with dynamic_img_size=True")
-        return tuple(embed.grid_size)
+                f"this model cuts images into {self.patch_size[0]}x{self.patch_size[1]} patches, which do not tile a "
+                f"{size[0]}x{size[1]} image; resize or crop it to a multiple (or build the model with dynamic_img_pad=True)")
+        return tuple(embed.dynamic_feat_size(size)) if dynamic else tuple(embed.grid_size)
 
     def check_inputs(self, inputs: Any) -> Any:
         """What the user passed, checked (images [B, C, H, W] by default); the adapter moves it to the model."""
-        return check_images(inputs, self.grid_size)
+        return check_images(inputs, self.grid_size, self.in_channels)
 
     def forward(self, inputs: Any) -> Tensor:
         """The model's outputs [B, classes] (or [B, D]) on checked inputs."""
@@ -220,8 +252,8 @@ def timm_example(architecture: str, settings: dict[str, Any] = TINY, **arguments
     return build
 
 
-def check_images(images: Any, grid_size: Callable[[Tensor], Any]) -> Tensor:
-    """A float image batch [B, C, H, W] of a size the model takes; a clear error otherwise."""
+def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int | None = None) -> Tensor:
+    """A float image batch [B, C, H, W] of the channels (when known) and size the model takes; a clear error otherwise."""
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
     if images.ndim != 4:
@@ -230,12 +262,48 @@ def check_images(images: Any, grid_size: Callable[[Tensor], Any]) -> Tensor:
         raise TypeError(f"images must be a preprocessed float tensor, got dtype {images.dtype}")
     if images.shape[0] == 0:
         raise ValueError("images is an empty batch")
+    if channels is not None and images.shape[1] != channels:
+        raise ValueError(wrong_channels(channels, images.shape))
     finite = torch.isfinite(images).flatten(1).all(1)
     if not finite.all():
         bad = ", ".join(str(i) for i in (~finite).nonzero()[:, 0].tolist())
         raise ValueError(f"NaN or infinite values in the batch's image(s) {bad} (counted from 0)")
     grid_size(images)
     return images
+
+
+def wrong_channels(channels: int, shape: Sequence[int], known_from: str = "") -> str:
+    """The message for images [B, C, H, W] of ``shape`` given to a model that takes ``channels`` channels."""
+    return (f"this model takes {channels}-channel images{known_from}, got {shape[1]} channel(s) in shape "
+            f"{tuple(shape)}; convert them (e.g. grey to RGB, or drop an alpha channel)")
+
+
+#: words of a timm architecture name or pretrained tag that mark an image-text tower: CLIP (and MetaCLIP,
+#: DFN, EVA-CLIP …), SigLIP, Perception Encoder core
+IMAGE_TEXT_TOWERS = ("clip", "siglip", "pe_core")
+
+
+def projection_head(model: nn.Module) -> str | None:
+    """Why ``model``'s head projects to an image-text embedding instead of scoring classes, or None.
+
+    timm keeps a CLIP-style tower's projection as its ``head`` (``num_classes`` = the embedding width). The
+    head is taken for one when the model still has the output width of the weights its pretrained config
+    names, that config is of an image-text tower (its architecture or tag names one of
+    :data:`IMAGE_TEXT_TOWERS`), and that width is no label set timm knows (ImageNet-1k, -12k, -21k …):
+    towers fine-tuned on classes, and heads a user built for their own classes, stay classifiers.
+    """
+    config = getattr(model, "pretrained_cfg", None)
+    if not isinstance(config, Mapping) or not config.get("num_classes"):
+        return None
+    width = config["num_classes"]
+    name = f"{config.get('architecture') or ''}.{config.get('tag') or ''}"
+    if getattr(model, "num_classes", None) != width or not any(word in name.lower() for word in IMAGE_TEXT_TOWERS):
+        return None
+    from timm.data import infer_imagenet_subset
+
+    if infer_imagenet_subset(config) is not None:
+        return None
+    return f"its head projects to the {width}-d image-text embedding of {name} (a CLIP-style tower), not to classes"
 
 
 def layer_scale(module: nn.Module | None) -> Callable[[], Tensor] | None:
@@ -266,4 +334,20 @@ def optional(module: nn.Module | None) -> nn.Module | None:
 
 
 __all__ = ["AttentionInput", "EmbeddingParts", "Family", "ProbeParts", "TokenContext", "UnsupportedModelError",
-           "check_images", "layer_scale", "missing", "optional"]
+           "check_images", "layer_scale", "missing", "optional", "projection_head", "wrong_channels"]
+
+
+#: the families a model is described by, registered by their modules (see :func:`served_families`)
+FAMILY_REGISTRY: Registry[type[Family]] = Registry("model family", "vitexplain.instrumentation.families")
+
+
+def register_family(family: type[Family]) -> type[Family]:
+    """Class decorator: ``family`` describes models (a family only recognises models of its own kind)."""
+    FAMILY_REGISTRY.add(family.name, family)
+    return family
+
+
+def served_families() -> list[type[Family]]:
+    """Every registered family, in listing order."""
+    return sorted((FAMILY_REGISTRY.get(name) for name in FAMILY_REGISTRY.names()),
+                  key=lambda family: (family.listing_order, family.name))

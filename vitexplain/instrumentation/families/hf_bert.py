@@ -22,8 +22,14 @@ from torch import Tensor, nn
 from ..attention import AttentionParts
 from ..blocks import BlockParts
 from ..inputs import TokenBatch
-from .base import TokenContext, UnsupportedModelError, missing
-from .hf_common import TransformersClassifier, attention_reason, layer_inputs, replaced_output, transformers_reason
+from .base import TokenContext, UnsupportedModelError, missing, register_family
+from .hf_common import (
+    TransformersClassifier,
+    attention_reason,
+    is_transformers_model,
+    layer_inputs,
+    replaced_output,
+)
 
 LAYER_ATTRIBUTES = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                     "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm")
@@ -38,10 +44,12 @@ def _as_batch(value: Any, name: str, integers: bool = True) -> Tensor:
     return tensor[None] if tensor.ndim == 1 else tensor
 
 
+@register_family
 class TransformersText(TransformersClassifier):
     """Where BERT-style transformers sequence classifiers keep their parts."""
 
     name = "transformers BERT-style text classifier"
+    listing_order = 22
     modality = "text"
 
     @classmethod
@@ -57,10 +65,12 @@ class TransformersText(TransformersClassifier):
         return {"transformers BERT (text)": build}
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        """A transformers model with word embeddings: a text encoder, classifier or not."""
+        return is_transformers_model(model) and missing(model.base_model, ("embeddings.word_embeddings",)) is None
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        reason = transformers_reason(model)
-        if reason is not None:
-            return reason
         if not type(model).__name__.endswith("ForSequenceClassification"):
             return f"{type(model).__name__} is not a sequence classifier (a *ForSequenceClassification model)"
         absent = missing(model.base_model, ("embeddings.word_embeddings", "encoder.layer"))

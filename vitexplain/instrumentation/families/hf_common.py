@@ -7,26 +7,37 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from torch import Tensor, nn
 
-from ..attention import AttentionInput
+from ..attention import AttentionInput, AttentionParts
 from .base import Family
 
 #: Attention implementations whose masks the written-out attention understands.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
-def transformers_reason(model: nn.Module) -> str | None:
-    """None when ``model`` is a Hugging Face transformers model, else why not."""
+def is_transformers_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a Hugging Face transformers model (without importing transformers for any other)."""
     if "transformers" not in sys.modules:  # a transformers model's class has imported it
-        return f"{type(model).__name__} is not a Hugging Face transformers model"
+        return False
     from transformers import PreTrainedModel
 
-    if not isinstance(model, PreTrainedModel):
-        return f"{type(model).__name__} is not a Hugging Face transformers model"
-    return None
+    return isinstance(model, PreTrainedModel)
+
+
+def is_one_of(model: nn.Module, served: Collection[type]) -> bool:
+    """Whether ``model`` is a transformers model of exactly one of the ``served`` classes."""
+    return is_transformers_model(model) and type(model) in served
+
+
+def projections_attention(attention: nn.Module) -> AttentionParts:
+    """A transformers vision attention module with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` (ViT, DeiT, DINOv2)."""
+    return AttentionParts(
+        module=attention, num_heads=attention.num_attention_heads, head_dim=attention.head_dim,
+        scale=attention.scaling, proj=attention.o_proj, query=attention.q_proj, key=attention.k_proj,
+        value=attention.v_proj)
 
 
 def attention_reason(model: nn.Module) -> str | None:
@@ -60,7 +71,3 @@ class TransformersClassifier(Family):
     @property
     def class_token_index(self) -> int:
         return 0
-
-    @property
-    def has_classes(self) -> bool:
-        return True

@@ -6,10 +6,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..attention import AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, TokenContext, missing
-from .hf_common import TransformersClassifier, attention_reason, layer_inputs, replaced_output, transformers_reason
+from .base import EmbeddingParts, TokenContext, missing, register_family
+from .hf_common import (
+    TransformersClassifier,
+    attention_reason,
+    is_transformers_model,
+    layer_inputs,
+    projections_attention,
+    replaced_output,
+)
 
 LAYER_ATTRIBUTES = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
                     "layernorm_before", "layernorm_after", "mlp")
@@ -17,17 +23,23 @@ LAYER_ATTRIBUTES = ("attention.q_proj", "attention.k_proj", "attention.v_proj", 
 
 def _served_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
     """(the image classifiers served, the layer classes whose forward the written-out block computes)."""
-    from transformers import DeiTForImageClassification, DeiTForImageClassificationWithTeacher, ViTForImageClassification
+    from transformers import (
+        DeiTForImageClassification,
+        DeiTForImageClassificationWithTeacher,
+        ViTForImageClassification,
+    )
     from transformers.models.deit.modeling_deit import DeiTLayer
     from transformers.models.vit.modeling_vit import ViTLayer
 
     return (ViTForImageClassification, DeiTForImageClassification, DeiTForImageClassificationWithTeacher), (ViTLayer, DeiTLayer)
 
 
+@register_family
 class TransformersViT(TransformersClassifier):
     """Where transformers' ViT / DeiT classifiers keep their parts (pre-norm layers like timm's)."""
 
     name = "transformers ViT/DeiT"
+    listing_order = 20
 
     @classmethod
     def examples(cls):
@@ -42,10 +54,21 @@ class TransformersViT(TransformersClassifier):
         return {"transformers ViT": build}
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        """Any transformers ViT or DeiT model but the headless encoders (the ViTModel family's)."""
+        if not is_transformers_model(model):
+            return False
+        from transformers import (
+            DeiTModel,
+            DeiTPreTrainedModel,
+            ViTModel,
+            ViTPreTrainedModel,
+        )
+
+        return isinstance(model, (ViTPreTrainedModel, DeiTPreTrainedModel)) and not isinstance(model, (ViTModel, DeiTModel))
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        reason = transformers_reason(model)
-        if reason is not None:
-            return reason
         classifiers, layer_classes = _served_classes()
         if not isinstance(model, classifiers):
             return f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in classifiers)}"
@@ -64,11 +87,7 @@ class TransformersViT(TransformersClassifier):
         return self.model.base_model.layers
 
     def block(self, layer: nn.Module) -> BlockParts:
-        attention = layer.attention
-        parts = AttentionParts(
-            module=attention, num_heads=attention.num_attention_heads, head_dim=attention.head_dim,
-            scale=attention.scaling, proj=attention.o_proj, query=attention.q_proj, key=attention.k_proj,
-            value=attention.v_proj)
+        parts = projections_attention(layer.attention)
         return BlockParts(module=layer, attention=parts, norm1=layer.layernorm_before, norm2=layer.layernorm_after,
                           mlp=layer.mlp, activation=layer.mlp.activation_fn, drop1=layer.dropout, drop2=layer.dropout, inputs=layer_inputs)
 
@@ -79,6 +98,10 @@ class TransformersViT(TransformersClassifier):
     @property
     def patch_size(self) -> tuple[int, int]:
         return tuple(self.model.base_model.embeddings.patch_embeddings.patch_size)
+
+    @property
+    def in_channels(self) -> int:
+        return self.model.base_model.embeddings.patch_embeddings.num_channels
 
     def grid_size(self, images: Tensor) -> tuple[int, int]:
         expected = tuple(self.model.base_model.embeddings.patch_embeddings.image_size)

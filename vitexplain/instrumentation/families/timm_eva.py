@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import TokenContext, layer_scale, optional, timm_example
+from .base import TokenContext, layer_scale, optional, register_family, timm_example
 from .timm_common import TimmSequenceFamily, block_type_reason
 from .timm_vit import _block_inputs
 
@@ -58,17 +58,21 @@ def _eva_inputs(x: Tensor, rope: Tensor | None = None, attn_mask: Tensor | None 
     return x, extra
 
 
+@register_family
 class TimmEva(TimmSequenceFamily):
     """Where timm's ``Eva`` keeps its parts."""
 
     name = "timm Eva (EVA-02, RoPE ViT)"
+    listing_order = 11
+
+    @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        from timm.models.eva import Eva
+
+        return isinstance(model, Eva)
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        from timm.models.eva import Eva
-
-        if not isinstance(model, Eva):
-            return f"{type(model).__name__} is not a timm Eva"
         if reason := cls.pooling_reason(model):
             return reason
         if getattr(model, "patch_drop", None) is not None:
@@ -105,7 +109,14 @@ class TimmEva(TimmSequenceFamily):
         return self.head(tokens)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import AttentionPoolLatent, DropPath, GluMlp, Mlp, PatchEmbed, SwiGLU
+        from timm.layers import (
+            AttentionPoolLatent,
+            DropPath,
+            GluMlp,
+            Mlp,
+            PatchEmbed,
+            SwiGLU,
+        )
         from timm.models.eva import Eva, EvaBlock, EvaBlockPostNorm
 
         return (Eva, EvaBlock, EvaBlockPostNorm, type(self.blocks[0].attention.module), Mlp, GluMlp, SwiGLU,

@@ -7,14 +7,24 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import EmbeddingParts, TokenContext, layer_scale, optional, timm_example
+from .base import (
+    EmbeddingParts,
+    TokenContext,
+    layer_scale,
+    optional,
+    register_family,
+    timm_example,
+)
 from .timm_common import TimmSequenceFamily, block_type_reason
 
+
+@register_family
 class TimmBeit(TimmSequenceFamily):
     """Where timm's ``Beit`` keeps its parts: qkv without bias plus q / v biases, relative position bias
     per block and / or shared, LayerScale gains ``gamma_1`` / ``gamma_2``."""
 
     name = "timm Beit"
+    listing_order = 12
     readouts = ("token", "avg")
 
     @classmethod
@@ -22,11 +32,13 @@ class TimmBeit(TimmSequenceFamily):
         return {"BEiT (relative position bias)": timm_example("beit_base_patch16_224")}
 
     @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
+    def recognises(cls, model: nn.Module) -> bool:
         from timm.models.beit import Beit
 
-        if not isinstance(model, Beit):
-            return f"{type(model).__name__} is not a timm Beit"
+        return isinstance(model, Beit)
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
         return block_type_reason(model.blocks, ("Block",), "BEiT's Block") or cls.pooling_reason(model)
 
     def block(self, module: nn.Module) -> BlockParts:
@@ -66,11 +78,13 @@ class TimmBeit(TimmSequenceFamily):
         return Beit, Block, Attention, Mlp, SwiGLU, PatchEmbed, DropPath, RelativePositionBias
 
 
+@register_family
 class TimmRelPos(TimmSequenceFamily):
     """Where timm's ``VisionTransformerRelPos`` keeps its parts: a relative position bias (table or MLP)
     per block or shared, LayerScale modules."""
 
     name = "timm VisionTransformerRelPos"
+    listing_order = 13
     readouts = ("token", "avg")
 
     @classmethod
@@ -78,11 +92,13 @@ class TimmRelPos(TimmSequenceFamily):
         return {"relative-position ViT (MLP bias)": timm_example("vit_srelpos_small_patch16_224")}
 
     @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
+    def recognises(cls, model: nn.Module) -> bool:
         from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
-        if not isinstance(model, VisionTransformerRelPos):
-            return f"{type(model).__name__} is not a timm VisionTransformerRelPos"
+        return isinstance(model, VisionTransformerRelPos)
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
         return block_type_reason(model.blocks, ("RelPosBlock",), "RelPosBlock") or cls.pooling_reason(model)
 
     def block(self, module: nn.Module) -> BlockParts:
@@ -116,8 +132,19 @@ class TimmRelPos(TimmSequenceFamily):
         return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None), None)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed, RelPosBias, RelPosMlp
-        from timm.models.vision_transformer_relpos import RelPosAttention, RelPosBlock, VisionTransformerRelPos
+        from timm.layers import (
+            DropPath,
+            LayerScale,
+            Mlp,
+            PatchEmbed,
+            RelPosBias,
+            RelPosMlp,
+        )
+        from timm.models.vision_transformer_relpos import (
+            RelPosAttention,
+            RelPosBlock,
+            VisionTransformerRelPos,
+        )
 
         # the position-bias MLP computes a constant of the input: its ReLU never carries relevance
         return VisionTransformerRelPos, RelPosBlock, RelPosAttention, Mlp, PatchEmbed, LayerScale, DropPath, \

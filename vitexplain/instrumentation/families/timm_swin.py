@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
 from ..windows import Windows
-from .base import EmbeddingParts, Family, timm_example
+from .base import EmbeddingParts, Family, register_family, timm_example
 from .timm_common import timm_head
 
 #: timm block classes and the layout their forward computes
@@ -82,6 +82,7 @@ def _v2_attention(attn: nn.Module) -> AttentionParts:
         attn_drop=attn.attn_drop, proj_drop=attn.proj_drop)
 
 
+@register_family
 class TimmSwin(Family):
     """Where timm's ``SwinTransformer`` and ``SwinTransformerV2`` keep their parts.
 
@@ -92,12 +93,15 @@ class TimmSwin(Family):
     """
 
     name = "timm Swin Transformer (V1, V2)"
+    listing_order = 14
     readout = "avg"
 
     @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        return isinstance(model, _swin_classes())
+
+    @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if not isinstance(model, _swin_classes()):
-            return f"{type(model).__name__} is not a timm SwinTransformer or SwinTransformerV2"
         if model.global_pool != "avg":
             return (f"its head pools with global_pool={model.global_pool!r}, which is not a weighting of the tokens "
                     "(supported: 'avg')")
@@ -143,9 +147,16 @@ class TimmSwin(Family):
         return EmbeddingParts(self.model.patch_embed, self.model.patch_embed.proj, None)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, SelectAdaptivePool2d
+        from timm.layers import (
+            ClassifierHead,
+            DropPath,
+            Mlp,
+            PatchEmbed,
+            SelectAdaptivePool2d,
+        )
         from timm.layers.adaptive_avgmax_pool import FastAdaptiveAvgPool
-        from timm.models import swin_transformer as v1, swin_transformer_v2 as v2
+        from timm.models import swin_transformer as v1
+        from timm.models import swin_transformer_v2 as v2
 
         # the V2 bias MLP computes a constant of the input: its ReLU never carries relevance; the modules'
         # own softmax is not called (the attention is written out)

@@ -1,17 +1,25 @@
 """timm's ``VisionTransformer``: ViT, DeiT (distilled too), DINOv2, CLIP / SigLIP image towers, DeiT III,
-FlexiViT, register tokens, with class-token, average or attention-pool (MAP) readout."""
+FlexiViT, register tokens, parallel blocks (``ParallelScalingBlock``, ``vit_pwee``), with class-token, average or
+attention-pool (MAP) readout."""
 from __future__ import annotations
 
 from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import TokenContext, layer_scale, missing, optional, timm_example
+from .base import (
+    TokenContext,
+    layer_scale,
+    missing,
+    optional,
+    register_family,
+    timm_example,
+)
 from .timm_common import TimmSequenceFamily, block_type_reason
 
 ATTENTION_ATTRIBUTES = ("qkv", "proj", "num_heads", "head_dim", "scale")
 #: timm block classes and the layout their forward computes
-BLOCK_LAYOUTS = {"Block": "pre_norm", "ResPostBlock": "res_post_norm"}
+BLOCK_LAYOUTS = {"Block": "pre_norm", "ResPostBlock": "res_post_norm", "ParallelScalingBlock": "parallel"}
 
 
 def _vit_classes():
@@ -29,6 +37,41 @@ def timm_attention(attn: nn.Module, **extra) -> AttentionParts:
         attn_drop=attn.attn_drop, proj_drop=attn.proj_drop, **extra)
 
 
+class _Columns(nn.Module):
+    """Columns ``start:stop`` of a Linear's output: the Linear runs as a module (its hooks and LRP rules with it),
+    the rest of its output is not read."""
+
+    def __init__(self, linear: nn.Linear, start: int, stop: int):
+        super().__init__()
+        self.columns = slice(start, stop)
+        self._linear = [linear]  # not a submodule: the model owns it
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._linear[0](x)[..., self.columns]
+
+
+def parallel_block(module: nn.Module) -> BlockParts:
+    """timm's ``ParallelScalingBlock`` (ViT-22B): one ``in_proj`` gives the MLP's hidden units and q, k, v of the
+    normed input; the attention's and the MLP's own output projections, one LayerScale on their sum."""
+    hidden = module.in_split[0]
+    width = module.attn_out_proj.out_features
+    attention = AttentionParts(
+        module=module, num_heads=module.num_heads, head_dim=module.head_dim, scale=module.scale,
+        proj=module.attn_out_proj, qkv=_Columns(module.in_proj, hidden, hidden + 3 * width),
+        q_norm=optional(module.q_norm), k_norm=optional(module.k_norm), attn_drop=module.attn_drop)
+    mlp_input = _Columns(module.in_proj, 0, hidden)
+
+    def mlp(h: Tensor, arithmetic) -> Tensor:  # the MLP bias is kept apart from in_proj: a constant offset
+        units = mlp_input(h)
+        units = units if module.mlp_bias is None else arithmetic.offset(units, module.mlp_bias)
+        return module.mlp_out_proj(module.mlp_drop(module.mlp_act(units)))
+
+    gamma = layer_scale(module.ls)
+    return BlockParts(module=module, attention=attention, norm1=module.in_norm, norm2=nn.Identity(), mlp=module.mlp_act,
+                      activation=module.mlp_act, gated_mlp=mlp, layout="parallel", gamma1=gamma, gamma2=gamma,
+                      inputs=_block_inputs)
+
+
 def _block_inputs(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> tuple[Tensor, AttentionInput]:
     if is_causal:
         from timm.layers.attention import resolve_self_attn_mask
@@ -37,15 +80,19 @@ def _block_inputs(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = 
     return x, AttentionInput(mask=attn_mask)
 
 
+@register_family
 class TimmViT(TimmSequenceFamily):
     """Where timm's ``VisionTransformer`` (and subclasses such as ``VisionTransformerDistilled``) keeps its parts."""
 
     name = "timm VisionTransformer"
+    listing_order = 10
+
+    @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        return isinstance(model, _vit_classes())
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if not isinstance(model, _vit_classes()):
-            return f"{type(model).__name__} is not a timm VisionTransformer"
         if reason := cls.pooling_reason(model):
             return reason
         if model.global_pool == "map" and getattr(model.attn_pool, "latent_len", 1) != 1:
@@ -53,6 +100,10 @@ class TimmViT(TimmSequenceFamily):
         if reason := block_type_reason(model.blocks, BLOCK_LAYOUTS, "timm's Block or ResPostBlock"):
             return reason
         for i, block in enumerate(model.blocks):
+            if type(block).__name__ == "ParallelScalingBlock":
+                if block.out_proj is not None:
+                    return f"block {i}: its attention and MLP share one fused output projection (fuse_out_proj=True)"
+                continue
             absent = missing(block.attn, ATTENTION_ATTRIBUTES)
             if absent:
                 return f"block {i}: {absent}"
@@ -64,10 +115,13 @@ class TimmViT(TimmSequenceFamily):
                 "DeiT distilled (class + distillation token)": timm_example("deit_base_distilled_patch16_224"),
                 "ViT, average pooling, registers": timm_example("vit_base_patch16_224", reg_tokens=2, global_pool="avg"),
                 "SigLIP-style ViT (attention pooling)": timm_example("vit_base_patch16_siglip_224",
-                                                                     class_token=False, global_pool="map")}
+                                                                     class_token=False, global_pool="map"),
+                "ViT with parallel blocks (vit_pwee)": timm_example("vit_pwee_patch16_reg1_gap_256")}
 
     def block(self, module: nn.Module) -> BlockParts:
         layout = BLOCK_LAYOUTS[type(module).__name__]
+        if layout == "parallel":
+            return parallel_block(module)
         return BlockParts(
             module=module, attention=timm_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
             mlp=module.mlp, activation=getattr(module.mlp, "act", None), layout=layout, gamma1=layer_scale(getattr(module, "ls1", None)),
@@ -86,8 +140,19 @@ class TimmViT(TimmSequenceFamily):
         return self.head(self.model.blocks(tokens))
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import AttentionPoolLatent, DropPath, LayerScale, Mlp, PatchDropout, PatchEmbed
-        from timm.models.vision_transformer import Block, ResPostBlock
+        from timm.layers import (
+            AttentionPoolLatent,
+            DropPath,
+            LayerScale,
+            Mlp,
+            PatchDropout,
+            PatchEmbed,
+        )
+        from timm.models.vision_transformer import (
+            Block,
+            ParallelScalingBlock,
+            ResPostBlock,
+        )
 
-        return (_vit_classes(), Block, ResPostBlock, type(self.blocks[0].attention.module), Mlp, PatchEmbed,
+        return (_vit_classes(), Block, ResPostBlock, ParallelScalingBlock, type(self.blocks[0].attention.module), Mlp, PatchEmbed,
                 LayerScale, DropPath, PatchDropout, AttentionPoolLatent)

@@ -3,9 +3,9 @@
 * :mod:`.rules` — the rules, as objects: module rules (Linear, LayerNorm, activation, dropout, patch
   convolution) and operation rules (residual add, attention products and softmax, LayerScale, gates);
 * :mod:`.composites` — rule sets (which rule each part gets): ``chefer``, ``lrp``, ``conservative``,
-  ``abslrp``;
+  ``abslrp``, ``attnlrp``, ``cplrp``;
 * placement (here) — where the parts are comes from the model's family description: the rule set's
-  module rules go on the model's modules by type, its operation rules are the arithmetic of the
+  module rules go on the model's modules by type (a Linear's also by its role and block), its operation rules are the arithmetic of the
   written-out blocks and attention (:meth:`~vitexplain.instrumentation.ModelAdapter.instrumented`).
 
 Like zennit, this changes how the model computes its *backward* while leaving its forward values
@@ -29,9 +29,25 @@ from ..families.base import UnsupportedModelError
 from ..patching import ModelPatch
 from ..precision import float32_scope
 from ..targets import resolve_target
-from ..windows import Grid, WindowedMatrix, WindowLayout, mix_rows, mixing, stage_grids, to_tokens
+from ..windows import (
+    Grid,
+    WindowedMatrix,
+    WindowLayout,
+    mix_rows,
+    mixing,
+    stage_grids,
+    to_tokens,
+)
 from . import rules as r
-from .composites import RULE_SETS, RuleSet, lrp_baseline, one_on_target, other_classes, resolve_rules
+from .composites import (
+    RULE_SETS,
+    RuleSet,
+    attention_aware,
+    lrp_baseline,
+    one_on_target,
+    other_classes,
+    resolve_rules,
+)
 
 #: what :func:`relevance` can return
 STAGES = ("attn", "residuals", "patches", "pixels")
@@ -149,6 +165,20 @@ def _check_covered(adapter: ModelAdapter) -> None:
                                     f"{name} ({type(module).__name__}) {reason}")
 
 
+def _linear_places(family) -> dict[int, tuple[str, int | None]]:
+    """Each Linear of the blocks and of a pooling head, by id: its role and block (:data:`.composites.LinearRules`);
+    Linears not listed are ``("head", None)``."""
+    attentions = [(parts.attention, index) for index, parts in enumerate(family.blocks)]
+    attentions += [(family.probe.attention, None)] if family.probe is not None else []
+    places = {id(linear): ("mlp", index) for index, parts in enumerate(family.blocks)
+              for linear in parts.module.modules() if isinstance(linear, nn.Linear)}
+    for attention, index in attentions:
+        for linear in (*attention.projections, attention.query, attention.proj):
+            if isinstance(linear, nn.Linear):
+                places[id(linear)] = ("attention", index)
+    return places
+
+
 def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatch, pixels: bool) -> None:
     """Put the rule set's module rules on the model's modules, from its family description."""
     family, model = adapter.family, adapter.model
@@ -157,9 +187,11 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
     if family.probe is not None:
         projections |= {id(linear) for linear in family.probe.attention.projections}
     activations = {id(activation) for activation in _activations(family)}
+    places = _linear_places(family)
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            rules.linear().place(module, patch, renormalise_input=id(module) not in projections)
+            rule = rules.linear_rule(*places.get(id(module), ("head", None)))
+            rule.place(module, patch, renormalise_input=id(module) not in projections)
         elif isinstance(module, nn.LayerNorm):
             rules.norm().place(module, patch)
         elif id(module) in activations:
@@ -369,5 +401,5 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
         attn_grads=attn_grads, layouts=layouts, stages=stage_grids(layouts, grid))
 
 
-__all__ = ["RULE_SETS", "Relevance", "RuleArithmetic", "RuleSet", "STAGES", "Trace", "lrp_baseline", "lrp_rules",
-           "other_classes", "relevance", "resolve_rules"]
+__all__ = ["RULE_SETS", "Relevance", "RuleArithmetic", "RuleSet", "STAGES", "Trace", "attention_aware", "lrp_baseline",
+           "lrp_rules", "other_classes", "relevance", "resolve_rules"]

@@ -15,6 +15,14 @@
   Propagation", ICML 2022, Sec. 4: attention probabilities held constant (AH-rule) and LayerNorm's
   standard deviation held constant (LN-rule); everything else is Gradient×Input (LRP-0, biases
   absorbing relevance).
+* ``"attnlrp"`` and ``"cplrp"`` — Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation
+  for Transformers", ICML 2024, as LXT (rachtibat/LRP-eXplains-Transformers, ``lxt.efficient``) runs it on
+  ViTs: the identity rule at the MLP activation and through LayerNorm's standard deviation (Prop. 3.4,
+  Eq. 9), the ε-rule (Gradient×Input) at the adds and the attention's projections, the γ-rule at the
+  feed-forward and head Linears and at the patch convolution (:class:`GammaLinears`), relevance starting at
+  the target logit. Inside the attention ``"attnlrp"`` takes AttnLRP's softmax and product rules
+  (:class:`~.rules.TaylorAttention`), ``"cplrp"`` holds the attention probabilities constant (CP-LRP, Ali et
+  al.'s AH-rule, which LXT's ViT patch uses: ``cp_LRP`` of ``lxt/efficient/models/vit_torch.py``).
 * ``"abslrp"`` — Vukadin, Afrić, Šilić & Delač, "Advancing Attribution-Based Neural Network
   Explainability through Relative Absolute Magnitude Layer-Wise Relevance Propagation and
   Multi-Component Evaluation", ACM TIST 2024, as in davor10105/relative-absolute-magnitude-propagation
@@ -32,6 +40,8 @@ uses the z-rule. Gating products (GLU feed-forwards) hold the gate constant in e
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -59,12 +69,20 @@ def other_classes(logits: Tensor, targets: Tensor) -> Tensor:
     return (1 - one_on_target(logits, targets)) / (classes - 1)
 
 
+#: where a Linear sits: ``"attention"`` (an attention's projections, in the blocks or in a pooling head),
+#: ``"mlp"`` (a block's other Linears: its feed-forward) or ``"head"`` (outside the blocks: the classifier, a
+#: pooling head's feed-forward, patch merging); with its block index (None outside the blocks)
+LinearRules = Callable[[str, "int | None"], r.ModuleRule]
+
+
 @dataclass(frozen=True)
 class RuleSet:
     """Which rule each part of a model follows.
 
     Attributes:
-        linear, norm, activation: rules (classes of :mod:`.rules`) of every Linear, LayerNorm and MLP activation.
+        linear: the rule of every Linear (a class of :mod:`.rules`), or a function ``(role, block) -> rule``
+            (:data:`LinearRules`) for rules that vary with the place.
+        norm, activation: rules (classes of :mod:`.rules`) of every LayerNorm and MLP activation.
         dropout: rule of the eval-mode dropouts, or None to pass relevance through them unchanged; when set,
             the positions where timm's ViT has a dropout and a family has none get it too.
         residual: the residual adds.
@@ -72,11 +90,11 @@ class RuleSet:
         attention: the attention's products, softmax, bias and q/k normalisation.
         scale: LayerScale products.
         gate: gating products.
-        pixels: rule of the patch convolution.
+        pixels: rule of the patch convolution (a class, or any function making one).
         start: relevance put on the logits: ``(logits, targets) -> [B, C]``.
     """
 
-    linear: type[r.ModuleRule]
+    linear: type[r.ModuleRule] | LinearRules
     norm: type[r.ModuleRule]
     activation: type[r.ModuleRule]
     dropout: type[r.ModuleRule] | None
@@ -85,13 +103,30 @@ class RuleSet:
     attention: r.AttentionRule
     scale: r.ScaleRule
     gate: r.GateRule
-    pixels: type[r.ModuleRule]
+    pixels: Callable[[], r.ModuleRule]
     start: Callable[[Tensor, Tensor], Tensor]
 
-    @property
-    def absolute(self) -> bool:
-        """Whether the absolute rule's relevance renormalisation applies (to fused projections' input too)."""
-        return self.linear is r.AbsoluteLinear
+    def linear_rule(self, role: str, block: int | None) -> r.ModuleRule:
+        """The rule of a Linear at ``role`` in ``block`` (see :data:`LinearRules`)."""
+        return self.linear() if isinstance(self.linear, type) else self.linear(role, block)
+
+
+@dataclass(frozen=True)
+class GammaLinears:
+    """LXT's Linear rules for ViTs: the γ-rule at the feed-forward and head Linears, the ε-rule (LRP-0) at the
+    attention's projections.
+
+    LXT puts zennit's ``Gamma`` on every ``nn.Linear`` of torchvision's ViT, whose attention computes its
+    projections functionally, so that they keep the gradient (LRP-0); LXT's earlier explicit ViT code names the
+    ε-rule for them outright. ``gamma``: one value for every block, or one per block, the Linears after the
+    blocks taking the last block's; γ = 0 is LRP-0 (so γ on the lower blocks and ε above is a list).
+    """
+
+    gamma: float | tuple[float, ...]
+
+    def __call__(self, role: str, block: int | None) -> r.ModuleRule:
+        gamma = self.gamma if isinstance(self.gamma, (int, float)) else self.gamma[-1 if block is None else block]
+        return r.Gradient() if role == "attention" or gamma == 0 else r.Gamma(gamma)
 
 
 def absolute_position(output: Tensor, patches: Tensor, num_prefix_tokens: int) -> Tensor:
@@ -104,6 +139,24 @@ def absolute_position(output: Tensor, patches: Tensor, num_prefix_tokens: int) -
     patches = patches.reshape(output.shape[0], -1, output.shape[-1]).detach()
     kept = F.pad(1 + patches.sign(), (0, 0, num_prefix_tokens, 0))
     return r.with_gradient_of(output, output * (output / (output.abs() + r.STABILISER) * kept).detach())
+
+
+#: LXT's ViT example sweeps γ over 0, 0.01, 0.05, 0.1, 1 at the Linears and 0.1, 0.25, 100 at the patch
+#: convolution and names no default: the middle of each sweep (docs/decisions/lrp.md)
+LINEAR_GAMMA, CONV_GAMMA = 0.05, 0.25
+
+
+def attention_aware(constant_attention: bool, gamma: float | Sequence[float] = LINEAR_GAMMA,
+                    conv_gamma: float = CONV_GAMMA) -> RuleSet:
+    """Rule set ``"attnlrp"`` (or with ``constant_attention``, ``"cplrp"``) with the γ values given: ``gamma``
+    at the feed-forward and head Linears (one, or one per block, see :class:`GammaLinears`), ``conv_gamma`` at
+    the patch convolution. A gating product follows the attention: uniform (AttnLRP, Prop. 3.2) or the gate
+    held constant (LXT's CP-LRP ``cp_gated_mlp_forward``)."""
+    return RuleSet(linear=GammaLinears(gamma if isinstance(gamma, (int, float)) else tuple(gamma)), norm=r.ConstantStd,
+                   activation=r.PassUnchanged, dropout=None, residual=r.AddRule(), position=None,
+                   attention=r.ConstantAttention() if constant_attention else r.TaylorAttention(), scale=r.ScaleRule(),
+                   gate=r.GateRule() if constant_attention else r.UniformGate(),
+                   pixels=functools.partial(r.Gamma, conv_gamma) if conv_gamma else r.Gradient, start=target_logit)
 
 
 RULE_SETS: dict[str, RuleSet] = {
@@ -120,6 +173,8 @@ RULE_SETS: dict[str, RuleSet] = {
                       dropout=r.AbsoluteElementwise, residual=r.AbsoluteAdd(), position=absolute_position,
                       attention=r.AbsoluteAttention(), scale=r.AbsoluteScale(), gate=r.GateRule(),
                       pixels=r.AbsoluteConv, start=one_on_target),
+    "attnlrp": attention_aware(constant_attention=False),
+    "cplrp": attention_aware(constant_attention=True),
 }
 
 
@@ -142,5 +197,6 @@ def resolve_rules(rules: str | RuleSet) -> RuleSet:
         raise ValueError(f"unknown LRP rule set {rules!r}; choose one of {sorted(RULE_SETS)} or pass a RuleSet") from None
 
 
-__all__ = ["LINEAR_RULES", "RULE_SETS", "RuleSet", "absolute_position", "lrp_baseline", "one_on_target",
+__all__ = ["CONV_GAMMA", "GammaLinears", "LINEAR_GAMMA", "LINEAR_RULES", "LinearRules", "RULE_SETS", "RuleSet",
+           "absolute_position", "attention_aware", "lrp_baseline", "one_on_target",
            "other_classes", "resolve_rules", "target_logit"]

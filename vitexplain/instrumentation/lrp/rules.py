@@ -315,6 +315,36 @@ class Gradient(ModuleRule):
         pass
 
 
+def _magnitudes(module: nn.Module, x: Tensor) -> Tensor:
+    """|W| |x| + |b|: the Linear's or convolution's map of ``|x|`` with its weights' and bias' magnitudes."""
+    weight = module.weight.detach().abs()
+    bias = None if module.bias is None else module.bias.detach().abs()
+    if isinstance(module, nn.Linear):
+        return F.linear(x.abs(), weight, bias)
+    return module._conv_forward(x.abs(), weight, bias)
+
+
+class Gamma(ModuleRule):
+    """The generalised γ-rule for a Linear or a convolution: contributions of the output's own sign favoured by γ.
+
+    Montavon et al., "Layer-Wise Relevance Propagation: An Overview", 2019, Sec. 10.2.3, for inputs of both
+    signs as zennit's ``Gamma`` computes it (Andéol et al. 2021), which LXT runs on ViTs (Achtibat et al.,
+    ICML 2024). With z_ij = x_i w_ij and s_j = sign(y_j):
+    R_i = Σ_j (z_ij + γ z_ij^{s_j}) / (y_j + γ (Σ_i z_ij^{s_j} + b_j^{s_j})) · R_j, where (·)^+ / (·)^- are the
+    positive / negative parts: the bias sits in the denominator only and absorbs relevance; R_j = 0 where
+    y_j = 0. Since z^{s} = (z + s |x||w|) / 2 and b^{s} − b/2 = s |b| / 2, the denominator is
+    (1 + γ/2) y + (γ/2) s (|W| |x| + |b|): one extra product, whose gradient gives the numerators; γ = 0 is LRP-0.
+    """
+
+    def __init__(self, gamma: float):
+        self.gamma = gamma
+
+    def output(self, module: nn.Module, x: Tensor, output: Tensor) -> Tensor:
+        denominator = torch.addcmul(output * (1 + self.gamma / 2), output.detach().sign(), _magnitudes(module, x),
+                                    value=self.gamma / 2)
+        return proportional(output, denominator)
+
+
 class PassUnchanged(ModuleRule):
     """Relevance passes unchanged from output to input (Chefer et al.'s LayerNorm and activations)."""
 
@@ -489,6 +519,24 @@ class ConstantAttention(AttentionRule):
         return F.normalize(t, dim=-1)
 
 
+class TaylorAttention(AttentionRule):
+    """AttnLRP's attention (Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for
+    Transformers", ICML 2024).
+
+    Softmax: the Taylor expansion at its input, bias term absorbed (Prop. 3.1), R_s = s ⊙ (R_A − A ΣR_A) over
+    each row, which is exactly Gradient×Input through the softmax; both products: the ε-rule then the uniform
+    rule, half of the relevance to each operand (Prop. 3.3: the base class's halved products); a constant added
+    (position bias, a q / v bias kept apart from its Linear): the ε-rule, the constant absorbing its share;
+    q / k normalisation: the identity rule (Prop. 3.4).
+    """
+
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        return x + constant
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        return scores.softmax(dim=-1)
+
+
 class AbsoluteAttention(AttentionRule):
     """Vukadin et al.'s absolute rule on the products, the softmax (row max and sum constant) and the offsets."""
 
@@ -546,3 +594,12 @@ class GateRule:
         if _PHASE.get() is not None:  # the plain gradient reaches the gate too
             return with_gradient_of(value * gate, value * gate.detach())
         return value * gate.detach()
+
+
+class UniformGate(GateRule):
+    """AttnLRP's uniform rule for an element-wise product of two inputs (Prop. 3.2): value and gate each take
+    half of the relevance (LXT's ``divide_gradient(..., 2)`` after a gated feed-forward's product)."""
+
+    def __call__(self, value: Tensor, gate: Tensor) -> Tensor:
+        gated = value * gate
+        return with_gradient_of(gated, gated / 2)

@@ -1,0 +1,217 @@
+"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2), and timm's parallel blocks: recognised with
+their readout, the instrumented forward equal to the model's own output, and GAE equal to GAE computed from
+a forward written out by hand from each model's parameters (its own attention probabilities, in the graph)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitexplain import explain
+from vitexplain.instrumentation import UnsupportedModelError, adapter_for
+
+from test_instrumentation import _assert_same, _snapshot
+from zoo import FOREIGN, ZOO, build, images
+
+
+def _attention(q, k, v, heads):
+    """softmax(q kᵀ/√D) v over ``heads`` heads of [B, N, C] projections; the probabilities keep their gradient."""
+    batch, tokens, width = q.shape
+    q, k, v = (t.reshape(batch, tokens, heads, -1).transpose(1, 2) for t in (q, k, v))
+    attn = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).softmax(-1)
+    attn.retain_grad()
+    return (attn @ v).transpose(1, 2).reshape(batch, tokens, width), attn
+
+
+def _packed(attention, h):
+    """``nn.MultiheadAttention`` on tokens [B, N, C] written out: the packed projection, the heads, ``out_proj``."""
+    q, k, v = F.linear(h, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)
+    mixed, attn = _attention(q, k, v, attention.num_heads)
+    return attention.out_proj(mixed), attn
+
+
+def torchvision_by_hand(model, x):
+    """(output, each block's attention probabilities [B, H, N, N], readout weights [B, N])."""
+    patches = model.conv_proj(x).flatten(2).transpose(1, 2)
+    tokens = torch.cat([model.class_token.expand(x.shape[0], -1, -1), patches], 1) + model.encoder.pos_embedding
+    attentions = []
+    for block in model.encoder.layers:
+        mixed, attn = _packed(block.self_attention, block.ln_1(tokens))
+        tokens = tokens + mixed
+        tokens = tokens + block.mlp(block.ln_2(tokens))
+        attentions.append(attn)
+    return model.heads(model.encoder.ln(tokens)[:, 0]), attentions, _class_token_readout(tokens)
+
+
+def _class_token_readout(tokens):
+    readout = torch.zeros(tokens.shape[:2])
+    readout[:, 0] = 1
+    return readout
+
+
+def _separate(attention, h, heads):
+    """Three projections and an output projection, as transformers' attention modules hold them."""
+    mixed, attn = _attention(attention.q_proj(h), attention.k_proj(h), attention.v_proj(h), heads)
+    return attention.o_proj(mixed), attn
+
+
+def transformers_vit_model_by_hand(model, x):
+    embeddings = model.embeddings
+    patches = embeddings.patch_embeddings.projection(x).flatten(2).transpose(1, 2)
+    tokens = torch.cat([embeddings.cls_token.expand(x.shape[0], -1, -1), patches], 1) + embeddings.position_embeddings
+    attentions = []
+    for layer in model.layers:
+        mixed, attn = _separate(layer.attention, layer.layernorm_before(tokens), layer.attention.num_attention_heads)
+        tokens = tokens + mixed
+        tokens = tokens + layer.mlp(layer.layernorm_after(tokens))
+        attentions.append(attn)
+    return model.pooler(model.layernorm(tokens)), attentions, _class_token_readout(tokens)
+
+
+def dinov2_by_hand(model, x):
+    """DINOv2: [CLS] and patches with positions, then the registers; LayerScale on both branches; the normed [CLS]
+    token, or the classifier on it concatenated with the patch tokens' mean (readout: half each)."""
+    base = model.base_model
+    embeddings, registers = base.embeddings, getattr(base.config, "num_register_tokens", 0)
+    patches = embeddings.patch_embeddings.projection(x).flatten(2).transpose(1, 2)
+    tokens = torch.cat([embeddings.cls_token.expand(x.shape[0], -1, -1), patches], 1) + embeddings.position_embeddings
+    if registers:
+        tokens = torch.cat([tokens[:, :1], embeddings.register_tokens.expand(x.shape[0], -1, -1), tokens[:, 1:]], 1)
+    attentions = []
+    for layer in base.encoder.layer:
+        mixed, attn = _separate(layer.attention, layer.norm1(tokens), layer.attention.num_attention_heads)
+        tokens = tokens + layer.layer_scale1.lambda1 * mixed
+        h = layer.norm2(tokens)
+        mlp = layer.mlp
+        branch = (mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)) if hasattr(mlp, "gate_proj")
+                  else mlp.fc2(F.gelu(mlp.fc1(h))))
+        tokens = tokens + layer.layer_scale2.lambda1 * branch
+        attentions.append(attn)
+    normed = base.layernorm(tokens)
+    readout = _class_token_readout(tokens)
+    if not hasattr(model, "classifier"):
+        return normed[:, 0], attentions, readout
+    patch_tokens = normed[:, 1 + registers:]
+    readout = readout / 2
+    readout[:, 1 + registers:] = 1 / (2 * patch_tokens.shape[1])
+    return model.classifier(torch.cat([normed[:, 0], patch_tokens.mean(1)], 1)), attentions, readout
+
+
+def parallel_blocks_by_hand(model, x):
+    """timm's ViT with ParallelScalingBlocks (ViT-22B): x + γ·(attn_out(attn(h)) + mlp_out(act(h W_mlp + b))),
+    h = LN(x), one in_proj giving the MLP's units and q, k, v; average pooling of the patch tokens."""
+    tokens = model.norm_pre(model._pos_embed(model.patch_embed(x)))
+    attentions = []
+    for block in model.blocks:
+        h = block.in_norm(tokens)
+        units, q, k, v = block.in_proj(h).split(block.in_split, dim=-1)
+        mixed, attn = _attention(q, k, v, block.num_heads)
+        branch = block.attn_out_proj(mixed) + block.mlp_out_proj(F.gelu(units + block.mlp_bias))
+        tokens = tokens + block.ls.gamma * branch
+        attentions.append(attn)
+    readout = torch.zeros(tokens.shape[:2])
+    readout[:, model.num_prefix_tokens:] = 1 / (tokens.shape[1] - model.num_prefix_tokens)
+    return model.forward_head(model.norm(tokens)), attentions, readout
+
+
+BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand, "hf_vit_model": transformers_vit_model_by_hand,
+           "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand}
+
+
+def _target(output, has_classes):
+    """Each image's predicted class, or (headless models) a fixed direction in the embedding space."""
+    if has_classes:
+        return output.argmax(-1)
+    return torch.randn(output.shape[-1], generator=torch.Generator().manual_seed(5))
+
+
+def _score(output, target):
+    """The logit of each image's class, or the cosine of the output with a direction (targets.py)."""
+    if not target.is_floating_point():
+        return output.gather(1, target[:, None]).sum()
+    return F.cosine_similarity(output, target[None], dim=1).sum()
+
+
+@pytest.mark.parametrize("name", list(BY_HAND))
+def test_recognised_with_its_readout_and_outputs_equal_the_models(name):
+    model, x = build(name), images(2)
+    adapter = adapter_for(model)
+    assert adapter.readout == (FOREIGN[name][1] if name in FOREIGN else ZOO[name][2]) and adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
+    with torch.no_grad():
+        own = adapter.forward(x)
+    record = adapter.record(x, _target(own, adapter.family.has_classes), grads=("attn",))
+    assert (record.logits - own).norm() <= 1e-5 * own.norm()
+    with torch.no_grad():
+        subsets = adapter.logits_on_tokens(x, torch.arange(16).expand(2, 1, 16))[:, 0]
+    assert (subsets - own).norm() <= 1e-5 * own.norm()
+
+
+@pytest.mark.parametrize("name", list(BY_HAND))
+def test_gae_equals_gae_of_the_forward_written_by_hand(name):
+    model, x = build(name), images(2, seed=3)
+    has_classes = adapter_for(model).family.has_classes
+    output, attentions, readout = BY_HAND[name](model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(output, adapter_for(model).forward(x), rtol=1e-5, atol=1e-6)
+    target = _target(output.detach(), has_classes)
+    _score(output, target).backward()
+    prefix = adapter_for(model).num_prefix_tokens
+    found = explain(model, x, "gae", target=target)
+    for image in range(2):
+        relevance = torch.eye(attentions[0].shape[-1])
+        for attn in attentions:  # Chefer et al. 2021b, Eq. 5-6: R += mean_h (∇A ⊙ A)⁺ R
+            relevance = relevance + (attn.grad[image] * attn[image]).clamp(min=0).mean(0).detach() @ relevance
+        row = readout[image] @ relevance
+        torch.testing.assert_close(found[image], row[prefix:].reshape(4, 4), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(FOREIGN))
+def test_model_left_as_found_also_after_an_exception(name):
+    model = build(name).train()
+    x = images(2)
+    adapter = adapter_for(model)
+    with torch.no_grad():
+        target = _target(adapter.forward(x), adapter.family.has_classes)
+    before = _snapshot(model)
+    explain(model, x, "tokentm", target=target)
+
+    def explode(module, args, output):
+        raise RuntimeError("injected")
+
+    last = [module for module in model.modules() if isinstance(module, torch.nn.Linear)][-2]
+    handle = last.register_forward_hook(explode)
+    before["hooks"] = _snapshot(model)["hooks"]
+    with pytest.raises(RuntimeError, match="injected"):
+        explain(model, x, "gae", target=target)
+    _assert_same(before, _snapshot(model))
+    handle.remove()
+
+
+def test_torchvision_vit_refuses_lrp_naming_its_packed_attention():
+    with pytest.raises(UnsupportedModelError, match="nn.MultiheadAttention, whose packed input projection"):
+        explain(build("torchvision_vit"), images(1), "transformer_attribution")
+
+
+@pytest.mark.parametrize("rules", ["chefer", "lrp"])
+@pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee"])
+def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
+    """LayerScale, the SwiGLU gate (signal-take-all), the registers, and parallel blocks (in_proj read by both
+    branches, the MLP bias a constant) keep the Chefer-style sets conservative."""
+    from vitexplain.instrumentation import lrp
+
+    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    model = build(name)
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            if parameter_name.endswith("bias"):
+                parameter.normal_(0, 0.3)
+    model = model.double()
+    found = lrp.relevance(adapter_for(model), images(2).double(), None, rules)
+    for relevance in found.residuals:
+        torch.testing.assert_close(relevance.sum((1, 2)), torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))
+
+
+def test_tokentm_refuses_parallel_blocks_with_its_reason():
+    with pytest.raises(UnsupportedModelError, match="parallel blocks add the attention and the MLP to the same input"):
+        explain(build("vit_pwee"), images(1), "tokentm")
