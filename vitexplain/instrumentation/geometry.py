@@ -18,7 +18,15 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .windows import Grid, WindowedMatrix, WindowLayout, mix_rows, mixing, to_tokens, tokens_in
+from .windows import (
+    Grid,
+    WindowedMatrix,
+    WindowLayout,
+    mix_rows,
+    mixing,
+    to_tokens,
+    tokens_in,
+)
 
 
 @dataclass
