@@ -19,12 +19,12 @@ set for the length of a ``with`` block (everything removed on exit, also after a
 from __future__ import annotations
 
 from .composites import (
-           RULE_SETS,
-           RuleSet,
-           attention_aware,
-           lrp_baseline,
-           other_classes,
-           resolve_rules,
+    RULE_SETS,
+    RuleSet,
+    attention_aware,
+    lrp_baseline,
+    other_classes,
+    resolve_rules,
 )
 from .placement import RuleArithmetic, lrp_rules
 from .propagation import STAGES, Relevance, relevance
