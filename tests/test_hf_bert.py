@@ -98,7 +98,8 @@ def test_recording_matches_a_written_out_post_norm_forward(attention):
     logits, layers = manual_bert(model, **batch)
     logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
     torch.testing.assert_close(record.logits, logits.detach(), rtol=1e-5, atol=1e-5)
-    assert record.grid == (7,) and record.num_prefix_tokens == 1 and record.class_token_index == 0
+    geometry = record.geometry
+    assert geometry.grid == (7,) and geometry.num_prefix_tokens == 1 and geometry.class_token_index == 0
     real = batch["attention_mask"].bool()
     for block, expected, layer in zip(record.blocks, layers, model.bert.encoder.layer, strict=True):
         for name in ("residual", "attn_branch", "mlp_input", "mlp_branch", "output"):

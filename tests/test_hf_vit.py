@@ -89,7 +89,8 @@ def test_recording_equals_the_timm_twins(twins, variant):
     adapter = adapter_for(hf_model)
     assert isinstance(adapter.family, TransformersViT)
     got = adapter.record(images, grads=grads)
-    assert got.grid == expected.grid == (4, 4) and got.num_prefix_tokens == expected.num_prefix_tokens == 1 + variant[0]
+    assert got.geometry.grid == expected.geometry.grid == (4, 4)
+    assert got.geometry.num_prefix_tokens == expected.geometry.num_prefix_tokens == 1 + variant[0]
     _close(got.logits, expected.logits, 1e-5)
     _close(got.input_grad, expected.input_grad)
     for mine, theirs in zip(got.blocks, expected.blocks, strict=True):
@@ -152,7 +153,7 @@ def test_deit_without_teacher_has_two_prefix_tokens_and_explains_its_class_head(
     torch.manual_seed(0)
     model = DeiTForImageClassification(DeiTConfig(**HF_TINY)).eval()
     record = adapter_for(model).record(_images(), grads=("attn",))
-    assert record.num_prefix_tokens == 2 and record.blocks[0].attn.shape[-1] == 18
+    assert record.geometry.num_prefix_tokens == 2 and record.blocks[0].attn.shape[-1] == 18
     torch.testing.assert_close(record.logits, model(pixel_values=_images()).logits)
     assert vitexplain.explain(model, _images(), "gae").shape == (2, 4, 4)
 

@@ -53,8 +53,8 @@ def test_recording_matches_an_independent_forward(family_model):
                                    rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(block.output, block.mlp_residual + block.mlp_branch)
     grid = (5, 3) if name == "dynamic" else (4, 4)
-    assert record.grid == grid
-    assert record.num_prefix_tokens == model.num_prefix_tokens
+    assert record.geometry.grid == grid
+    assert record.geometry.num_prefix_tokens == model.num_prefix_tokens
     assert record.blocks[0].attn.shape[-1] == model.num_prefix_tokens + grid[0] * grid[1]
 
 

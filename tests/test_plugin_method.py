@@ -34,7 +34,7 @@ def plugin_first_attention(adapter, images, target=None, *, n_steps: PositiveInt
     record = adapter.record(images, target, fields=("attn",), blocks=(0,))
     attn = record.blocks[0].attn
     fused = attn.mean(1) if fusion == "mean" else attn.amax(1)
-    return n_steps * record.readout_row(fused)
+    return n_steps * record.geometry.readout_row(fused)
 '''
 
 

@@ -48,7 +48,7 @@ def test_recorded_readout_weights_equal_the_head(pooled):
     _, _, residuals = manual_forward(model, x)
     with torch.no_grad():
         last = model.blocks[-1](residuals[-1])
-    torch.testing.assert_close(record.readout.weights, readout_weights(model, last), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(record.geometry.readout.weights, readout_weights(model, last), rtol=1e-5, atol=1e-6)
 
 
 def test_raw_attention_rollout_and_gae_read_the_readout_row(pooled):

@@ -160,7 +160,7 @@ def test_recorded_windows_attention_and_qkv_equal_hooks_on_the_real_modules(vers
         handle.remove()
     record = adapter_for(model).record(x)
     torch.testing.assert_close(record.logits, logits, rtol=1e-5, atol=1e-5)
-    assert record.stages == tuple(dict.fromkeys(grids(model, x)))
+    assert record.geometry.stages == tuple(dict.fromkeys(grids(model, x)))
     for index, (block, grid) in enumerate(zip(blocks(model), grids(model, x))):
         found = record.blocks[index]
         slots = slot_tokens(block, grid)
@@ -192,7 +192,7 @@ def test_dynamic_image_sizes_take_the_blocks_own_masks_for_any_grid():
         expected = model(x)
     record = adapter_for(model).record(x, fields=("attn",))
     torch.testing.assert_close(record.logits, expected, rtol=1e-5, atol=1e-5)
-    assert record.grid == (9, 7) and record.stages == ((9, 7), (5, 4))
+    assert record.geometry.grid == (9, 7) and record.geometry.stages == ((9, 7), (5, 4))
     assert explain(model, x, "rollout").shape == (2, 9, 7)
 
 
@@ -293,8 +293,9 @@ def test_lrp_conserves_relevance_across_windows_and_patch_merging(version, rules
 def test_readout_is_the_mean_of_the_last_stage_and_maps_lie_on_the_first_stage_grid():
     model, x = build("swin"), images()
     record = adapter_for(model).record(x, fields=("attn",))
-    assert record.readout.kind == "avg" and torch.allclose(record.readout.weights, torch.full((2, 4), 0.25))
-    assert record.stages == ((4, 4), (2, 2)) and record.blocks[-1].attn.shape == (2, 4, 1, 4, 4)
+    readout = record.geometry.readout
+    assert readout.kind == "avg" and torch.allclose(readout.weights, torch.full((2, 4), 0.25))
+    assert record.geometry.stages == ((4, 4), (2, 2)) and record.blocks[-1].attn.shape == (2, 4, 1, 4, 4)
     assert record.blocks[1].windows.shift == (1, 1) and record.blocks[1].attn.shape == (2, 2, 4, 4, 4)
     for method in ("raw_attention", "gradcam", "attn_gradcam"):  # last-stage maps shared among their 2×2 inputs
         found = explain(model, x, method)

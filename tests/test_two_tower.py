@@ -130,7 +130,7 @@ def test_recorded_attention_is_the_models(saved):
         head = model.vision_model.head
         with torch.no_grad():
             _, weights = head.attention(head.probe.expand(2, -1, -1), own.last_hidden_state, own.last_hidden_state)
-        torch.testing.assert_close(record.readout.weights, weights[:, 0], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(record.geometry.readout.weights, weights[:, 0], atol=1e-6, rtol=1e-5)
 
 
 def test_explain_texts_is_every_text_on_every_image(saved):

@@ -22,6 +22,7 @@ from .attention import NOTHING, PLAIN, Arithmetic, Sink, attend
 from .blocks import BlockParts, block_forward
 from .families import ForwardOnly
 from .families.base import Family, ProbeParts, UnsupportedModelError, check_images
+from .geometry import Readout, TokenGeometry
 from .inputs import TokenBatch
 from .patching import ModelPatch
 from .precision import caller_precision, float32_scope
@@ -29,12 +30,11 @@ from .recording import (
     BLOCK_FIELDS,
     HEAD_FIELDS,
     BlockRecord,
-    Readout,
     Recorder,
     Recording,
 )
 from .targets import Target, TargetLike, resolve_target
-from .windows import stage_grids
+from .windows import WindowLayout, stage_grids
 
 #: block index under which an attention-pooling head hands its attention to a sink
 READOUT = -1
@@ -398,14 +398,10 @@ class ModelAdapter:
             values = recorder.laid_out(index, {name: tensor.detach() for name, tensor in entry.items()})
             projection = parts.head_projection() if "v" in values else None
             records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout))
-        batch = outputs.shape[0]
-        grid = self.grid_size(inputs)
         return Recording(
-            logits=outputs.detach(), targets=resolved.labels(batch, outputs.device), scores=scores.detach(),
-            blocks=records, grid=grid, num_prefix_tokens=self.num_prefix_tokens,
-            class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
-            token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
-            target=resolved, stages=stage_grids(recorder.layouts, grid))
+            logits=outputs.detach(), targets=resolved.labels(outputs.shape[0], outputs.device), scores=scores.detach(),
+            blocks=records, target=resolved,
+            geometry=self.token_geometry(inputs, recorder.layouts, recorder.tokens[-1], recorder.readout_attn))
 
     def _check_layer_scores(self, layer_scores: LayerScores | None, names: set[str], input_grad: bool) -> None:
         """Refuse what layer scores cannot give, and head fields without them."""
@@ -462,6 +458,18 @@ class ModelAdapter:
             by_block.setdefault(block, {})[name] = gradient
         for block, gradients in by_block.items():
             recording.blocks[block].grads = recorder.laid_out(block, gradients)
+
+    def token_geometry(self, inputs: Any, layouts: Sequence[WindowLayout | None], last_tokens: int,
+                       probe_attn: Tensor | None = None) -> TokenGeometry:
+        """Where the tokens of one instrumented forward of ``inputs`` sit (:class:`TokenGeometry`): the
+        family's grid, prefix and class token, the readout of the last block's ``last_tokens`` tokens (an
+        attention-pooling head's attention ``probe_attn`` from the same forward), each block's window
+        ``layouts`` and the stages they give; for text, the token mask."""
+        grid = self.grid_size(inputs)
+        return TokenGeometry(
+            grid=grid, num_prefix_tokens=self.num_prefix_tokens, class_token_index=self.class_token_index,
+            readout=self.readout_weights(last_tokens, inputs.shape[0], probe_attn), stages=stage_grids(layouts, grid),
+            layouts=list(layouts), token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None)
 
     def readout_weights(self, tokens: int, batch: int, probe_attn: Tensor | None = None) -> Readout:
         """What the output takes from each of the last block's ``tokens`` tokens (see :class:`Readout`);

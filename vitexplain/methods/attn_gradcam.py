@@ -5,7 +5,6 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._products import readout_rows
 
 
 @register_method("attn_gradcam", modalities=("image", "text"),
@@ -20,7 +19,8 @@ def attn_gradcam(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """
     record = adapter.record(inputs, target, fields=("attn",), blocks=(-1,), grads={"attn": (-1,)})
     block = record.blocks[-1]
-    prefix = record.num_prefix_tokens
-    cam = readout_rows(record, block.mixing(block.attn))[..., prefix:]  # [B, H, patches]
-    weights = readout_rows(record, block.mixing(block.grads["attn"]))[..., prefix:].mean(-1, keepdim=True)
-    return record.patch_grid((cam * weights).mean(1).clamp(min=0))
+    geometry = record.geometry
+    prefix = geometry.num_prefix_tokens
+    cam = geometry.readout_rows(block.mixing(block.attn))[..., prefix:]  # [B, H, patches]
+    weights = geometry.readout_rows(block.mixing(block.grads["attn"]))[..., prefix:].mean(-1, keepdim=True)
+    return geometry.patch_grid((cam * weights).mean(1).clamp(min=0))

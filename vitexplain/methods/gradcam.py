@@ -29,7 +29,7 @@ def gradcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, layer: int = 
     record = adapter.record(inputs, target, fields=("attn_input",), blocks=(chosen_index,),
                             grads={"attn_input": (chosen_index,)})
     chosen = record.blocks[chosen_index]
-    prefix = record.num_prefix_tokens
+    prefix = record.geometry.num_prefix_tokens
     features = chosen.attn_input[:, prefix:]  # [B, patches, C]
     weights = chosen.grads["attn_input"][:, prefix:].mean(1, keepdim=True)  # [B, 1, C]
-    return record.patch_grid((features * weights).sum(-1).clamp(min=0))
+    return record.geometry.patch_grid((features * weights).sum(-1).clamp(min=0))
