@@ -66,11 +66,13 @@ def _assignment(text: str, dotted: bool) -> tuple[str | None, str, Any]:
 
 
 def _with_options(entries: list, assignments: list[str], what: str) -> list[dict[str, Any]]:
-    """Entries as dicts with ``--<what>-option`` values merged in (matched by label or name)."""
-    entries = [{"name": entry} if isinstance(entry, str) else dict(entry) for entry in entries]
+    """Entries as dicts with ``--<what>-option`` values merged in (matched by label or name); ``all`` stays
+    as it is (the config expands it)."""
+    entries = [entry if entry == "all" else {"name": entry} if isinstance(entry, str) else dict(entry)
+               for entry in entries]
     for text in assignments:
         owner, key, value = _assignment(text, dotted=True)
-        matching = [entry for entry in entries if owner in (entry.get("label"), entry["name"])]
+        matching = [entry for entry in entries if entry != "all" and owner in (entry.get("label"), entry["name"])]
         if not matching:
             raise ValueError(f"--{what}-option {text!r} names no {what} of this run")
         for entry in matching:
