@@ -102,11 +102,13 @@ class Family(ABC):
     #: what the family's models read
     modality: ClassVar[Literal["image", "text"]] = "image"
     #: how the output reads the last block's tokens (per model; see :class:`Readout`)
-    readout: Literal["token", "avg", "token_avg", "map"] = "token"
+    readout: Literal["token", "avg", "token_avg", "avgmax", "max", "map"] = "token"
     #: the attention-pooling head, for ``readout == "map"``
     probe: ProbeParts | None = None
     #: the caller's word on whether the outputs are class logits (None: decided from the model, :attr:`head_reason`)
     classes: bool | None = None
+    #: the blocks take and return tokens sequence first, [N, B, C] (their ``inputs`` / ``output`` convert)
+    sequence_first: bool = False
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -217,6 +219,11 @@ class Family(ABC):
         raise UnsupportedModelError(f"the head of {self.name} models is not described, so no block's output can "
                                     "be read through it")
 
+    def observe_pooling(self, patch: Any, hand_over: Callable[[Tensor], None]) -> None:
+        """For a head that pools by a per-channel maximum (``readout`` ``"avgmax"`` or ``"max"``): make the model, within
+        ``patch`` (a :class:`~vitexplain.instrumentation.patching.ModelPatch`), hand each pooling's
+        :func:`max_selection` of the tokens it pools to ``hand_over``. Other readouts need nothing."""
+
     # -- for LRP ---------------------------------------------------------------------------------
     def embedding(self) -> EmbeddingParts:
         """Where the patch and position embeddings are."""
@@ -250,6 +257,15 @@ def timm_example(architecture: str, settings: dict[str, Any] = TINY, **arguments
         return model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 
     return build
+
+
+def max_selection(tokens: Tensor) -> Tensor:
+    """What a per-channel maximum over ``tokens`` [B, N, C] takes from each token, averaged over the channels -> [B, N]:
+    the mean over channels c of ∂ max_i x_ic / ∂ x_jc (1 at the channel's maximum, shared equally among ties, as
+    autograd's ``amax`` backward shares it); each row sums to one."""
+    tokens = tokens.detach()
+    at_peak = (tokens == tokens.amax(1, keepdim=True)).to(torch.float32)
+    return (at_peak / at_peak.sum(1, keepdim=True)).mean(-1)
 
 
 def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int | None = None) -> Tensor:
@@ -334,7 +350,7 @@ def optional(module: nn.Module | None) -> nn.Module | None:
 
 
 __all__ = ["AttentionInput", "EmbeddingParts", "Family", "ProbeParts", "TokenContext", "UnsupportedModelError",
-           "check_images", "layer_scale", "missing", "optional", "projection_head", "wrong_channels"]
+           "check_images", "layer_scale", "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
 
 
 #: the families a model is described by, registered by their modules (see :func:`served_families`)

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import Family, TokenContext, UnsupportedModelError, register_family
-from .torch_attention import LRP_REASON, multihead_attention, multihead_attention_reason
+from .base import Family, TokenContext, register_family
+from .torch_attention import MultiheadAttentionWithoutLRP, multihead_attention, multihead_attention_reason
 
 
 def _classes() -> tuple[type, type]:
@@ -21,7 +21,7 @@ def _classes() -> tuple[type, type]:
 
 
 @register_family
-class TorchvisionViT(Family):
+class TorchvisionViT(MultiheadAttentionWithoutLRP, Family):
     """Where torchvision's ``VisionTransformer`` keeps its parts."""
 
     name = "torchvision VisionTransformer"
@@ -103,9 +103,3 @@ class TorchvisionViT(Family):
         """``encoder.ln``, then ``heads`` on the class token."""
         tokens = self.model.encoder.ln(tokens) if final_norm else tokens
         return self.model.heads(tokens[:, 0])
-
-    def embedding(self):
-        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models: {LRP_REASON}")
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models: {LRP_REASON}")
