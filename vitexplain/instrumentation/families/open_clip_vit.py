@@ -8,25 +8,21 @@ built ``batch_first``; the layout is read from each model's attention. Refused: 
 ``pool_type='none'`` (every token returned), cross-attention blocks."""
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionInput
 from ..blocks import BlockParts
-from .base import Family, TokenContext, UnsupportedModelError, layer_scale, register_family
+from .base import ClassTokenFirst, Family, TokenContext, UnsupportedModelError, example, layer_scale, loaded_class, register_family
 from .torch_attention import MultiheadAttentionWithoutLRP, multihead_attention, multihead_attention_reason
 
 
-def _classes() -> tuple[type, type]:
-    from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
-
-    return VisionTransformer, ResidualAttentionBlock
+#: where open_clip keeps the classes described
+MODULE = "open_clip.transformer"
 
 
 @register_family
-class OpenClipViT(MultiheadAttentionWithoutLRP, Family):
+class OpenClipViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
     """Where open_clip's ``VisionTransformer`` keeps its parts."""
 
     name = "open_clip VisionTransformer"
@@ -41,7 +37,7 @@ class OpenClipViT(MultiheadAttentionWithoutLRP, Family):
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
         """An open_clip VisionTransformer (without importing open_clip for any other model)."""
-        return "open_clip" in sys.modules and isinstance(model, _classes()[0])
+        return isinstance(model, loaded_class(MODULE, "VisionTransformer") or ())
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
@@ -52,7 +48,7 @@ class OpenClipViT(MultiheadAttentionWithoutLRP, Family):
         if model.pool_type not in ("tok", "avg"):
             return f"its pool_type={model.pool_type!r} returns every token, not one embedding"
         for i, block in enumerate(model.transformer.resblocks):
-            if type(block) is not _classes()[1]:
+            if type(block) is not loaded_class(MODULE, "ResidualAttentionBlock"):
                 return f"block {i} is a {type(block).__name__}, not open_clip's ResidualAttentionBlock"
             if hasattr(block, "ln_1_kv"):
                 return f"block {i} is a cross-attention block (ln_1_kv)"
@@ -62,15 +58,12 @@ class OpenClipViT(MultiheadAttentionWithoutLRP, Family):
 
     @classmethod
     def examples(cls):
-        def build():
+        def make() -> nn.Module:
             from open_clip.transformer import VisionTransformer
 
-            torch.manual_seed(0)
-            model = VisionTransformer(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0,
-                                      output_dim=16)
-            return model.eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+            return VisionTransformer(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0, output_dim=16)
 
-        return {"open_clip ViT image tower": build}
+        return {"open_clip ViT image tower": example(make)}
 
     @property
     def head_reason(self) -> str | None:
@@ -100,14 +93,6 @@ class OpenClipViT(MultiheadAttentionWithoutLRP, Family):
     def _batch_first(self, tokens: Tensor) -> Tensor:
         """Tokens as the blocks lay them out <-> batch first (a transpose when the blocks are sequence first)."""
         return tokens.transpose(0, 1) if self.sequence_first else tokens
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return 1
-
-    @property
-    def class_token_index(self) -> int:
-        return 0
 
     @property
     def patch_size(self) -> tuple[int, int]:
