@@ -253,6 +253,13 @@ class ClassTokenFirst:
     class_token_index = 0
 
 
+class PatchTokensOnly:
+    """Mixin of a :class:`Family` whose sequences hold no token before the patch tokens (no class token)."""
+
+    num_prefix_tokens = 0
+    class_token_index = None
+
+
 #: the size of the support matrix's tiny timm models (32 px images, 8 px patches, two blocks)
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
 
@@ -374,7 +381,7 @@ def optional(module: nn.Module | None) -> nn.Module | None:
     return None if module is None or isinstance(module, nn.Identity) else module
 
 
-__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "ProbeParts", "TokenContext", "UnsupportedModelError",
+__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "PatchTokensOnly", "ProbeParts", "TokenContext", "UnsupportedModelError",
            "check_images", "example", "layer_scale", "loaded_class", "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
 
 

@@ -13,9 +13,21 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput
 from ..blocks import BlockParts
-from .base import ClassTokenFirst, Family, TokenContext, UnsupportedModelError, example, layer_scale, loaded_class, register_family
-from .torch_attention import MultiheadAttentionWithoutLRP, multihead_attention, multihead_attention_reason
-
+from .base import (
+    ClassTokenFirst,
+    Family,
+    TokenContext,
+    UnsupportedModelError,
+    example,
+    layer_scale,
+    loaded_class,
+    register_family,
+)
+from .torch_attention import (
+    MultiheadAttentionWithoutLRP,
+    multihead_attention,
+    multihead_attention_reason,
+)
 
 #: where open_clip keeps the classes described
 MODULE = "open_clip.transformer"

@@ -11,7 +11,6 @@ from torch import Tensor, nn
 from ..attention import AttentionParts
 from .base import EmbeddingParts, Family, ProbeParts, max_selection, optional
 
-
 #: ``global_pool`` values that take a per-channel maximum over the tokens
 MAXIMUM_POOLINGS = ("avgmax", "max")
 

@@ -8,9 +8,19 @@ import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import ClassTokenFirst, Family, TokenContext, example, loaded_class, register_family
-from .torch_attention import MultiheadAttentionWithoutLRP, multihead_attention, multihead_attention_reason
-
+from .base import (
+    ClassTokenFirst,
+    Family,
+    TokenContext,
+    example,
+    loaded_class,
+    register_family,
+)
+from .torch_attention import (
+    MultiheadAttentionWithoutLRP,
+    multihead_attention,
+    multihead_attention_reason,
+)
 
 #: where torchvision keeps the classes described
 MODULE = "torchvision.models.vision_transformer"
