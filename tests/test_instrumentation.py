@@ -163,8 +163,8 @@ def test_models_it_cannot_serve_get_errors_naming_what_is_missing():
     cnn = timm.create_model("resnet18", pretrained=False, num_classes=10)
     with pytest.raises(UnsupportedModelError, match="^method 'rollout' reads attention; ResNet has none"):
         vitexplain.explain(cnn, torch.randn(1, 3, 32, 32), "rollout")
-    max_pooled = make_vit(class_token=False, global_pool="max")
-    with pytest.raises(UnsupportedModelError, match="global_pool='max', which is not a weighting of the tokens"):
-        vitexplain.explain(max_pooled, _images_for("vit"), "rollout")
+    every_token = make_vit(class_token=False, global_pool="")
+    with pytest.raises(UnsupportedModelError, match=r"its head returns every token \(global_pool=''\)"):
+        vitexplain.explain(every_token, _images_for("vit"), "rollout")
     with pytest.raises(TypeError, match="torch.nn.Module"):
         vitexplain.explain("vit_base", _images_for("vit"), "rollout")

@@ -208,13 +208,20 @@ def test_rollout_and_gae_equal_dense_products_through_windows_and_merges(version
         target = model(x).argmax(-1)
     block_grids = grids(model, x)
     probabilities, _ = hooked_attention(model, x, target)
-    for image in range(2):
+    assert_rollout_and_gae_are_dense_products(model, x, target, blocks(model), block_grids, probabilities, slot_tokens)
+
+
+def assert_rollout_and_gae_are_dense_products(model, x, target, model_blocks, block_grids, probabilities, slots_of):
+    """Rollout and GAE of each image equal to the dense products: per block the dense token-by-token matrix of the
+    window attention ``probabilities`` (per window, with their gradients; ``slots_of(block, grid)`` places the
+    window slots), the merge matrix between stages, the readout 1/N of the last tokens; on the first stage's grid."""
+    for image in range(x.shape[0]):
         rollout = gae = torch.eye(block_grids[0][0] * block_grids[0][1], dtype=torch.float64)
-        for index, (block, grid) in enumerate(zip(blocks(model), block_grids)):
+        for index, (block, grid) in enumerate(zip(model_blocks, block_grids)):
             if index and grid != block_grids[index - 1]:
                 merge = merge_matrix(block_grids[index - 1])
                 rollout, gae = merge @ rollout, merge @ gae
-            slots, tokens = slot_tokens(block, grid), grid[0] * grid[1]
+            slots, tokens = slots_of(block, grid), grid[0] * grid[1]
             windows = slots.shape[0]
             rows = slice(image * windows, (image + 1) * windows)
             attention = dense(probabilities[index][rows].detach(), slots, tokens)[0]

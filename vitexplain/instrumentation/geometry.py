@@ -35,13 +35,17 @@ class Readout:
 
     Attributes:
         kind: ``token`` (a class token's output), ``avg`` (the mean of the patch tokens), ``token_avg`` (the
-            class token concatenated with the patch tokens' mean, DINOv2's linear probe) or ``map`` (an
-            attention-pooling probe, SigLIP-style: a learnt query attending to every token).
+            class token concatenated with the patch tokens' mean, DINOv2's linear probe), ``avgmax`` (half the
+            mean plus half the per-channel maximum of the patch tokens, timm's ``global_pool='avgmax'``), ``max``
+            (the per-channel maximum) or ``map`` (an attention-pooling probe, SigLIP-style: a learnt query
+            attending to every token).
         weights: what the readout takes from each token [B, N]: one-hot at the class token; 1 / patches
-            on each patch token; half of each of those; the probe's attention averaged over its heads.
+            on each patch token; half of each of those; half the mean's weights plus half the maximum's
+            selection averaged over the channels (docs/decisions/readouts.md); that selection alone; the
+            probe's attention averaged over its heads.
     """
 
-    kind: Literal["token", "avg", "token_avg", "map"]
+    kind: Literal["token", "avg", "token_avg", "avgmax", "max", "map"]
     weights: Tensor
 
 

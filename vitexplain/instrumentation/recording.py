@@ -179,6 +179,9 @@ class Recorder(Sink):
         self.tokens: list[int] = [0 for _ in everything]
         #: the attention of an attention-pooling head [B, H, latents, N], when the model has one
         self.readout_attn: Tensor | None = None
+        #: a max-pooling head's selection of the tokens it pools, averaged over the channels [B, N'] (see
+        #: :func:`~vitexplain.instrumentation.families.base.max_selection`)
+        self.readout_selection: Tensor | None = None
         #: each windowed block's layout in this forward (None for global attention)
         self.layouts: list[WindowLayout | None] = [None for _ in everything]
         self.anchor_leaf = anchor

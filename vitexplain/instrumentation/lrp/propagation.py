@@ -122,7 +122,8 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
         residuals=[value.flatten(1, -2) for value in taken["residuals"]] or [None] * (num_blocks + 1),
         patches=None if patches is None else patches.reshape(patches.shape[0], -1, patches.shape[-1]),
         pixels=_pixels(taken["pixels"], images),
-        geometry=adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1], trace.readout_attn),
+        geometry=adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1], trace.readout_attn,
+                                        trace.readout_selection),
         attn_grads=None if plain is None else _per_block(plain, chosen, layouts))
 
 

@@ -28,6 +28,7 @@ class Trace:
         residuals: every block's input, then the last block's output [B, N, C].
         patches: the patch embedding's output, before prefix tokens and position embedding.
         readout_attn: an attention-pooling head's probabilities [B, H, latents, N], when the model has one.
+        readout_selection: a max-pooling head's selection of the tokens it pools [B, N'], when the model has one.
         pixel_rule: the pixel rule placed (its bounds, for the z^B rule).
         layouts: windowed blocks' window layouts (hierarchical models), by block.
     """
@@ -36,6 +37,7 @@ class Trace:
     residuals: dict[int, Tensor] = field(default_factory=dict)
     patches: Tensor | None = None
     readout_attn: Tensor | None = None
+    readout_selection: Tensor | None = None
     pixel_rule: r.ModuleRule | None = None
     layouts: dict[int, WindowLayout] = field(default_factory=dict)
 
@@ -48,11 +50,14 @@ class TraceSink(Sink):
         self.first = first
 
     def wants(self, block: int, name: str) -> bool:
-        return name in ("attn", "residual") and (block == READOUT or block >= self.first)
+        if block == READOUT:
+            return name in ("attn", "selection")
+        return name in ("attn", "residual") and block >= self.first
 
     def put(self, block: int, **tensors: Tensor) -> None:
         if block == READOUT:
             self.trace.readout_attn = tensors.get("attn", self.trace.readout_attn)
+            self.trace.readout_selection = tensors.get("selection", self.trace.readout_selection)
             return
         if "attn" in tensors:
             self.trace.attn[block] = tensors["attn"]
