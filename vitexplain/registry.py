@@ -124,6 +124,8 @@ class MethodSpec:
         precision_caveats: reduced precisions (named as
             :func:`~vitexplain.instrumentation.precision.precision_modes` names them) in which its maps were
             measured below r = 0.99 to the float32 ones, with the worst r measured; ``explain`` warns once.
+        zero_map_reason: why the method can return a map that is zero everywhere (e.g. its final ReLU);
+            ``explain`` names it in the notice it gives when that happens.
     """
 
     name: str
@@ -135,6 +137,7 @@ class MethodSpec:
     cost: Callable[[dict[str, Any]], float]
     score_targets: bool = True
     precision_caveats: Mapping[str, float] = field(default_factory=dict)
+    zero_map_reason: str = "no token carried relevance to the target as this method measures it"
 
     @property
     def randomised(self) -> bool:
@@ -170,7 +173,8 @@ METHODS: Registry[MethodSpec] = Registry("explanation method", "vitexplain.metho
 def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
                     modalities: tuple[str, ...] = ("image",), control: bool = False,
                     cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True,
-                    precision_caveats: Mapping[str, float] | None = None) -> Callable:
+                    precision_caveats: Mapping[str, float] | None = None,
+                    zero_map_reason: str = MethodSpec.zero_map_reason) -> Callable:
     """Decorator that registers an explanation method under ``name`` (see :class:`MethodSpec`).
 
     ``cost`` is a number of model passes, or a function of the effective options returning one; the
@@ -185,7 +189,7 @@ def register_method(name: str, *, resolution: str = "token", class_specific: boo
 
     def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
-                                     score_targets, dict(precision_caveats or {})))
+                                     score_targets, dict(precision_caveats or {}), zero_map_reason))
         return fn
 
     return decorate

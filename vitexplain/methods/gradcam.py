@@ -8,7 +8,9 @@ from ..registry import register_method
 from ._heads import block_index
 
 
-@register_method("gradcam", modalities=("image", "text"))
+@register_method("gradcam", modalities=("image", "text"),
+                 zero_map_reason="Grad-CAM's ReLU removed every token's relevance: the gradient-weighted "
+                                 "features were negative on every patch")
 def gradcam(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1) -> Tensor:
     """Grad-CAM with the patch tokens of a block's first LayerNorm output as the feature map.
 
