@@ -369,16 +369,40 @@ def test_a_deit_can_start_from_a_plain_vit_of_its_shape(tmp_path):
         train_digits(deit, {**TINY, "patch_size": 8}, steps=1, init=str(plain), teacher=str(plain), **FAST)
 
 
+def test_an_average_pooled_model_starts_from_a_class_token_one_and_loads_back_pooled(tmp_path):
+    """``global_pool='avg'``: timm normalises the pooled token (``fc_norm``) instead of every token, so the class-token
+    model's final norm becomes ``fc_norm`` and every other weight is copied; the card rebuilds the pooled model."""
+    first = tmp_path / "token.safetensors"
+    train_digits("vit_tiny_patch16_224", TINY, steps=2, seed=1, out=first, **FAST)
+    start = safetensors.torch.load_file(str(first))
+    out = tmp_path / "avg.safetensors"
+    pooled = train_digits("vit_tiny_patch16_224", {**TINY, "global_pool": "avg"}, steps=1, init=str(first), out=out,
+                          **{**FAST, "lr": 1e-12, "min_lr": 1e-12})["model"]
+    state = pooled.state_dict()
+    assert set(state) == {key.replace("norm.", "fc_norm.") if key.startswith("norm.") else key for key in start}
+    for key, value in start.items():
+        torch.testing.assert_close(state["fc_" + key if key.startswith("norm.") else key], value, rtol=0, atol=1e-9)
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert card["model_kwargs"]["global_pool"] == "avg" and "average of the patch tokens" in card["summary"]
+    model, _ = load_model(str(out), device="cpu")
+    images = Digits("test", n=3).render(range(3))[0]
+    with torch.no_grad():
+        tokens = model.forward_features(images)
+        by_hand = model.head(model.fc_norm(tokens[:, model.num_prefix_tokens:].mean(1)))  # the mean of the patch tokens
+        torch.testing.assert_close(model(images), by_hand)
+        assert torch.equal(model(images), pooled(images))
+
+
 def test_the_train_command_records_a_command_that_parses_back_to_the_same_options(tmp_path, capsys):
     out = tmp_path / "cli.safetensors"
     argv = ["train", "--arch", "vit_tiny_patch16_224", "--patch-size", "16", "--embed-dim", "48", "--depth", "2",
-            "--num-heads", "3", "--steps", "2", "--batch-size", "4", "--test-size", "8", "--threads", "1",
+            "--num-heads", "3", "--global-pool", "avg", "--steps", "2", "--batch-size", "4", "--test-size", "8", "--threads", "1",
             "--nearest", "0.5", "--stroke", "2", "--contrast", "0.25", "--gradient", "0.1", "--noise", "0.05",
             "--device", "cpu", "--no-progress", "-o", str(out)]
     assert main(argv) == 0
     assert "test accuracy" in capsys.readouterr().out
     card = json.loads(out.with_suffix(".json").read_text())
-    assert card["training_time"]["device"] == "cpu"
+    assert card["training_time"]["device"] == "cpu" and card["model_kwargs"]["global_pool"] == "avg"
     assert {key: card["training"][key] for key in AUGMENTED} == dict(nearest=0.5, stroke=2, contrast=0.25,
                                                                      gradient=0.1, noise=0.05)
     recorded = card["command"].split()

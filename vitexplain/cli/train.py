@@ -10,7 +10,9 @@ from ..training import DISTILLATIONS, TrainingRecipe, train_digits
 from .shared import output_file
 
 #: model-shape options passed to timm when given (None: the architecture's own value)
-SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
+SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "global_pool")
+#: readouts a digits model may be trained with (timm's ``global_pool``): the class token, or the mean of the patch tokens
+GLOBAL_POOLS = ("token", "avg")
 RECIPE_OPTIONS = tuple(field.name for field in dataclasses.fields(TrainingRecipe))
 
 
@@ -28,6 +30,10 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--depth", type=int)
     shape.add_argument("--num-heads", type=int)
     shape.add_argument("--mlp-ratio", type=float)
+    shape.add_argument("--global-pool", choices=GLOBAL_POOLS,
+                       help="what the class head reads: the class token, or the average of the patch tokens "
+                            "(timm's global_pool; with --init from a class-token model, its final norm becomes "
+                            "the pooled model's fc_norm)")
     recipe = parser.add_argument_group("training (see vitexplain.training.TrainingRecipe)")
     recipe.add_argument("--steps", type=int, required=True, help="optimiser steps")
     for name, kind, text in (

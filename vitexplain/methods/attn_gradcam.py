@@ -8,7 +8,9 @@ from ..registry import register_method
 
 
 @register_method("attn_gradcam", modalities=("image", "text"),
-                 precision_caveats={"bfloat16 weights": 0.986})
+                 precision_caveats={"bfloat16 weights": 0.986},
+                 zero_map_reason="its ReLU (as in the reference code) removed every token's relevance: the "
+                                 "gradient-weighted attention, averaged over the heads, was negative on every patch")
 def attn_gradcam(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """Gradient-weighted last-block attention ("GradCAM" baseline of Chefer et al., CVPR 2021).
 

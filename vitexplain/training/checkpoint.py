@@ -59,6 +59,8 @@ def _digits_settings() -> dict[str, Any]:
 def _summary(model: nn.Module, kwargs: dict[str, Any], parameters: int, distilled: bool) -> str:
     grid = CANVAS // kwargs["patch_size"]
     tokens = "a class token and a distillation token" if distilled else "a class token"
+    if getattr(model, "global_pool", "token") == "avg":
+        tokens += ", the head reading the average of the patch tokens"
     return (f"{type(model).__module__}.{type(model).__name__}: {CANVAS}x{CANVAS} input, {kwargs['patch_size']}x"
             f"{kwargs['patch_size']} patches ({grid}x{grid} tokens) plus {tokens}, width {model.embed_dim}, "
             f"depth {len(model.blocks)}, {model.blocks[0].attn.num_heads} heads, MLP ratio "

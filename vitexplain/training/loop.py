@@ -139,10 +139,22 @@ def _with_distillation_token(model: nn.Module, weights: dict[str, Tensor]) -> di
     return {**weights, **extra, "pos_embed": positions}
 
 
+def _with_pooled_readout(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A class-token ViT's weights made to fit the same ViT with an average-pooled readout (timm's
+    ``global_pool='avg'``), so that a pooled model can be fine-tuned from a trained class-token one: timm then
+    normalises the pooled token (``fc_norm``) instead of every token (``norm``, an identity), so the final
+    norm's weights move to ``fc_norm``; everything else (the class token included, which the pool skips) is
+    copied. Weights that already fit (or fit nothing) are returned as they are."""
+    own = model.state_dict()
+    if "fc_norm.weight" not in own or "norm.weight" in own or "fc_norm.weight" in weights or "norm.weight" not in weights:
+        return weights
+    return {("fc_" + key if key.startswith("norm.") else key): value for key, value in weights.items()}
+
+
 def _load_initial_weights(model: nn.Module, weights: dict[str, Tensor], init: str | Path) -> None:
     from ..models import state_dict_mismatch
 
-    weights = _with_distillation_token(model, weights)
+    weights = _with_pooled_readout(model, _with_distillation_token(model, weights))
     mismatch = state_dict_mismatch(model, weights)
     if mismatch:
         raise ValueError(f"init {str(init)!r} does not fit this architecture and shape: {mismatch}")
@@ -177,7 +189,8 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
         teacher: a trained digits model, or its short name / checkpoint path (:func:`vitexplain.models.load_model`).
         init: start from this digits model's weights (short name or checkpoint of the same architecture and
             shape) instead of timm's initialisation: fine-tuning. A distilled model (DeiT) may also start from a
-            plain ViT of its shape: everything but the distillation token, its position and its head is copied.
+            plain ViT of its shape: everything but the distillation token, its position and its head is copied;
+            an average-pooled model (``global_pool='avg'``) from a class-token one: the final norm becomes ``fc_norm``.
             The card records it with its own card's command, recipe and accuracy, so a run in stages keeps its history.
         threads: torch intra-op threads during training (None: torch's current setting).
         device: where the model trains (:func:`vitexplain.models.resolve_device`; default: CUDA when
