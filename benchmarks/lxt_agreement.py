@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+
 def settings(layers: int) -> list[tuple[float | tuple[float, ...], float]]:
     """(Linear γ, one value or one per block; patch-convolution γ): the default, LRP-0, the top of LXT's sweep, and
     γ = 0.25 on the lower half of the blocks with the ε-rule (γ = 0) above."""
@@ -95,14 +96,13 @@ def run_lxt(folder: Path, variant: str) -> None:
     models.get_default_map = None  # lxt.efficient.core imports it; the patch map is given here
     sys.modules["lxt.efficient.models"] = models
 
-    from torchvision.models import vision_transformer
-    from zennit.composites import NameMapComposite
-    from zennit.rules import Gamma
-
     from lxt.efficient import monkey_patch, monkey_patch_zennit
     from lxt.efficient.models.vit_torch import cp_LRP
     from lxt.efficient.patches import patch_method
     from lxt.efficient.rules import divide_gradient
+    from torchvision.models import vision_transformer
+    from zennit.composites import NameMapComposite
+    from zennit.rules import Gamma
 
     def attnlrp_attention(self, query, key, value, *args, **kwargs):
         return self.original_forward(divide_gradient(query, 4), divide_gradient(key, 4), divide_gradient(value, 2),

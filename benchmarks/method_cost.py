@@ -28,8 +28,19 @@ from vitexplain.instrumentation import UnsupportedModelError
 from vitexplain.instrumentation.precision import precision_mode
 from vitexplain.options import PRECISIONS
 
-from common import (BATCH1_TIME_TARGETS, FAMILIES, FAMILY_TOLERANCE, TIME_TARGETS, build_model, describe_machine, flops,
-                    forward_backward, image_batch, interleaved, ratios)
+from common import (
+    BATCH1_TIME_TARGETS,
+    FAMILIES,
+    FAMILY_TOLERANCE,
+    TIME_TARGETS,
+    build_model,
+    describe_machine,
+    flops,
+    forward_backward,
+    image_batch,
+    interleaved,
+    ratios,
+)
 
 #: the default: the recording methods with a target, and GAE's and transformer attribution's
 DEFAULT_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken", "tokentm", "transformer_attribution"]

@@ -41,8 +41,9 @@ def child(model_name: str, img_size: int | None, method: str, batch: int, device
     import torch
 
     import vitexplain
-    from common import build_model, forward_backward, image_batch
     from vitexplain.instrumentation import UnsupportedModelError
+
+    from common import build_model, forward_backward, image_batch
 
     model = build_model(model_name, device=device, **{**options, **({"img_size": img_size} if img_size else {})})
     images = image_batch(model, batch, device)

@@ -10,9 +10,10 @@ import torch
 from PIL import Image
 from timm.data import create_transform
 
-from conftest import make_vit
-from vitexplain.datasets import (Preprocess, available_datasets, choose_indices, collate, get_dataset)
+from vitexplain.datasets import Preprocess, available_datasets, choose_indices, collate, get_dataset
 from vitexplain.reproduce.data import preprocess_for
+
+from conftest import make_vit
 
 
 def random_image(width: int, height: int, seed: int = 0) -> Image.Image:

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import make_vit
 
 import vitexplain
 from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
@@ -18,6 +17,8 @@ from vitexplain.metrics import Metric, available_metrics, get_metric, register_m
 from vitexplain.metrics.base import METRICS
 from vitexplain.metrics.perturbation import perturbation_test, reduce_perturbation
 from vitexplain.registry import available_methods, get_method
+
+from conftest import make_vit
 
 SHIPPED = ["digits_vit", "digits_deit"]
 #: library protocols that do not apply to digits canvases, and why (a new protocol must be added to

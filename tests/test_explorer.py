@@ -14,11 +14,12 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 import torch
-from chromium import start_chromium
 from PIL import Image
-from test_viz import plain_percentile
 
 from vitexplain.explorer import ExplorerItem, explorer_html, write_explorer
+
+from chromium import start_chromium
+from test_viz import plain_percentile
 
 SIZE, PATCH = 64, 16
 GRID = (SIZE // PATCH, SIZE // PATCH)

@@ -1,8 +1,6 @@
 """Hugging Face transformers ViT / DeiT: the same weights as a timm ViT give the same recording and maps."""
 import pytest
 import torch
-from conftest import make_vit
-from test_instrumentation import _assert_same, _snapshot
 from transformers import (
     DeiTConfig,
     DeiTForImageClassification,
@@ -22,6 +20,9 @@ from vitexplain.instrumentation import (
 )
 from vitexplain.instrumentation.families.hf_vit import TransformersViT
 from vitexplain.instrumentation.lrp import RULE_SETS
+
+from conftest import make_vit
+from test_instrumentation import _assert_same, _snapshot
 
 HF_TINY = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
                intermediate_size=96, num_labels=10, layer_norm_eps=1e-6, qkv_bias=True)

@@ -7,12 +7,13 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from reference import manual_blocks
-from zoo import build, images
 
 from vitexplain import explain
 from vitexplain.instrumentation import LayerScores, UnsupportedModelError, adapter_for
 from vitexplain.maps import min_max
+
+from reference import manual_blocks
+from zoo import build, images
 
 
 def _written_out_probe(model, tokens):

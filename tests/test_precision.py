@@ -10,15 +10,21 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_vit
 
 import vitexplain
 from vitexplain import api
 from vitexplain.datasets.base import collate, get_dataset
-from vitexplain.instrumentation.precision import (MatmulFlags, caller_precision, float32_scope, precision_mode,
-                                                  precision_modes)
+from vitexplain.instrumentation.precision import (
+    MatmulFlags,
+    caller_precision,
+    float32_scope,
+    precision_mode,
+    precision_modes,
+)
 from vitexplain.models import load_model
 from vitexplain.registry import get_method
+
+from conftest import make_vit
 
 #: fewer samples than the defaults, so every method runs in seconds (the masks and samples are the same in
 #: every precision: only the arithmetic differs)

@@ -10,22 +10,30 @@ import numpy as np
 import pytest
 import torch
 import yaml
+
+import vitexplain.reproduce
+import vitexplain.viz
+from vitexplain.registry import available_methods
+
 from conftest import make_vit
 from test_datasets_files import kaggle_layout, seg_fixture, voc_fixture, write_gtsegs, write_pickle
 from test_hf_bert import BERT_TINY, make_bert, make_tokenizer
 from test_rationale_f1 import write_movies
-
-import vitexplain.viz
-import vitexplain.reproduce
-from vitexplain.registry import available_methods
 
 TEXT_METHODS = available_methods("text")
 from vitexplain.cli.main import main
 from vitexplain.datasets import available_datasets, get_dataset
 from vitexplain.metrics import available_metrics
 from vitexplain.registry import available_methods
-from vitexplain.reproduce import (RecipeInputError, ReproducedTable, available_recipes, estimate_gpu_hours, get_recipe,
-                                  plan_recipe, run_recipe)
+from vitexplain.reproduce import (
+    RecipeInputError,
+    ReproducedTable,
+    available_recipes,
+    estimate_gpu_hours,
+    get_recipe,
+    plan_recipe,
+    run_recipe,
+)
 from vitexplain.reproduce.data import PerClassItems
 from vitexplain.reproduce.table import Cell
 

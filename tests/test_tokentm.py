@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FAMILIES, make_vit
 from vitexplain import explain
+
+from conftest import FAMILIES, make_vit
 
 TARGETS = torch.tensor([0, 3, 5, 7])
 

@@ -7,8 +7,6 @@ import pytest
 import safetensors.torch
 import torch
 from PIL import Image
-from renderers import accuracy as renderer_accuracy
-from renderers import alternative_canvases
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
@@ -30,6 +28,9 @@ from vitexplain.training import (
     rendering_styles,
     train_digits,
 )
+
+from renderers import accuracy as renderer_accuracy
+from renderers import alternative_canvases
 
 # patch 16 on the 112 px canvases: a 7 x 7 grid keeps the training runs here fast
 TINY = dict(patch_size=16, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0)
