@@ -12,9 +12,6 @@ from transformers import (
 )
 
 import vitexplain
-from vitexplain.registry import available_methods
-
-TEXT_METHODS = available_methods("text")
 from vitexplain.instrumentation import (
     BLOCK_FIELDS,
     TokenBatch,
@@ -23,8 +20,11 @@ from vitexplain.instrumentation import (
     family_of,
 )
 from vitexplain.instrumentation.families.hf_bert import TransformersText
+from vitexplain.registry import available_methods
 
 from test_instrumentation import _assert_same, _snapshot
+
+TEXT_METHODS = available_methods("text")
 
 BERT_TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                  max_position_embeddings=64, initializer_range=0.2)

@@ -13,14 +13,6 @@ import yaml
 
 import vitexplain.reproduce
 import vitexplain.viz
-from vitexplain.registry import available_methods
-
-from conftest import make_vit
-from test_datasets_files import kaggle_layout, seg_fixture, voc_fixture, write_gtsegs, write_pickle
-from test_hf_bert import BERT_TINY, make_bert, make_tokenizer
-from test_rationale_f1 import write_movies
-
-TEXT_METHODS = available_methods("text")
 from vitexplain.cli.main import main
 from vitexplain.datasets import available_datasets, get_dataset
 from vitexplain.metrics import available_metrics
@@ -36,6 +28,13 @@ from vitexplain.reproduce import (
 )
 from vitexplain.reproduce.data import PerClassItems
 from vitexplain.reproduce.table import Cell
+
+from conftest import make_vit
+from test_datasets_files import kaggle_layout, seg_fixture, voc_fixture, write_gtsegs, write_pickle
+from test_hf_bert import BERT_TINY, make_bert, make_tokenizer
+from test_rationale_f1 import write_movies
+
+TEXT_METHODS = available_methods("text")
 
 PUBLISHED = Path(vitexplain.reproduce.__file__).parent / "published"
 CLASSES = {"deit_base": 1000, "vit_base": 1000, "vit_large": 1000, "deit_cifar10": 10, "deit_cifar100": 100,
