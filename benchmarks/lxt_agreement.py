@@ -92,7 +92,8 @@ def run_lxt(folder: Path, variant: str) -> None:
     from functools import partial
 
     models = types.ModuleType("lxt.efficient.models")  # see the module docstring
-    models.__path__ = [os.path.join(importlib.util.find_spec("lxt").submodule_search_locations[0], "efficient", "models")]
+    models.__path__ = [os.path.join(importlib.util.find_spec("lxt").submodule_search_locations[0], "efficient",
+                                    "models")]
     models.get_default_map = None  # lxt.efficient.core imports it; the patch map is given here
     sys.modules["lxt.efficient.models"] = models
 
@@ -134,7 +135,8 @@ def run_lxt(folder: Path, variant: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lxt-path", default="", help="a folder holding lxt and zennit, put first on the subprocess's path")
+    parser.add_argument("--lxt-path", default="",
+                        help="a folder holding lxt and zennit, put first on the subprocess's path")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=3)
     parser.add_argument("--images", type=int, default=8)
@@ -175,7 +177,8 @@ def main() -> None:
     def compare(label: str, mine: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
         r = pearson(mine, reference)
         difference = ((mine.double() - reference).abs().amax((1, 2)) / reference.abs().amax((1, 2))).max()
-        print(f"{label:48s} r lowest {r.min():.6f}, mean {r.mean():.6f}; largest difference / max |map| {difference:.1e}")
+        print(f"{label:48s} r lowest {r.min():.6f}, mean {r.mean():.6f}; "
+              f"largest difference / max |map| {difference:.1e}")
         return {"r_min": r.min().item(), "r_mean": r.mean().item(), "difference": difference.item()}
 
     figures = {"logit_difference": logit_difference, "maps": {}}
@@ -192,10 +195,12 @@ def main() -> None:
     lxt_zero = found["cp_lrp"][settings(args.layers).index((0.0, 0.0))]
     per_patch = lxt_zero.unflatten(1, (4, 8)).unflatten(-1, (4, 8)).sum((2, 4))
     adapter = adapter_for(model)
-    compare("conservative_lrp (token embeddings), patch sums", vitexplain.explain(model, images, "conservative_lrp", targets),
+    compare("conservative_lrp (token embeddings), patch sums",
+            vitexplain.explain(model, images, "conservative_lrp", targets),
             per_patch)
     conservative = relevance(adapter, images, targets, "conservative", at=("patches", "pixels"))
-    compare("'conservative' rule set at the patch embeddings", conservative.patches.sum(-1).reshape(-1, 4, 4), per_patch)
+    compare("'conservative' rule set at the patch embeddings", conservative.patches.sum(-1).reshape(-1, 4, 4),
+            per_patch)
     compare("'conservative' rule set at the pixels", conservative.pixels.sum(1), lxt_zero)
 
 

@@ -104,8 +104,9 @@ def test_every_readable_image_is_explained_and_each_bad_file_named_once(runs):
         assert len(lines) == 1 and problem in lines[0], main.stderr
     assert "Traceback" not in main.stderr
     out = folder / "main"
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.npy")) == sorted(f"{o}.rise.npy" for o in OUTPUTS.values())
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.png")) == sorted(f"{o}.rise.png" for o in OUTPUTS.values())
+    for suffix in ("npy", "png"):
+        written = sorted(str(p.relative_to(out)) for p in out.rglob(f"*.{suffix}"))
+        assert written == sorted(f"{o}.rise.{suffix}" for o in OUTPUTS.values())
     for stem in OUTPUTS.values():
         saved = np.load(out / f"{stem}.rise.npy")
         assert saved.shape == (32, 32) and np.isfinite(saved).all()
@@ -129,7 +130,8 @@ def test_raw_maps_are_what_the_api_gives_with_the_options_passed(runs):
 def test_prediction_lines_and_progress(runs):
     folder, done = runs
     main = done["main"]
-    probabilities = re.findall(r"^rgb\.png -> 3 \(p=([0-9.e-]+)\); predicted (\d) \(p=([0-9.e-]+)\)$", main.stdout, flags=re.M)
+    probabilities = re.findall(r"^rgb\.png -> 3 \(p=([0-9.e-]+)\); predicted (\d) \(p=([0-9.e-]+)\)$", main.stdout,
+                               flags=re.M)
     model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
     with torch.no_grad():
         p = model(make_transform(config)(load_image(folder / "rgb.png"))[None]).softmax(-1)[0]

@@ -114,8 +114,8 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
             assert counts["segmentation"] == 3 and counts["max_sensitivity"] == 2 and counts["class_sensitivity"] == 2
             assert counts["road"] == 2 and counts["saco"] == 3
         flags = {m: found["flagged"] for m, found in result.sanity[model]["methods"].items()}
-        assert flags == {"tokentm": False, "gradtoken": False, "gradtoken(transpose=True)": False, "random_baseline": True,
-                         "constant_baseline": True}
+        assert flags == {"tokentm": False, "gradtoken": False, "gradtoken(transpose=True)": False,
+                         "random_baseline": True, "constant_baseline": True}
         assert set(result.curves[model]) == {"perturbation", "aopc", "insertion_deletion", "road", "saco"}
     assert [g.model for g in result.galleries] == SHIPPED and all(len(g.ids) == 2 for g in result.galleries)
     page = (tmp_path / "report.html").read_text()

@@ -57,7 +57,8 @@ def test_explain_runs_it_with_its_options_checked(plugin):
     maps = explain(model, images, "plugin_first_attention", n_steps=2)
     assert maps.shape == (2, 4, 4)
     torch.testing.assert_close(maps, 2 * explain(model, images, "plugin_first_attention", n_steps=1))
-    with pytest.raises(ValueError, match="option fusion of method 'plugin_first_attention' must be one of 'mean', 'max'"):
+    with pytest.raises(ValueError,
+                       match="option fusion of method 'plugin_first_attention' must be one of 'mean', 'max'"):
         explain(model, images, "plugin_first_attention", fusion="min")
 
 

@@ -179,8 +179,8 @@ FLAG_CHECK = textwrap.dedent('''
 SETUPS = ["pass", "torch.set_float32_matmul_precision('high')", "torch.set_float32_matmul_precision('medium')",
           "b.cuda.matmul.allow_tf32 = True", "b.cudnn.allow_tf32 = False"]
 if hasattr(torch.backends, "fp32_precision"):
-    SETUPS += ["b.cuda.matmul.fp32_precision = 'tf32'", "b.fp32_precision = 'tf32'", "b.cudnn.conv.fp32_precision = 'ieee'",
-               "b.mkldnn.matmul.fp32_precision = 'bf16'"]
+    SETUPS += ["b.cuda.matmul.fp32_precision = 'tf32'", "b.fp32_precision = 'tf32'",
+               "b.cudnn.conv.fp32_precision = 'ieee'", "b.mkldnn.matmul.fp32_precision = 'bf16'"]
 
 
 def test_every_way_of_setting_tf32_comes_back_exactly():

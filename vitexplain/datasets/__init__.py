@@ -24,7 +24,7 @@ from .preprocess import Preprocess
 from .voc import VOC_CLASSES, VOCSegmentation
 
 __all__ = [
-    "CIFAR10", "CIFAR100", "DatasetFormatError", "DatasetNotFoundError", "DictDataset", "Digits", "ImageNetSegmentation",
-    "ImageNetVal", "MovieReviews", "Preprocess", "VOCSegmentation", "VOC_CLASSES", "available_datasets", "choose_indices", "collate",
-    "get_dataset", "imagenet_class_index", "register_dataset",
+    "CIFAR10", "CIFAR100", "DatasetFormatError", "DatasetNotFoundError", "DictDataset", "Digits",
+    "ImageNetSegmentation", "ImageNetVal", "MovieReviews", "Preprocess", "VOCSegmentation", "VOC_CLASSES",
+    "available_datasets", "choose_indices", "collate", "get_dataset", "imagenet_class_index", "register_dataset",
 ]
