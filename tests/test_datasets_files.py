@@ -11,7 +11,8 @@ import scipy.io
 import torch
 from PIL import Image
 
-from vitexplain.datasets import (DatasetFormatError, DatasetNotFoundError, Preprocess, collate, get_dataset)
+from vitexplain.datasets import DatasetFormatError, DatasetNotFoundError, Preprocess, collate, get_dataset
+
 
 def identity(height: int, width: int) -> Preprocess:
     """Keeps the source pixels: output size = source size, no resampling, no normalisation."""

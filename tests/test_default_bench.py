@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import make_vit
 
 import vitexplain
 from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
@@ -18,6 +17,8 @@ from vitexplain.metrics import Metric, available_metrics, get_metric, register_m
 from vitexplain.metrics.base import METRICS
 from vitexplain.metrics.perturbation import perturbation_test, reduce_perturbation
 from vitexplain.registry import available_methods, get_method
+
+from conftest import make_vit
 
 SHIPPED = ["digits_vit", "digits_deit"]
 #: library protocols that do not apply to digits canvases, and why: the default config's exclude_metrics (a new
@@ -117,8 +118,8 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
             assert counts["segmentation"] == 3 and counts["max_sensitivity"] == 2 and counts["class_sensitivity"] == 2
             assert counts["road"] == 2 and counts["saco"] == 3
         flags = {m: found["flagged"] for m, found in result.sanity[model]["methods"].items()}
-        assert flags == {"tokentm": False, "gradtoken": False, "gradtoken(transpose=True)": False, "random_baseline": True,
-                         "constant_baseline": True}
+        assert flags == {"tokentm": False, "gradtoken": False, "gradtoken(transpose=True)": False,
+                         "random_baseline": True, "constant_baseline": True}
         assert set(result.curves[model]) == {"perturbation", "aopc", "insertion_deletion", "road", "saco"}
     assert [g.model for g in result.galleries] == SHIPPED and all(len(g.ids) == 2 for g in result.galleries)
     page = (tmp_path / "report.html").read_text()

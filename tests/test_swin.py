@@ -173,7 +173,8 @@ def test_recorded_windows_attention_and_qkv_equal_hooks_on_the_real_modules(vers
             if version == "v1":
                 fused = attn.qkv(window_inputs[index])
             else:
-                fused = F.linear(window_inputs[index], attn.qkv.weight, torch.cat((attn.q_bias, attn.k_bias, attn.v_bias)))
+                fused = F.linear(window_inputs[index], attn.qkv.weight,
+                                 torch.cat((attn.q_bias, attn.k_bias, attn.v_bias)))
         heads = fused.reshape(fused.shape[0], area, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
         for name, expected in zip("qkv", heads):
             recorded = getattr(found, name)  # [B, H, N, D] in token order

@@ -208,7 +208,8 @@ def available_methods(modality: str | None = None, *, controls: bool = True) -> 
     """Names of the registered explanation methods, sorted: all, or those explaining ``modality``
     (``"image"`` / ``"text"``), with or without the controls."""
     return [name for name in METHODS.names()
-            if (modality is None or modality in METHODS.get(name).modalities) and (controls or not METHODS.get(name).control)]
+            if (modality is None or modality in METHODS.get(name).modalities)
+            and (controls or not METHODS.get(name).control)]
 
 
 def get_method(name: str) -> MethodSpec:

@@ -188,7 +188,8 @@ def _array(values) -> np.ndarray:
     return np.asarray(as_array(values), dtype=np.float64)
 
 
-def _draw(fig, ax, image: np.ndarray, saliency: torch.Tensor, cmap: str | None, diverging_cmap: str | None, alpha: float):
+def _draw(fig, ax, image: np.ndarray, saliency: torch.Tensor, cmap: str | None, diverging_cmap: str | None,
+          alpha: float):
     """One overlay on ``ax`` with its colour bar (ticks in the map's units, arrows where values saturate)."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import ListedColormap, Normalize
@@ -249,8 +250,8 @@ def save_grid(path: str | Path, image: np.ndarray, maps: dict[str, torch.Tensor]
     return fig
 
 
-def line_plot(curves: dict[str, list[float]], styles: dict[str, dict] | None = None, *, title: str = "", xlabel: str = "",
-              ylabel: str = "", ticks: list[str] | None = None, reference: float | None = None,
+def line_plot(curves: dict[str, list[float]], styles: dict[str, dict] | None = None, *, title: str = "",
+              xlabel: str = "", ylabel: str = "", ticks: list[str] | None = None, reference: float | None = None,
               size: tuple[float, float] = (7.6, 3.9), image_format: str = "png", legend: bool = True,
               ids: dict[str, str] | None = None) -> bytes:
     """One line per curve as PNG or SVG bytes, drawn with the Agg canvas (the global backend is left alone).
@@ -286,7 +287,8 @@ def line_plot(curves: dict[str, list[float]], styles: dict[str, dict] | None = N
         axes.set_xticks(range(len(ticks)), ticks, rotation=40, ha="right", fontsize=8)
     axes.grid(alpha=0.3)
     if legend:
-        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=1 if len(curves) <= 16 else 2)
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+                    ncol=1 if len(curves) <= 16 else 2)
     figure.tight_layout()
     buffer = io.BytesIO()
     metadata = {"Date": None, "Creator": None, "Format": None, "Type": None} if image_format == "svg" else None

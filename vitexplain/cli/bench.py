@@ -2,8 +2,9 @@
 
 Without --config and without --model / --method / --metric / --dataset it runs the default benchmark,
 ``vitexplain/bench/default_digits.yaml`` (every method, every digits protocol, both shipped models);
-other flags (--limit, -o, --device ...) still override its keys. Run it again with the same arguments to resume after an interruption; to share the images among
-N processes (one per GPU) run ``torchrun --nproc_per_node=N -m vitexplain.cli.main bench ...``.
+other flags (--limit, -o, --device ...) still override its keys. Run it again with the same arguments
+to resume after an interruption; to share the images among N processes (one per GPU) run
+``torchrun --nproc_per_node=N -m vitexplain.cli.main bench ...``.
 """
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ def config_from_args(args: argparse.Namespace):
             _, key, value = _assignment(text, dotted=False)
             dataset["options"] = {**dataset.get("options", {}), key: value}
         data["dataset"] = dataset
-    for key in ("batch_size", "output_dir", "device", "precision", "seed", "limit", "target", "num_workers", "progress"):
+    for key in ("batch_size", "output_dir", "device", "precision", "seed", "limit", "target", "num_workers",
+                "progress"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     return BenchConfig.from_dict(data)

@@ -103,7 +103,9 @@ def _resolve_teacher(teacher: nn.Module | str | None, device: torch.device) -> t
     from ..models import load_model
 
     model, config = load_model(teacher, device=device)
-    if tuple(config["input_size"][1:]) != (CANVAS, CANVAS) or tuple(config["mean"]) != MEAN or tuple(config["std"]) != STD:
+    digits_canvases = (tuple(config["input_size"][1:]) == (CANVAS, CANVAS) and tuple(config["mean"]) == MEAN
+                       and tuple(config["std"]) == STD)
+    if not digits_canvases:
         raise ValueError(f"teacher {teacher!r} expects {config['input_size']} images normalised with "
                          f"{config['mean']} / {config['std']}, not digits canvases")
     return model, teacher
@@ -173,8 +175,8 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
     scans only), augments them as the recipe asks (:mod:`.augmentation`) and takes one AdamW step on
     cross-entropy with label smoothing. With a ``teacher`` the model must have a distillation token
     (e.g. ``deit_tiny_distilled_patch16_224``) and learns DeiT's :func:`distillation_loss`; the
-    teacher sees exactly what the model sees (in the focus steps, the same tokens). The reported accuracy is that of timm's inference output (for DeiT the
-    mean of both heads, as in DeiT).
+    teacher sees exactly what the model sees (in the focus steps, the same tokens). The reported accuracy
+    is that of timm's inference output (for DeiT the mean of both heads, as in DeiT).
 
     Deterministic given the recipe's ``seed`` and the thread count: the initialisation is drawn under
     ``seed`` inside :func:`torch.random.fork_rng` (the caller's global RNG state is left as it was),
@@ -244,8 +246,9 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
         distilled = hasattr(model, "set_distilled_training")
         if distilled != (teacher_model is not None):
             raise ValueError(f"{arch} {'has' if distilled else 'has no'} distillation token but "
-                             f"{'a' if teacher_model is not None else 'no'} teacher was given: a model with a distillation "
-                             "token (deit_*_distilled_*) trains with a teacher, a model without one trains without")
+                             f"{'a' if teacher_model is not None else 'no'} teacher was given: a model with a "
+                             "distillation token (deit_*_distilled_*) trains with a teacher, a model without one "
+                             "trains without")
         if distilled:
             model.set_distilled_training(True)
         run = _fit(model, teacher_model, recipe, train_set, test_set, eval_every=eval_every, progress=progress,
@@ -260,8 +263,8 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
               "wall_seconds": run["wall_seconds"], "cpu_seconds": run["cpu_seconds"], "threads": used_threads,
               "device": device, "model": model}
     if out is not None:
-        card = model_card(model, model_kwargs=kwargs, recipe=recipe, teacher=teacher_name, init=initial, command=command,
-                          accuracy=accuracy, history=history, run=run, threads=used_threads,
+        card = model_card(model, model_kwargs=kwargs, recipe=recipe, teacher=teacher_name, init=initial,
+                          command=command, accuracy=accuracy, history=history, run=run, threads=used_threads,
                           train_canvases=len(train_set), device=device)
         result.update(save_checkpoint(model, out, arch=arch, model_kwargs=kwargs, card=card))
     return result
@@ -331,7 +334,8 @@ def _fit(model: nn.Module, teacher: nn.Module | None, recipe: TrainingRecipe, tr
                 keep(None)  # whole canvases
                 run["history"].append({"step": step + 1, "test_accuracy": evaluate(model, test_set)})
                 bar.write(f"step {step + 1}: test accuracy {run['history'][-1]['test_accuracy']:.4f}")
-            run.update(step=step + 1, wall_seconds=time.perf_counter() - clock[0], cpu_seconds=time.process_time() - clock[1])
+            run.update(step=step + 1, wall_seconds=time.perf_counter() - clock[0],
+                       cpu_seconds=time.process_time() - clock[1])
             if snapshot is not None and (step + 1) % snapshot_every == 0 and step + 1 < recipe.steps:
                 save_snapshot(snapshot, identity, run, model, optimizer, generator)
     if snapshot is not None:
