@@ -27,9 +27,9 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
+from ..options import PositiveInt, Range
 from ._common import check_choice, check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
-from ..options import PositiveInt, Range
 from .base import Curves, EvalBatch, Metric, even_steps, register_metric
 
 DIRECTIONS = ("both", "positive", "negative")

@@ -43,10 +43,10 @@ from scipy.sparse import csc_matrix
 from scipy.sparse.linalg import splu
 from torch import Tensor
 
-from ._common import check_images, check_maps, check_targets
-from ._perturb import mixed_logits, normalisation, ranked_by_relevance
 from ..options import NonNegative, OpenShare, PositiveInt
 from ..seeding import seeded_draw
+from ._common import check_images, check_maps, check_targets
+from ._perturb import mixed_logits, normalisation, ranked_by_relevance
 from .base import Curves, EvalBatch, Metric, register_metric
 
 #: the removal fractions of the authors' runs (``noretrain_params.json``, RoadBenchmarkDemo.ipynb)

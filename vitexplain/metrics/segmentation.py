@@ -39,11 +39,13 @@ Numbers are reported in percent, as in both papers' tables.
 from __future__ import annotations
 
 from typing import Literal
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from ._common import check_choice, check_maps, minmax, upsample
+from ..maps import min_max, resize
+from ._common import check_choice, check_maps
 from .base import EvalBatch, Metric, register_metric
 
 THRESHOLDS = ("mean", "best", "best_per_metric")
@@ -96,7 +98,7 @@ def segmentation(maps: Tensor, masks: Tensor, *, threshold: str = "mean",
     if ignore is not None and ignore.shape != masks.shape:
         raise ValueError(f"ignore must have the masks' shape {tuple(masks.shape)}, got {tuple(ignore.shape)}")
     maps = check_maps(maps.to(masks.device), masks.shape[0])
-    relevance = minmax(upsample(maps, masks.shape[-2:])).flatten(1)
+    relevance = min_max(resize(maps, masks.shape[-2:]), constant=float("nan")).flatten(1)
     truth = masks.flatten(1).bool()
     valid = torch.ones_like(truth) if ignore is None else ~ignore.to(truth.device).flatten(1).bool()
     if threshold == "mean":
