@@ -8,7 +8,7 @@ from conftest import make_vit
 from scipy.stats import spearmanr
 
 import vitexplain
-from vitexplain.bench.sanity import (
+from vitexplain.bench.randomisation import (
     cascade_levels, cascading_randomisation, image_to_image, reinitialise, spearman, verdict,
 )
 

@@ -78,7 +78,7 @@ class MetricEntry:
 
 @dataclass
 class SanityCheck:
-    """The model-randomisation check of :mod:`vitexplain.bench.sanity` (Adebayo et al., NeurIPS 2018).
+    """The model-randomisation check of :mod:`vitexplain.bench.randomisation` (Adebayo et al., NeurIPS 2018).
 
     Attributes:
         images: how many of the run's images (the first of the selection) are explained again under

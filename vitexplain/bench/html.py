@@ -25,7 +25,7 @@ from .plots import (
 )
 from ..metrics.base import GROUPS
 from .result import BenchResult, Gallery
-from .sanity import VERDICT_RULE
+from .randomisation import VERDICT_RULE
 from .tables import Lead, Table, arrow, groups_of, sanity_cells
 
 STYLE = """

@@ -132,7 +132,7 @@ def curve_plots(result: BenchResult) -> list[CurvePlot]:
 
 def cascade_plot(model: str, check: dict) -> CurvePlot:
     """Per method, its mean correlation per randomisation level less its noise floor; 0 dotted (a method
-    passes only where its line ends clearly below 0: :data:`vitexplain.bench.sanity.VERDICT_RULE`)."""
+    passes only where its line ends clearly below 0: :data:`vitexplain.bench.randomisation.VERDICT_RULE`)."""
     curves = {method: [value - found["floor"] for value in found["correlation"]] for method, found in check["methods"].items()}
     return CurvePlot(model, "sanity", "correlation", f"{model}: cascading randomisation ({check['images']} images)",
                      "re-initialised down to", "Spearman correlation with the trained model's maps, less the noise floor",

@@ -13,7 +13,7 @@ from torch import Tensor
 from ..metrics import get_metric
 from ..registry import METHODS
 from .config import DatasetSpec
-from .sanity import VERDICT_RULE
+from .randomisation import VERDICT_RULE
 from .tables import (
     Estimate, Lead, Table, sanity_markdown, sanity_text, score_markdown, score_text, summary_markdown, summary_text,
 )
@@ -80,7 +80,7 @@ class BenchResult:
         settings: what was run: target, seed, limit, the options (and own dataset, limit and group) of
             every method and metric, and the bootstrap's resamples and confidence.
         files: the report files written, by kind.
-        sanity: model -> the model-randomisation check (:mod:`vitexplain.bench.sanity`): ``levels``,
+        sanity: model -> the model-randomisation check (:mod:`vitexplain.bench.randomisation`): ``levels``,
             ``images`` and per method ``correlation`` (mean per level), ``floor`` (mean) and its ``floor_kind``,
             ``excess`` (the last level's correlation less the floor, its interval: value, low, high) and ``flagged``.
         notes: the config's notes, shown at the top of the reports.

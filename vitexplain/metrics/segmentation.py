@@ -31,8 +31,8 @@ thresholds used are reported (``pixel_accuracy_threshold``, ``miou_threshold``; 
 PASCAL VOC (GradToken Table 1, right; the paper gives no further detail): each ground-truth class
 present in an image is one item (map explaining that class, mask = that class's pixels), evaluated
 with ``threshold="best"``; its table reads ``pixel_accuracy`` and ``miou``. VOC's void pixels are
-left out through ``ignore`` (``EvalBatch.ignore``, which the bench fills from a dataset's ``void``
-pixels) as Chefer et al.'s code does with label -1.
+left out through ``ignore`` (``EvalBatch.ignore``, which the bench fills from a dataset's ``ignore``
+samples) as Chefer et al.'s code does with label -1.
 
 Numbers are reported in percent, as in both papers' tables.
 """

@@ -53,7 +53,7 @@ class PerClassItems(Dataset):
         index, cls = self.items[position]
         sample = self.dataset[index]
         return {"image": sample["image"], "label": cls, "id": f"{sample['id']}#{cls}",
-                "mask": sample["class_mask"] == cls + 1, "void": sample["void"]}
+                "mask": sample["class_mask"] == cls + 1, "ignore": sample["ignore"]}
 
 
 def _options(spec: DataSpec, indices: str | Path | None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ Here (decisions in docs/decisions/default-bench.md):
 
 Which parameters form a level is read from timm's parameter names (``blocks.<i>.``, ``head``,
 ``norm``, ``fc_norm``, ``attn_pool``); the instrumentation adapter does not expose the blocks'
-modules. Running it inside a benchmark (caching, errors, timing) is :mod:`vitexplain.bench.sanity_check`.
+modules. Running it inside a benchmark (caching, errors, timing) is :mod:`vitexplain.bench.randomisation_run`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The model-randomisation check inside a benchmark: which images, cached records, errors and seconds.
 
-The computation is :mod:`vitexplain.bench.sanity`; here it runs on rank 0 for one model, compares
+The computation is :mod:`vitexplain.bench.randomisation`; here it runs on rank 0 for one model, compares
 with the bench's cached maps, finds each method's noise floor (a randomised method explains the
 images once more with another seed), and keeps each method's correlations and floor beside its maps
 (a checksummed JSON record keyed by the images, the seed and the check's options), so a resumed or
@@ -21,9 +21,9 @@ from ..registry import get_method
 from .cache import MethodCache
 from .config import SanityCheck
 from .data import one_batch
-from .sanity import cascading_randomisation, image_to_image, spearman, verdict
+from .randomisation import cascading_randomisation, image_to_image, spearman, verdict
 from .store import discard, options_key, read_record, write_record
-from .work import Work, add_seconds, error_entry
+from .findings import Findings, add_seconds, error_entry
 
 
 #: what a record holds (part of its key: records of an earlier check are not read)
@@ -53,7 +53,7 @@ def _floor(model: nn.Module, cache: MethodCache, images: Tensor, original: dict[
 
 
 def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: list[int], caches: dict[str, MethodCache],
-                check: SanityCheck, seed: int, device: torch.device, work: Work) -> dict[str, Any]:
+                check: SanityCheck, seed: int, device: torch.device, work: Findings) -> dict[str, Any]:
     """The check of ``check.methods`` (default: all) on the images at ``indices``, as
     :attr:`vitexplain.bench.BenchResult.sanity` holds it for one model ({} without images or results).
 
