@@ -84,7 +84,8 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float
     return statistics.median(interleaved({"fn": fn}, device, repeats)["fn"])
 
 
-def interleaved(cases: Mapping[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, list[float]]:
+def interleaved(cases: Mapping[str, Callable[[], object]], device: torch.device,
+                repeats: int) -> dict[str, list[float]]:
     """Seconds of each case in each of ``repeats`` rounds, after one warm-up round.
 
     Every round runs every case once, starting one case later than the round before, so that a slow
@@ -153,7 +154,8 @@ def describe_machine(device: torch.device) -> str:
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
     else:
-        where = f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+        where = (f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, "
+                 f"{torch.get_num_threads()} threads")
     load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
     return f"{where}; {load}; torch {torch.__version__}, timm {timm.__version__}"
 

@@ -98,7 +98,8 @@ def fidelity(device: torch.device, count: int, methods: list[str]) -> None:
             cells = []
             for mode, (precision, dtype) in modes(device).items():
                 try:
-                    held = model if dtype is None else copy.deepcopy(model).to(dtype)  # the float32 model stays as it is
+                    # the float32 model stays as it is
+                    held = model if dtype is None else copy.deepcopy(model).to(dtype)
                     with precision_mode(precision or "float32", device):
                         maps, spent = timed_explain(held, images, method, given, device)
                     r = pearson(maps, reference)

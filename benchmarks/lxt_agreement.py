@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+
 def settings(layers: int) -> list[tuple[float | tuple[float, ...], float]]:
     """(Linear γ, one value or one per block; patch-convolution γ): the default, LRP-0, the top of LXT's sweep, and
     γ = 0.25 on the lower half of the blocks with the ε-rule (γ = 0) above."""
@@ -91,18 +92,18 @@ def run_lxt(folder: Path, variant: str) -> None:
     from functools import partial
 
     models = types.ModuleType("lxt.efficient.models")  # see the module docstring
-    models.__path__ = [os.path.join(importlib.util.find_spec("lxt").submodule_search_locations[0], "efficient", "models")]
+    models.__path__ = [os.path.join(importlib.util.find_spec("lxt").submodule_search_locations[0], "efficient",
+                                    "models")]
     models.get_default_map = None  # lxt.efficient.core imports it; the patch map is given here
     sys.modules["lxt.efficient.models"] = models
-
-    from torchvision.models import vision_transformer
-    from zennit.composites import NameMapComposite
-    from zennit.rules import Gamma
 
     from lxt.efficient import monkey_patch, monkey_patch_zennit
     from lxt.efficient.models.vit_torch import cp_LRP
     from lxt.efficient.patches import patch_method
     from lxt.efficient.rules import divide_gradient
+    from torchvision.models import vision_transformer
+    from zennit.composites import NameMapComposite
+    from zennit.rules import Gamma
 
     def attnlrp_attention(self, query, key, value, *args, **kwargs):
         return self.original_forward(divide_gradient(query, 4), divide_gradient(key, 4), divide_gradient(value, 2),
@@ -134,7 +135,8 @@ def run_lxt(folder: Path, variant: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lxt-path", default="", help="a folder holding lxt and zennit, put first on the subprocess's path")
+    parser.add_argument("--lxt-path", default="",
+                        help="a folder holding lxt and zennit, put first on the subprocess's path")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=3)
     parser.add_argument("--images", type=int, default=8)
@@ -175,7 +177,8 @@ def main() -> None:
     def compare(label: str, mine: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
         r = pearson(mine, reference)
         difference = ((mine.double() - reference).abs().amax((1, 2)) / reference.abs().amax((1, 2))).max()
-        print(f"{label:48s} r lowest {r.min():.6f}, mean {r.mean():.6f}; largest difference / max |map| {difference:.1e}")
+        print(f"{label:48s} r lowest {r.min():.6f}, mean {r.mean():.6f}; "
+              f"largest difference / max |map| {difference:.1e}")
         return {"r_min": r.min().item(), "r_mean": r.mean().item(), "difference": difference.item()}
 
     figures = {"logit_difference": logit_difference, "maps": {}}
@@ -192,10 +195,12 @@ def main() -> None:
     lxt_zero = found["cp_lrp"][settings(args.layers).index((0.0, 0.0))]
     per_patch = lxt_zero.unflatten(1, (4, 8)).unflatten(-1, (4, 8)).sum((2, 4))
     adapter = adapter_for(model)
-    compare("conservative_lrp (token embeddings), patch sums", vitexplain.explain(model, images, "conservative_lrp", targets),
+    compare("conservative_lrp (token embeddings), patch sums",
+            vitexplain.explain(model, images, "conservative_lrp", targets),
             per_patch)
     conservative = relevance(adapter, images, targets, "conservative", at=("patches", "pixels"))
-    compare("'conservative' rule set at the patch embeddings", conservative.patches.sum(-1).reshape(-1, 4, 4), per_patch)
+    compare("'conservative' rule set at the patch embeddings", conservative.patches.sum(-1).reshape(-1, 4, 4),
+            per_patch)
     compare("'conservative' rule set at the pixels", conservative.pixels.sum(1), lxt_zero)
 
 

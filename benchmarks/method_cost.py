@@ -28,8 +28,19 @@ from vitexplain.instrumentation import UnsupportedModelError
 from vitexplain.instrumentation.precision import precision_mode
 from vitexplain.options import PRECISIONS
 
-from common import (BATCH1_TIME_TARGETS, FAMILIES, FAMILY_TOLERANCE, TIME_TARGETS, build_model, describe_machine, flops,
-                    forward_backward, image_batch, interleaved, ratios)
+from common import (
+    BATCH1_TIME_TARGETS,
+    FAMILIES,
+    FAMILY_TOLERANCE,
+    TIME_TARGETS,
+    build_model,
+    describe_machine,
+    flops,
+    forward_backward,
+    image_batch,
+    interleaved,
+    ratios,
+)
 
 #: the default: the recording methods with a target, and GAE's and transformer attribution's
 DEFAULT_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken", "tokentm", "transformer_attribution"]
@@ -71,7 +82,8 @@ def _target(method: str, batch: int) -> str:
 
 
 def print_model(found: dict, batch: int, count_flops: bool) -> None:
-    header = f"{'':26s} {'ms/image':>9s} {'ratio':>6s} {'(lowest-highest)':>17s}" + (f" {'flops':>6s}" if count_flops else "")
+    header = f"{'':26s} {'ms/image':>9s} {'ratio':>6s} {'(lowest-highest)':>17s}"
+    header += f" {'flops':>6s}" if count_flops else ""
     print(header + "   target")
     for name, values in found.items():
         if values is None:
@@ -110,7 +122,8 @@ def print_families(found: dict[str, dict], batch: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="vit_base_patch16_224", help="any timm model name")
-    parser.add_argument("--img-size", type=int, default=None, help="image size the model is built for (default: its own)")
+    parser.add_argument("--img-size", type=int, default=None,
+                        help="image size the model is built for (default: its own)")
     parser.add_argument("--families", action="store_true", help="every family of common.FAMILIES beside plain ViT")
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="method names, or 'all'")
     parser.add_argument("--batch", type=int, default=16)

@@ -37,12 +37,14 @@ def _resident(key: str) -> int:
 
 
 def child(model_name: str, img_size: int | None, method: str, batch: int, device: str, options: dict) -> None:
-    """Run one measurement and print {"extra": bytes} as JSON ({"refused": reason} when the method refuses the model)."""
+    """Run one measurement and print {"extra": bytes} as JSON
+    ({"refused": reason} when the method refuses the model)."""
     import torch
 
     import vitexplain
-    from common import build_model, forward_backward, image_batch
     from vitexplain.instrumentation import UnsupportedModelError
+
+    from common import build_model, forward_backward, image_batch
 
     model = build_model(model_name, device=device, **{**options, **({"img_size": img_size} if img_size else {})})
     images = image_batch(model, batch, device)
@@ -69,10 +71,12 @@ def measure(model_name: str, img_size: int | None, method: str, batch: int, devi
             options: dict) -> float | None:
     """Median extra bytes over ``repeats`` fresh subprocesses (None: the method refuses the model)."""
     command = [sys.executable, __file__, "--child", method, "--model", model_name, "--batch", str(batch),
-               "--device", device, "--model-options", json.dumps(options)] + (["--img-size", str(img_size)] if img_size else [])
+               "--device", device, "--model-options", json.dumps(options)]
+    command += ["--img-size", str(img_size)] if img_size else []
     found = []
     for _ in range(repeats):
-        output = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        printed = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        output = json.loads(printed.strip().splitlines()[-1])
         if "refused" in output:
             return None
         found.append(output["extra"])
@@ -82,7 +86,8 @@ def measure(model_name: str, img_size: int | None, method: str, batch: int, devi
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="vit_base_patch16_224", help="any timm model name")
-    parser.add_argument("--img-size", type=int, default=None, help="image size the model is built for (default: its own)")
+    parser.add_argument("--img-size", type=int, default=None,
+                        help="image size the model is built for (default: its own)")
     parser.add_argument("--families", action="store_true", help="every family of common.FAMILIES beside plain ViT")
     parser.add_argument("--methods", nargs="+", default=SINGLE_PASS)
     parser.add_argument("--batch", type=int, default=16)
@@ -120,7 +125,8 @@ def main() -> None:
         return
     labels = list(found)
     width = max(12, *(len(label) for label in labels)) + 1
-    ratio = {label: {case: None if value is None else value / found[label][REFERENCE] for case, value in found[label].items()}
+    ratio = {label: {case: None if value is None else value / found[label][REFERENCE]
+                     for case, value in found[label].items()}
              for label in labels}
 
     def cell(label: str, case: str, relative: bool = False) -> str:

@@ -32,7 +32,8 @@ def profiled(fn, device: torch.device):
     events = prof.key_averages()
     attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     rows = sorted(events, key=lambda e: getattr(e, attribute, 0), reverse=True)
-    return sum(getattr(e, attribute, 0) for e in events) / 1e6, [(e.key, getattr(e, attribute, 0) / 1e6, e.count) for e in rows]
+    table = [(e.key, getattr(e, attribute, 0) / 1e6, e.count) for e in rows]
+    return sum(getattr(e, attribute, 0) for e in events) / 1e6, table
 
 
 def main() -> None:

@@ -49,9 +49,11 @@ def main() -> None:
         return run
 
     cases = {
-        "perturbation (both directions)": lambda: perturbation_test(model, images, maps, labels, batch_size=args.forward_batch, **black),
+        "perturbation (both directions)": lambda: perturbation_test(model, images, maps, labels,
+                                                                    batch_size=args.forward_batch, **black),
         f"insertion+deletion ({args.steps} steps, blur)":
-            lambda: insertion_deletion(model, images, maps, labels, n_steps=args.steps, baseline="blur", batch_size=args.forward_batch),
+            lambda: insertion_deletion(model, images, maps, labels, n_steps=args.steps, baseline="blur",
+                                       batch_size=args.forward_batch),
         "aopc / log-odds": lambda: aopc_log_odds(model, images, maps, labels, batch_size=args.forward_batch, **black),
     }
     seen = []
@@ -64,7 +66,8 @@ def main() -> None:
         metric = timed(run, device, 1)
         reference = timed(plain(count), device, 1)
         seen.clear()
-        print(f"{name:40s} {count:6d} forwards  metric {metric:7.2f} s  plain {reference:7.2f} s  throughput ratio {reference / metric:.2f}")
+        print(f"{name:40s} {count:6d} forwards  metric {metric:7.2f} s  plain {reference:7.2f} s  "
+              f"throughput ratio {reference / metric:.2f}")
 
 
     counter.remove()

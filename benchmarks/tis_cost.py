@@ -45,7 +45,8 @@ def main() -> None:
                    device, args.repeats)
     print(f"mask forwards alone  {forwards:8.2f} s")
     print(f"tis                  {method:8.2f} s")
-    print(f"ratio tis / mask forwards = {method / forwards:.3f}  (k-means and bookkeeping {100 * (method / forwards - 1):.1f}%)")
+    print(f"ratio tis / mask forwards = {method / forwards:.3f}  "
+          f"(k-means and bookkeeping {100 * (method / forwards - 1):.1f}%)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install vitexplain with its test extras and run the test suite (the README's test command; CI runs it too).
+# Install vitexplain with its test extras, lint, and run the test suite (the README's test command; CI runs it too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the HTML report test drives Debian's headless Chromium
@@ -11,4 +11,6 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   fi
 fi
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# lint first (config in pyproject.toml [tool.ruff]): a lint error stops the run before the tests
+python3 -m ruff check .
 python3 -m pytest "$@"

@@ -89,7 +89,8 @@ def run_python_many(*commands: list, cwd: str | Path | None = None, parallel: in
     return results
 
 
-def run_cli_many(*commands: list, cwd: str | Path | None = None, parallel: int = 3, timeout: float = 600) -> list[Finished]:
+def run_cli_many(*commands: list, cwd: str | Path | None = None, parallel: int = 3,
+                 timeout: float = 600) -> list[Finished]:
     """``vitexplain ARGS...`` once per argument list, ``parallel`` at a time (see :func:`run_python_many`)."""
     return run_python_many(*(["-m", "vitexplain.cli.main", *args] for args in commands), cwd=cwd,
                            parallel=parallel, timeout=timeout)

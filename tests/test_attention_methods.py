@@ -22,7 +22,8 @@ def test_four_methods_against_plain_loops(images):
     prefix = model.num_prefix_tokens
     target = torch.tensor([1, 4, 4, 9])
     reference = _reference(model, images, target)
-    got = {m: vitexplain.explain(model, images, m, target=target) for m in ("raw_attention", "rollout", "attn_gradcam", "gae")}
+    methods = ("raw_attention", "rollout", "attn_gradcam", "gae")
+    got = {m: vitexplain.explain(model, images, m, target=target) for m in methods}
     got_start = vitexplain.explain(model, images, "rollout", start_layer=1, head_fusion="max")
     for i, layers in enumerate(reference):
         n = layers[0][0].shape[-1]

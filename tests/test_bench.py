@@ -191,20 +191,24 @@ def test_limit_draws_a_seeded_subset(tmp_path):
     assert one.scores != other.scores
 
 
-def test_markdown_marks_the_best_value_of_each_column_and_its_direction():
+def test_markdown_marks_the_leaders_of_each_column_and_its_direction():
     scores = {"a": {"del": {"auc": 0.2}},
               "b": {"ins": {"auc": 0.7, "n": 3.0}, "del": {"auc": 0.1}},
               "c": {"ins": {"auc": 0.5}, "del": {"auc": 0.1}}}
-    result = BenchResult(dataset="toy", scores={"m": scores}, images={}, curves={},
-                         higher_is_better={"ins": {"auc": True}, "del": {"auc": False}}, errors=[])
+    result = BenchResult(dataset="toy", scores={"m": scores}, images={"m": {m: {"ins": 4, "del": 4} for m in scores}},
+                         curves={}, higher_is_better={"ins": {"auc": True}, "del": {"auc": False}}, errors=[])
+    result.intervals = {"m": {m: {label: {n: ([v, v] if n == "n" else [v - 0.05, v + 0.05]) for n, v in numbers.items()}
+                                  for label, numbers in per.items()} for m, per in scores.items()}}
+    result.leaders = {"m": {"ins": {"auc": {"methods": ["b"], "controls": []}},
+                            "del": {"auc": {"methods": ["b", "c"], "controls": []}}}}
     lines = result.markdown().splitlines()
     header = lines.index("## m") + 2
     assert lines[header:header + 5] == [
         "| method | ins/auc ↑ | n | del/auc ↓ |",  # metrics in config order, a shared name qualified, no arrow when unknown
         "| --- | ---: | ---: | ---: |",
-        "| a | – | – | 0.2 |",
-        "| b | **0.7** | 3 | **0.1** |",
-        "| c | 0.5 | – | **0.1** |",       # ties are all bold
+        "| a | – | – | 0.20 [0.15, 0.25] (4) |",
+        "| b | **0.70 [0.65, 0.75] (4)** | 3.00 [3.00, 3.00] (4) | 0.10 [0.05, 0.15] (4) ≈ |",   # best alone: bold
+        "| c | 0.50 [0.45, 0.55] (4) | – | 0.10 [0.05, 0.15] (4) ≈ |",                        # tied: ≈
     ]
 
 

@@ -1,4 +1,5 @@
-"""The bench across processes: killed with SIGKILL and resumed, and sharded over two processes as under torchrun."""
+"""The bench across processes: killed with SIGKILL and resumed (its lock taken over), and sharded over two processes
+as under torchrun; the numbers and their intervals are those of one uninterrupted process."""
 from __future__ import annotations
 
 import json
@@ -81,6 +82,9 @@ def _same_numbers(found: dict, expected: dict) -> None:
             assert found["scores"]["tiny"][method]["bench_stats"][key] == pytest.approx(value, rel=1e-6)
         assert found["curves"]["tiny"]["bench_stats"]["curve"][method] == pytest.approx(
             expected["curves"]["tiny"]["bench_stats"]["curve"][method], rel=1e-6)
+        for key, bounds in expected["intervals"]["tiny"][method]["bench_stats"].items():   # the bootstrap too
+            assert found["intervals"]["tiny"][method]["bench_stats"][key] == pytest.approx(bounds, rel=1e-6)
+    assert found["leaders"] == expected["leaders"]
 
 
 def test_killed_run_resumes_without_losing_or_repeating_results(tmp_path, reference, monkeypatch):
@@ -96,6 +100,7 @@ def test_killed_run_resumes_without_losing_or_repeating_results(tmp_path, refere
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL
     assert not (out / "results.json").exists()
+    assert json.loads((out / "bench.lock").read_text())["pid"] == process.pid     # the killed run's lock, left behind
     maps_done = len(_rows(out, "bench_picky", "maps"))
     values_done = sum(len(_rows(out, m, "values")) for m in METHODS)
     assert 5 * 2 <= values_done < 2 * IMAGES
@@ -104,7 +109,9 @@ def test_killed_run_resumes_without_losing_or_repeating_results(tmp_path, refere
     method_log, metric_log = tmp_path / "method.log", tmp_path / "metric.log"
     monkeypatch.setenv("BENCH_METHOD_LOG", str(method_log))
     monkeypatch.setenv("BENCH_METRIC_LOG", str(metric_log))
-    resumed = _run_here(out)
+    with pytest.warns(UserWarning, match=rf"bench.lock was left by a bench that no longer runs \(pid {process.pid}\); taken over"):
+        resumed = _run_here(out)
+    assert not (out / "bench.lock").exists()
     _same_numbers(resumed, reference)
     assert json.loads((out / "results.json").read_text()) == resumed
     for method in METHODS:  # every image stored exactly once

@@ -90,6 +90,7 @@ def runs(tmp_path_factory):
         "batch_negative": [*one, "--method", "gae", "--batch-size", "-3"],
         "output_is_file": [*one, "--method", "gae", "-o", "out.png"],
         "output_under_file": [*one, "--method", "gae", "-o", "out.png/maps"],
+        "bad_only": ["notes.png", *model_args, "--method", "gae", "-o", "bad_only"],
     }
     finished = run_cli_many(*(["explain", *args] for args in commands.values()), cwd=folder)
     return folder, dict(zip(commands, finished))
@@ -104,15 +105,16 @@ def test_every_readable_image_is_explained_and_each_bad_file_named_once(runs):
         assert len(lines) == 1 and problem in lines[0], main.stderr
     assert "Traceback" not in main.stderr
     out = folder / "main"
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.npy")) == sorted(f"{o}.rise.npy" for o in OUTPUTS.values())
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.png")) == sorted(f"{o}.rise.png" for o in OUTPUTS.values())
+    for suffix in ("npy", "png"):
+        written = sorted(str(p.relative_to(out)) for p in out.rglob(f"*.{suffix}"))
+        assert written == sorted(f"{o}.rise.{suffix}" for o in OUTPUTS.values())
     for stem in OUTPUTS.values():
         saved = np.load(out / f"{stem}.rise.npy")
         assert saved.shape == (32, 32) and np.isfinite(saved).all()
         with Image.open(out / f"{stem}.rise.png") as png:
             assert png.size[0] > 100
     # one line per distinct file: rgb.png was given twice
-    explained = re.findall(r"^(\S+) -> 3 \(p=", main.stdout, flags=re.M)
+    explained = re.findall(r"^(\S+) -> (?:predicted 3|explained class 3) \(p = ", main.stdout, flags=re.M)
     assert sorted(explained) == sorted(GOOD)
 
 
@@ -129,7 +131,8 @@ def test_raw_maps_are_what_the_api_gives_with_the_options_passed(runs):
 def test_prediction_lines_and_progress(runs):
     folder, done = runs
     main = done["main"]
-    probabilities = re.findall(r"^rgb\.png -> 3 \(p=([0-9.e-]+)\); predicted (\d) \(p=([0-9.e-]+)\)$", main.stdout, flags=re.M)
+    probabilities = re.findall(r"^rgb\.png -> explained class 3 \(p = ([0-9.e-]+); predicted (\d), p = ([0-9.e-]+)\)$",
+                               main.stdout, flags=re.M)
     model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
     with torch.no_grad():
         p = model(make_transform(config)(load_image(folder / "rgb.png"))[None]).softmax(-1)[0]
@@ -217,7 +220,14 @@ def test_bad_arguments_get_one_line_before_any_work(runs, run, message):
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0], result.stderr
     assert "Traceback" not in result.stderr and " -> " not in result.stdout
-    assert not [p for name in ("t1", "t2", "vitexplain-out") for p in (folder / name).glob("*")]  # nothing written
+    assert not [name for name in ("t1", "t2", "vitexplain-out") if (folder / name).exists()]  # not even an empty folder
+
+
+def test_a_run_whose_every_image_fails_leaves_no_folder(runs):
+    folder, done = runs
+    result = done["bad_only"]
+    assert result.returncode == 1 and "error: notes.png: not a readable image" in result.stderr
+    assert "wrote" not in result.stdout and not (folder / "bad_only").exists()
 
 
 def test_checkpoint_errors_list_keys_with_counts(runs):

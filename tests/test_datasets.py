@@ -10,9 +10,10 @@ import torch
 from PIL import Image
 from timm.data import create_transform
 
-from conftest import make_vit
-from vitexplain.datasets import (Preprocess, available_datasets, choose_indices, collate, get_dataset)
+from vitexplain.datasets import Preprocess, available_datasets, choose_indices, collate, get_dataset
 from vitexplain.reproduce.data import preprocess_for
+
+from conftest import make_vit
 
 
 def random_image(width: int, height: int, seed: int = 0) -> Image.Image:
@@ -39,7 +40,8 @@ def test_masks_follow_the_image_geometry(mode):
     pixels = np.zeros((45, 70), dtype=np.uint8)
     pixels[10:30, 20:61] = 255
     image = Image.fromarray(pixels).convert("RGB")
-    preprocess = Preprocess(size=24, crop_pct=0.8, crop_mode=mode, interpolation="nearest", mean=(0, 0, 0), std=(1, 1, 1))
+    preprocess = Preprocess(size=24, crop_pct=0.8, crop_mode=mode, interpolation="nearest", mean=(0, 0, 0),
+                            std=(1, 1, 1))
     moved_image, moved_mask, _ = preprocess(image, mask=pixels > 0)
     assert moved_mask.dtype == torch.bool and moved_mask.shape == (24, 24)
     assert torch.equal(moved_mask, moved_image[0] > 0.5)
@@ -151,7 +153,7 @@ def test_registry_names_and_errors(tmp_path):
 
 
 def test_subsets(tmp_path):
-    first, again, other = choose_indices(100, 10, seed=1), choose_indices(100, 10, seed=1), choose_indices(100, 10, seed=2)
+    first, again, other = (choose_indices(100, 10, seed=seed) for seed in (1, 1, 2))
     assert torch.equal(first, again) and not torch.equal(first, other)
     assert first.unique().numel() == 10 and torch.equal(first, first.sort().values) and first.max() < 100
     assert torch.equal(choose_indices(5), torch.arange(5))

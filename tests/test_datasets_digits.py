@@ -189,7 +189,8 @@ def test_dataloader_and_preprocess_check():
     batch = next(iter(DataLoader(data, batch_size=5, collate_fn=collate)))
     assert batch["images"].shape == (5, 3, 112, 112) and batch["boxes"][0].shape == (1, 4)
     assert batch["images"].min() >= -1 and batch["images"].max() <= 1
-    shifted = get_dataset("digits", n=5, split="train", preprocess=Preprocess(size=112, mean=(0.2,) * 3, std=(0.4,) * 3))
+    shifted = get_dataset("digits", n=5, split="train",
+                          preprocess=Preprocess(size=112, mean=(0.2,) * 3, std=(0.4,) * 3))
     assert torch.allclose(shifted[0]["image"] * 0.4 + 0.2, data[0]["image"] * 0.5 + 0.5, atol=1e-6)
     with pytest.raises(ValueError, match="112 x 112"):
         get_dataset("digits", n=5, preprocess=Preprocess(size=224))

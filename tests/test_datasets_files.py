@@ -11,7 +11,8 @@ import scipy.io
 import torch
 from PIL import Image
 
-from vitexplain.datasets import (DatasetFormatError, DatasetNotFoundError, Preprocess, collate, get_dataset)
+from vitexplain.datasets import DatasetFormatError, DatasetNotFoundError, Preprocess, collate, get_dataset
+
 
 def identity(height: int, width: int) -> Preprocess:
     """Keeps the source pixels: output size = source size, no resampling, no normalisation."""
@@ -251,7 +252,7 @@ def test_voc_class_masks(tmp_path):
     expected = torch.from_numpy(class_masks["2007_000001"])
     assert torch.equal(first["class_mask"], expected)
     assert torch.equal(first["mask"], (expected > 0) & (expected < 255))
-    assert torch.equal(first["void"], expected == 255)
+    assert torch.equal(first["ignore"], expected == 255)
     assert first["classes"].tolist() == [7, 14] and first["label"] == 14          # 0-based: cat 7, person 14
     assert second["classes"].tolist() == [] and second["label"] == -1 and not second["mask"].any()
     batch = collate([first, second])

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import make_vit
 
 import vitexplain
 from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
@@ -19,9 +18,11 @@ from vitexplain.metrics.base import METRICS
 from vitexplain.metrics.perturbation import perturbation_test, reduce_perturbation
 from vitexplain.registry import available_methods, get_method
 
+from conftest import make_vit
+
 SHIPPED = ["digits_vit", "digits_deit"]
-#: library protocols that do not apply to digits canvases, and why (a new protocol must be added to
-#: the default config or listed here)
+#: library protocols that do not apply to digits canvases, and why: the default config's exclude_metrics (a new
+#: protocol joins the default bench through its `all` unless it is excluded there)
 NOT_FOR_DIGITS = {"rationale_f1": "text: rationale words of ERASER Movie Reviews"}
 
 
@@ -35,11 +36,12 @@ def test_the_default_runs_every_method_every_protocol_and_both_shipped_models():
     methods = _library(available_methods(), lambda n: get_method(n).fn, "vitexplain.methods")
     metrics = _library(available_metrics(), lambda n: get_metric(n).compute, "vitexplain.metrics")
     assert {"random_baseline", "constant_baseline", "tokentm", "gradtoken", "tis"} <= methods
-    names = [entry.name for entry in config.methods]
+    names = [entry.name for entry in config.methods if entry.name in methods]   # (`all` also takes the tests' fakes)
     assert sorted(set(names)) == sorted(methods) and len(names) == len(methods) + 1     # GradToken twice:
     variants = {entry.label: entry.options for entry in config.methods if entry.name == "gradtoken"}
     assert variants == {"gradtoken": {}, "gradtoken(transpose=True)": {"transpose": True}}  # printed and our variant
-    assert sorted(entry.name for entry in config.metrics) == sorted(metrics - set(NOT_FOR_DIGITS))
+    assert sorted(entry.name for entry in config.metrics if entry.name in metrics) == sorted(metrics - set(NOT_FOR_DIGITS))
+    assert list(config.exclude_metrics) == list(NOT_FOR_DIGITS) and not config.exclude_methods
     assert [entry.name for entry in config.models] == SHIPPED
     assert config.dataset.name == "digits" and config.sanity is not None and config.gallery > 0
     by_name = {entry.name: entry for entry in config.metrics}
@@ -92,12 +94,15 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     """The shipped default on both shipped models, 3 images, a few methods: every protocol fills its columns."""
     data = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
     keep = {"tokentm", "gradtoken", "random_baseline", "constant_baseline"}
-    data["methods"] = [m for m in data["methods"] if (m if isinstance(m, str) else m["name"]) in keep]
+    data["methods"] = [m for m in data["methods"] if m != "all" and (m if isinstance(m, str) else m["name"]) in keep]
+    data["methods"] += ["random_baseline", "constant_baseline"]           # which the default takes through `all`
+    library = _library(available_metrics(), lambda n: get_metric(n).compute, "vitexplain.metrics")
+    data["exclude_metrics"] += sorted(set(available_metrics()) - library)  # other tests' fakes, when registered
     data["highlight"] = [label for label in data["highlight"] if label in keep]
     for metric in data["metrics"]:
         if isinstance(metric, dict) and "limit" in metric:
             metric["limit"] = 2
-    data.update(limit=3, gallery=2, sanity={"images": 2, "threshold": 0.9}, output_dir=str(tmp_path), progress=False,
+    data.update(limit=3, gallery=2, sanity={"images": 3}, output_dir=str(tmp_path), progress=False,
                 device="cpu")
     result = run_benchmark(BenchConfig.from_dict(data))
     assert result.errors == []
@@ -113,8 +118,8 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
             assert counts["segmentation"] == 3 and counts["max_sensitivity"] == 2 and counts["class_sensitivity"] == 2
             assert counts["road"] == 2 and counts["saco"] == 3
         flags = {m: found["flagged"] for m, found in result.sanity[model]["methods"].items()}
-        assert flags == {"tokentm": False, "gradtoken": False, "gradtoken(transpose=True)": False, "random_baseline": True,
-                         "constant_baseline": True}
+        assert flags == {"tokentm": False, "gradtoken": False, "gradtoken(transpose=True)": False,
+                         "random_baseline": True, "constant_baseline": True}
         assert set(result.curves[model]) == {"perturbation", "aopc", "insertion_deletion", "road", "saco"}
     assert [g.model for g in result.galleries] == SHIPPED and all(len(g.ids) == 2 for g in result.galleries)
     page = (tmp_path / "report.html").read_text()
@@ -130,5 +135,7 @@ def test_config_errors_name_the_problem():
         BenchConfig(**base, sanity={"imgs": 3})
     with pytest.raises(ValueError, match="sanity names method.*'rise'"):
         BenchConfig(**base, sanity={"methods": ["rise"]})
-    with pytest.raises(ValueError, match="correlation in"):
-        BenchConfig(**base, sanity={"threshold": 2})
+    with pytest.raises(ValueError, match="the sanity check needs at least 2 images"):
+        BenchConfig(**base, sanity={"images": 1})
+    with pytest.raises(ValueError, match="unknown sanity option.*threshold"):       # the fixed threshold is gone
+        BenchConfig(**base, sanity={"threshold": 0.9})

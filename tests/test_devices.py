@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cli import run_cli_many
 from vitexplain.bench.distributed import place
 from vitexplain.cli.shared import output_file, output_folder
 from vitexplain.models import resolve_device
+
+from cli import run_cli_many
 
 
 @pytest.fixture

@@ -14,11 +14,12 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 import torch
-from chromium import start_chromium
 from PIL import Image
-from test_viz import plain_percentile
 
 from vitexplain.explorer import ExplorerItem, explorer_html, write_explorer
+
+from chromium import start_chromium
+from test_viz import plain_percentile
 
 SIZE, PATCH = 64, 16
 GRID = (SIZE // PATCH, SIZE // PATCH)
@@ -404,7 +405,8 @@ def _bench_page(tmp_path) -> str:
     rng = np.random.default_rng(0)
     top5 = [("American Staffordshire terrier", 0.5), ("seven", 0.2), ("Granny Smith", 0.1), ("a", 0.05), ("b", 0.01)]
     items = [ExplorerItem(f"{model} · digits-test-s0-{index:06d}", rng.integers(0, 256, (112, 112, 3), dtype=np.uint8),
-                          {label: rng.normal(size=(14, 14)) for label in labels}, top5=top5, target="seven", grid=(14, 14))
+                          {label: rng.normal(size=(14, 14)) for label in labels}, top5=top5, target="seven",
+                          grid=(14, 14))
              for model in ("digits_vit", "digits_deit") for index in (37, 44, 675, 775)]
     return write_explorer(tmp_path / "bench" / "explorer.html", items, title="vitexplain bench: digits").as_uri()
 
@@ -465,7 +467,8 @@ def test_the_explorer_the_png_overlay_and_the_gallery_colour_a_map_alike(browser
     WebDriverWait(browser, 20).until(lambda d: d.execute_script("return document.documentElement.dataset.ready"))
     browser.find_element("id", "compare").click()
     explorer = {label: _pixels(browser, label) for label in maps}
-    scales = browser.execute_script("return Array.from(document.querySelectorAll('figure.panel .scale'), n => n.textContent);")
+    scales = browser.execute_script(
+        "return Array.from(document.querySelectorAll('figure.panel .scale'), n => n.textContent);")
 
     overlays, bars = {}, []
     for label, values in maps.items():
@@ -474,7 +477,8 @@ def test_the_explorer_the_png_overlay_and_the_gallery_colour_a_map_alike(browser
         bars.append(figure.axes[1].get_ylabel())
 
     gallery = Gallery(model="m", ids=["x"], images=torch.from_numpy(image / 255.0), labels=[-1], predicted=[0],
-                      probability=[1.0], class_names=["a"], maps={k: torch.from_numpy(v)[None] for k, v in maps.items()},
+                      probability=[1.0], class_names=["a"],
+                      maps={k: torch.from_numpy(v)[None] for k, v in maps.items()},
                       top5=[], grid=GRID)
     gallery.images = gallery.images[None]
     section = gallery_section(gallery, set())

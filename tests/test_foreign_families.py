@@ -1,4 +1,5 @@
-"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2), and timm's parallel blocks: recognised with
+"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2, open_clip), and timm's parallel blocks and
+avgmax pooling: recognised with
 their readout, the instrumented forward equal to the model's own output, and GAE equal to GAE computed from
 a forward written out by hand from each model's parameters (its own attention probabilities, in the graph)."""
 from __future__ import annotations
@@ -114,8 +115,69 @@ def parallel_blocks_by_hand(model, x):
     return model.forward_head(model.norm(tokens)), attentions, readout
 
 
+def max_pooled_by_hand(model, x):
+    """timm's ViT pooling by half the mean plus half the per-channel maximum of the patch tokens (``avgmax``), or by
+    the maximum alone (``max``); prefix tokens excluded. The readout row is the pooling's derivative summed over
+    channels, divided by their number: for ``avgmax`` 1/(2N) per token plus half the share of channels whose
+    maximum the token holds (docs/decisions/readouts.md)."""
+    tokens = model.norm_pre(model._pos_embed(model.patch_embed(x)))
+    attentions = []
+    for block in model.blocks:
+        q, k, v = block.attn.qkv(block.norm1(tokens)).chunk(3, dim=-1)
+        mixed, attn = _attention(q, k, v, block.attn.num_heads)
+        tokens = tokens + block.attn.proj(mixed)
+        tokens = tokens + block.mlp(block.norm2(tokens))
+        attentions.append(attn)
+    patches = model.norm(tokens)[:, model.num_prefix_tokens:]
+
+    def pool(t):
+        return (t.mean(1) + t.max(1).values) / 2 if model.global_pool == "avgmax" else t.max(1).values
+
+    held = patches.detach().requires_grad_(True)
+    per_token = torch.autograd.grad(pool(held).sum(), held)[0].sum(-1) / held.shape[-1]
+    readout = F.pad(per_token, (model.num_prefix_tokens, 0))
+    return model.head(model.fc_norm(pool(patches))), attentions, readout
+
+
+def _open_clip_blocks(model, x):
+    """open_clip's image tower written out batch first up to each block: [(block output, attention probabilities)]:
+    class token, positions, ln_pre, blocks with LayerScale."""
+    patches = model.conv1(x).flatten(2).transpose(1, 2)
+    tokens = torch.cat([model.class_embedding.expand(x.shape[0], 1, -1), patches], 1) + model.positional_embedding
+    tokens = model.ln_pre(tokens)
+    outputs = []
+    for block in model.transformer.resblocks:
+        mixed, attn = _packed(block.attn, block.ln_1(tokens))
+        tokens = tokens + block.ls_1.gamma * mixed
+        tokens = tokens + block.ls_2.gamma * block.mlp(block.ln_2(tokens))
+        outputs.append((tokens, attn))
+    return outputs
+
+
+def _open_clip_head(model, tokens):
+    """ln_post before (or after) the class-token or patch-mean pooling, then the projection."""
+    if model.pool_type == "avg":
+        pooled = model.ln_post(tokens[:, 1:].mean(1)) if model.final_ln_after_pool else model.ln_post(tokens)[:, 1:].mean(1)
+    else:
+        pooled = model.ln_post(tokens)[:, 0]
+    return pooled @ model.proj
+
+
+def open_clip_by_hand(model, x):
+    outputs = _open_clip_blocks(model, x)
+    tokens = outputs[-1][0]
+    readout = torch.zeros(tokens.shape[:2])
+    if model.pool_type == "avg":
+        readout[:, 1:] = 1 / (tokens.shape[1] - 1)
+    else:
+        readout[:, 0] = 1
+    return _open_clip_head(model, tokens), [attn for _, attn in outputs], readout
+
+
 BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand, "hf_vit_model": transformers_vit_model_by_hand,
-           "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand}
+           "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand, "vit_avgmax": max_pooled_by_hand,
+           "vit_max": max_pooled_by_hand,
+           "open_clip_vit": open_clip_by_hand, "open_clip_vit_avg": open_clip_by_hand}
 
 
 def _target(output, has_classes):
@@ -193,10 +255,11 @@ def test_torchvision_vit_refuses_lrp_naming_its_packed_attention():
 
 
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
-@pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee"])
+@pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee", "vit_avgmax", "vit_max"])
 def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
-    """LayerScale, the SwiGLU gate (signal-take-all), the registers, and parallel blocks (in_proj read by both
-    branches, the MLP bias a constant) keep the Chefer-style sets conservative."""
+    """LayerScale, the SwiGLU gate (signal-take-all), the registers, parallel blocks (in_proj read by both
+    branches, the MLP bias a constant) and avgmax / max pooling (the maximum passes its relevance to the token holding
+    it) keep the Chefer-style sets conservative."""
     from vitexplain.instrumentation import lrp
 
     monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
@@ -215,3 +278,20 @@ def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
 def test_tokentm_refuses_parallel_blocks_with_its_reason():
     with pytest.raises(UnsupportedModelError, match="parallel blocks add the attention and the MLP to the same input"):
         explain(build("vit_pwee"), images(1), "tokentm")
+
+
+@pytest.mark.parametrize("name", ["open_clip_vit", "open_clip_vit_avg"])
+def test_legrad_on_sequence_first_blocks_equals_legrad_by_hand(name):
+    """LeGrad (released readout) on open_clip's sequence-first blocks: block l's score is the cosine with the direction
+    of the head on a sequence whose every token is the mean of block l's output tokens; its map the mean over heads
+    and queries of ReLU(∂s^l/∂A^l), summed over the last two blocks."""
+    model, x = build(name), images(2, seed=4)
+    assert adapter_for(model).family.sequence_first
+    direction = torch.randn(16, generator=torch.Generator().manual_seed(2))
+    total = 0
+    for tokens, attn in _open_clip_blocks(model, x):
+        mean = tokens.mean(1, keepdim=True).expand_as(tokens)
+        score = F.cosine_similarity(_open_clip_head(model, mean), direction[None], dim=1).sum()
+        total = total + torch.autograd.grad(score, attn)[0].clamp(min=0).mean(1).mean(1)
+    found = explain(model, x, "legrad", target=direction, normalise=False)
+    torch.testing.assert_close(found, total[:, 1:].reshape(2, 4, 4), rtol=1e-4, atol=1e-7)

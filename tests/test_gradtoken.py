@@ -4,10 +4,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FAMILIES, make_vit
-from test_tokentm import (TARGETS, assert_close_maps, assert_maps_differ, double_model, images_like, manual_forward,
-                          target_score)
 from vitexplain import explain
+
+from conftest import FAMILIES, make_vit
+from test_tokentm import (
+    TARGETS,
+    assert_close_maps,
+    assert_maps_differ,
+    double_model,
+    images_like,
+    manual_forward,
+    target_score,
+)
 
 
 def reference_gradtoken(model, images, targets, *, aggregation="average", propagation="matmul", heads="relu_mean",

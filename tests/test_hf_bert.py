@@ -12,11 +12,6 @@ from transformers import (
 )
 
 import vitexplain
-from vitexplain.registry import available_methods
-
-TEXT_METHODS = available_methods("text")
-from test_instrumentation import _assert_same, _snapshot
-
 from vitexplain.instrumentation import (
     BLOCK_FIELDS,
     TokenBatch,
@@ -25,6 +20,11 @@ from vitexplain.instrumentation import (
     family_of,
 )
 from vitexplain.instrumentation.families.hf_bert import TransformersText
+from vitexplain.registry import available_methods
+
+from test_instrumentation import _assert_same, _snapshot
+
+TEXT_METHODS = available_methods("text")
 
 BERT_TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                  max_position_embeddings=64, initializer_range=0.2)
@@ -42,7 +42,8 @@ def make_tokenizer(directory, words=WORDS) -> BertTokenizer:
 
 def make_bert(seed=0, attention="eager", labels=3, vocab_size=len(SPECIAL) + len(WORDS), **overrides):
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=vocab_size, num_labels=labels, attn_implementation=attention, **{**BERT_TINY, **overrides})
+    config = BertConfig(vocab_size=vocab_size, num_labels=labels, attn_implementation=attention,
+                        **{**BERT_TINY, **overrides})
     return BertForSequenceClassification(config).eval()
 
 
@@ -61,7 +62,8 @@ def manual_bert(model, input_ids, attention_mask, keep=None):
     bert = model.bert
     positions = torch.arange(input_ids.shape[1])
     emb = bert.embeddings
-    x = emb.word_embeddings.weight[input_ids] + emb.position_embeddings.weight[positions] + emb.token_type_embeddings.weight[0]
+    x = (emb.word_embeddings.weight[input_ids] + emb.position_embeddings.weight[positions]
+         + emb.token_type_embeddings.weight[0])
     x = emb.LayerNorm(x)
     blocked = (attention_mask == 0)[:, None, None, :] * -1e9
     if keep is not None:
@@ -82,7 +84,8 @@ def manual_bert(model, input_ids, attention_mask, keep=None):
         h = layer.attention.output.LayerNorm(x + branch)
         mlp = layer.output.dense(F.gelu(layer.intermediate.dense(h)))
         out = layer.output.LayerNorm(h + mlp)
-        layers.append(dict(residual=x, q=q, k=k, v=v, attn=attn, attn_branch=branch, mlp_input=h, mlp_branch=mlp, output=out))
+        layers.append(dict(residual=x, q=q, k=k, v=v, attn=attn, attn_branch=branch, mlp_input=h, mlp_branch=mlp,
+                           output=out))
         x = out
     pooled = torch.tanh(bert.pooler.dense(x[:, 0]))
     return model.classifier(pooled), layers
@@ -98,7 +101,8 @@ def test_recording_matches_a_written_out_post_norm_forward(attention):
     logits, layers = manual_bert(model, **batch)
     logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
     torch.testing.assert_close(record.logits, logits.detach(), rtol=1e-5, atol=1e-5)
-    assert record.grid == (7,) and record.num_prefix_tokens == 1 and record.class_token_index == 0
+    geometry = record.geometry
+    assert geometry.grid == (7,) and geometry.num_prefix_tokens == 1 and geometry.class_token_index == 0
     real = batch["attention_mask"].bool()
     for block, expected, layer in zip(record.blocks, layers, model.bert.encoder.layer, strict=True):
         for name in ("residual", "attn_branch", "mlp_input", "mlp_branch", "output"):
@@ -110,7 +114,8 @@ def test_recording_matches_a_written_out_post_norm_forward(attention):
             torch.testing.assert_close(getattr(block, name), expected[name].detach(), rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(block.grads[name], expected[name].grad, rtol=1e-4, atol=1e-6)
         per_head = torch.einsum("bhnd,hdc->bnc", block.attn @ block.v, block.head_projection)
-        torch.testing.assert_close(per_head + layer.attention.output.dense.bias, block.attn_branch, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(per_head + layer.attention.output.dense.bias, block.attn_branch, rtol=1e-5,
+                                   atol=1e-5)
         for name in BLOCK_FIELDS:
             assert block.grads[name].shape == getattr(block, name).shape
 
@@ -130,7 +135,8 @@ def test_raw_attention_and_gae_read_the_class_row_per_token():
     for method, row in (("raw_attention", raw), ("gae", relevance[:, 0])):
         expected = torch.where(real, row, torch.zeros(())).clone()
         expected[:, 0] = 0
-        torch.testing.assert_close(vitexplain.explain(model, batch, method, target=target), expected, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(vitexplain.explain(model, batch, method, target=target), expected, rtol=1e-4,
+                                   atol=1e-7)
 
 
 @pytest.mark.parametrize("method", TEXT_METHODS)
@@ -154,7 +160,8 @@ def test_sdpa_and_eager_give_the_same_maps():
     batch = padded_batch()
     for method in ("gae", "gradtoken", "tokentm", "attcat"):
         torch.testing.assert_close(vitexplain.explain(make_bert(attention="sdpa"), batch, method),
-                                   vitexplain.explain(make_bert(attention="eager"), batch, method), rtol=1e-4, atol=1e-7)
+                                   vitexplain.explain(make_bert(attention="eager"), batch, method), rtol=1e-4,
+                                   atol=1e-7)
 
 
 def test_input_forms_agree(tmp_path):
@@ -180,7 +187,8 @@ def test_input_forms_agree(tmp_path):
     ({"attention_mask": torch.ones(1, 3)}, ValueError, "must have 'input_ids'"),
     ({"input_ids": torch.tensor([[2, 3]]), "position_ids": torch.tensor([[0, 1]])}, ValueError, "position_ids"),
     (torch.tensor([[2, 99, 3]]), ValueError, "outside the model's vocabulary of 19"),
-    ({"input_ids": torch.tensor([[2, 5, 3]]), "attention_mask": torch.ones(1, 2)}, ValueError, "attention_mask must be 0/1"),
+    ({"input_ids": torch.tensor([[2, 5, 3]]), "attention_mask": torch.ones(1, 2)}, ValueError,
+     "attention_mask must be 0/1"),
     ({"input_ids": torch.tensor([[0, 2, 3]]), "attention_mask": torch.tensor([[0, 1, 1]])}, ValueError, "right-padded"),
     ({"input_ids": torch.tensor([[2, 5, 3]], dtype=torch.float)}, TypeError, "must hold integers"),
 ])
@@ -233,7 +241,8 @@ def test_token_subsets_run_through_embed_and_encode():
     ids = torch.tensor([[2, 5, 9, 11, 6, 8, 3], [2, 7, 12, 13, 14, 10, 3]])
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     everything = torch.arange(6).expand(2, 1, 6)
-    torch.testing.assert_close(adapter.logits_on_tokens(batch, everything)[:, 0], model(**batch).logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(adapter.logits_on_tokens(batch, everything)[:, 0], model(**batch).logits, rtol=1e-5,
+                               atol=1e-5)
     keep = torch.tensor([[[0, 2, 5], [4, 1, 3]], [[5, 5, 0], [2, 3, 4]]])
     got = adapter.logits_on_tokens(batch, keep, batch_size=3)
     for m in range(2):

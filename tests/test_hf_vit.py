@@ -1,8 +1,6 @@
 """Hugging Face transformers ViT / DeiT: the same weights as a timm ViT give the same recording and maps."""
 import pytest
 import torch
-from conftest import make_vit
-from test_instrumentation import _assert_same, _snapshot
 from transformers import (
     DeiTConfig,
     DeiTForImageClassification,
@@ -23,10 +21,14 @@ from vitexplain.instrumentation import (
 from vitexplain.instrumentation.families.hf_vit import TransformersViT
 from vitexplain.instrumentation.lrp import RULE_SETS
 
+from conftest import make_vit
+from test_instrumentation import _assert_same, _snapshot
+
 HF_TINY = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
                intermediate_size=96, num_labels=10, layer_norm_eps=1e-6, qkv_bias=True)
-CHEAP = {"rise": dict(n_masks=16), "tis": dict(n_masks=8), "smoothgrad": dict(n_samples=3), "integrated_gradients": dict(n_steps=4),
-         "tam": dict(n_steps=3), "bt_head": dict(n_steps=3), "bt_token": dict(n_steps=3)}
+CHEAP = {"rise": dict(n_masks=16), "tis": dict(n_masks=8), "smoothgrad": dict(n_samples=3),
+         "integrated_gradients": dict(n_steps=4), "tam": dict(n_steps=3), "bt_head": dict(n_steps=3),
+         "bt_token": dict(n_steps=3)}
 #: (timm distilled?, transformers attention): ViT with eager attention, DeiT with teacher with SDPA.
 VARIANTS = [(False, "eager"), (True, "sdpa")]
 
@@ -34,10 +36,14 @@ VARIANTS = [(False, "eager"), (True, "sdpa")]
 def hf_from_timm(timm_model, attention: str):
     """The transformers model holding a timm (distilled) ViT's weights, written out layer by layer."""
     distilled = getattr(timm_model, "dist_token", None) is not None
-    config_class, model_class = (DeiTConfig, DeiTForImageClassificationWithTeacher) if distilled else (ViTConfig, ViTForImageClassification)
+    if distilled:
+        config_class, model_class = DeiTConfig, DeiTForImageClassificationWithTeacher
+    else:
+        config_class, model_class = ViTConfig, ViTForImageClassification
     model = model_class(config_class(**HF_TINY, attn_implementation=attention)).eval()
     base = model.base_model
-    pairs = [(base.embeddings.patch_embeddings.projection, timm_model.patch_embed.proj), (base.layernorm, timm_model.norm)]
+    pairs = [(base.embeddings.patch_embeddings.projection, timm_model.patch_embed.proj),
+             (base.layernorm, timm_model.norm)]
     if distilled:
         pairs += [(model.cls_classifier, timm_model.head), (model.distillation_classifier, timm_model.head_dist)]
     else:
@@ -54,7 +60,8 @@ def hf_from_timm(timm_model, attention: str):
                 linear.weight.copy_(weight)
                 linear.bias.copy_(bias)
             pairs += [(attention_module.o_proj, block.attn.proj), (layer.layernorm_before, block.norm1),
-                      (layer.layernorm_after, block.norm2), (layer.mlp.fc1, block.mlp.fc1), (layer.mlp.fc2, block.mlp.fc2)]
+                      (layer.layernorm_after, block.norm2), (layer.mlp.fc1, block.mlp.fc1),
+                      (layer.mlp.fc2, block.mlp.fc2)]
         for mine, theirs in pairs:
             mine.weight.copy_(theirs.weight)
             mine.bias.copy_(theirs.bias)
@@ -89,7 +96,8 @@ def test_recording_equals_the_timm_twins(twins, variant):
     adapter = adapter_for(hf_model)
     assert isinstance(adapter.family, TransformersViT)
     got = adapter.record(images, grads=grads)
-    assert got.grid == expected.grid == (4, 4) and got.num_prefix_tokens == expected.num_prefix_tokens == 1 + variant[0]
+    assert got.geometry.grid == expected.geometry.grid == (4, 4)
+    assert got.geometry.num_prefix_tokens == expected.geometry.num_prefix_tokens == 1 + variant[0]
     _close(got.logits, expected.logits, 1e-5)
     _close(got.input_grad, expected.input_grad)
     for mine, theirs in zip(got.blocks, expected.blocks, strict=True):
@@ -120,7 +128,9 @@ def test_lrp_relevance_at_every_stage_equals_the_timm_twins(twins, variant, rule
     """Not just the pixels: the relevance of every attention map, block boundary and patch embedding."""
     timm_model, hf_model = twins[variant]
     images = _images()
-    expected, got = (lrp.relevance(adapter_for(model), images, torch.tensor([3, 7]), rules=rules) for model in (timm_model, hf_model))
+    targets = torch.tensor([3, 7])
+    expected, got = (lrp.relevance(adapter_for(model), images, targets, rules=rules)
+                     for model in (timm_model, hf_model))
     _close(got.logits, expected.logits, 1e-5)
     for mine, theirs in zip([*got.attn, *got.residuals, got.patches, got.pixels],
                             [*expected.attn, *expected.residuals, expected.patches, expected.pixels], strict=True):
@@ -152,7 +162,7 @@ def test_deit_without_teacher_has_two_prefix_tokens_and_explains_its_class_head(
     torch.manual_seed(0)
     model = DeiTForImageClassification(DeiTConfig(**HF_TINY)).eval()
     record = adapter_for(model).record(_images(), grads=("attn",))
-    assert record.num_prefix_tokens == 2 and record.blocks[0].attn.shape[-1] == 18
+    assert record.geometry.num_prefix_tokens == 2 and record.blocks[0].attn.shape[-1] == 18
     torch.testing.assert_close(record.logits, model(pixel_values=_images()).logits)
     assert vitexplain.explain(model, _images(), "gae").shape == (2, 4, 4)
 
@@ -186,7 +196,8 @@ def test_model_left_as_found_and_outputs_unchanged(twins, attention):
 
 def test_what_cannot_be_served_gets_a_reason():
     torch.manual_seed(0)
-    with pytest.raises(UnsupportedModelError, match="ViTForMaskedImageModeling is not one of ViTForImageClassification"):
+    with pytest.raises(UnsupportedModelError,
+                       match="ViTForMaskedImageModeling is not one of ViTForImageClassification"):
         family_of(ViTForMaskedImageModeling(ViTConfig(**HF_TINY)))
     flex = ViTForImageClassification(ViTConfig(**HF_TINY))
     flex.config._attn_implementation = "flex_attention"

@@ -53,8 +53,8 @@ def test_recording_matches_an_independent_forward(family_model):
                                    rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(block.output, block.mlp_residual + block.mlp_branch)
     grid = (5, 3) if name == "dynamic" else (4, 4)
-    assert record.grid == grid
-    assert record.num_prefix_tokens == model.num_prefix_tokens
+    assert record.geometry.grid == grid
+    assert record.geometry.num_prefix_tokens == model.num_prefix_tokens
     assert record.blocks[0].attn.shape[-1] == model.num_prefix_tokens + grid[0] * grid[1]
 
 
@@ -163,8 +163,8 @@ def test_models_it_cannot_serve_get_errors_naming_what_is_missing():
     cnn = timm.create_model("resnet18", pretrained=False, num_classes=10)
     with pytest.raises(UnsupportedModelError, match="^method 'rollout' reads attention; ResNet has none"):
         vitexplain.explain(cnn, torch.randn(1, 3, 32, 32), "rollout")
-    max_pooled = make_vit(class_token=False, global_pool="max")
-    with pytest.raises(UnsupportedModelError, match="global_pool='max', which is not a weighting of the tokens"):
-        vitexplain.explain(max_pooled, _images_for("vit"), "rollout")
+    every_token = make_vit(class_token=False, global_pool="")
+    with pytest.raises(UnsupportedModelError, match=r"its head returns every token \(global_pool=''\)"):
+        vitexplain.explain(every_token, _images_for("vit"), "rollout")
     with pytest.raises(TypeError, match="torch.nn.Module"):
         vitexplain.explain("vit_base", _images_for("vit"), "rollout")

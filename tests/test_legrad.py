@@ -1,4 +1,5 @@
-"""LeGrad: equal to a written-out LeGrad (one backward per layer) and to the authors' legrad-torch on the same weights."""
+"""LeGrad: equal to a written-out LeGrad (one backward per layer) and to the authors' legrad-torch on the
+same weights."""
 from __future__ import annotations
 
 import copy
@@ -7,12 +8,13 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from reference import manual_blocks
-from zoo import build, images
 
 from vitexplain import explain
 from vitexplain.instrumentation import LayerScores, UnsupportedModelError, adapter_for
 from vitexplain.maps import min_max
+
+from reference import manual_blocks
+from zoo import build, images
 
 
 def _written_out_probe(model, tokens):
@@ -68,7 +70,8 @@ def test_the_raw_sum_and_the_default_layers():
     model, x = build("vit", depth=4), images(2)
     raw = explain(model, x, "legrad", 3, normalise=False)
     torch.testing.assert_close(min_max(raw, constant=0.0), explain(model, x, "legrad", 3))
-    torch.testing.assert_close(min_max(raw, constant=0.0), explain(model, x, "legrad", 3, start_layer=2))  # the last two blocks
+    torch.testing.assert_close(min_max(raw, constant=0.0),
+                               explain(model, x, "legrad", 3, start_layer=2))  # the last two blocks
     assert (raw >= 0).all() and not torch.allclose(raw, explain(model, x, "legrad", 3, start_layer=0, normalise=False))
 
 
@@ -122,7 +125,8 @@ def test_legrad_equals_legrad_torch_on_a_clip_vit(open_clip_pair):
     wrapped = legrad.LeWrapper(copy.deepcopy(clip))
     theirs = torch.cat([wrapped.compute_legrad_clip(text[i:i + 1], x[i:i + 1])[0] for i in range(3)]).detach()
     ours = explain(twin, x, "legrad", text)
-    ours = min_max(F.interpolate(ours[:, None], scale_factor=8, mode="bilinear")[:, 0], constant=0.0)  # they min-max at pixels
+    ours = min_max(F.interpolate(ours[:, None], scale_factor=8, mode="bilinear")[:, 0],
+                   constant=0.0)  # they min-max at pixels
     assert (_pearson(ours, theirs) > 0.99999).all()
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 

@@ -6,8 +6,9 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_vit
 from timm.layers import Attention
+
+from conftest import make_vit
 
 
 class GatedAttention(Attention):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from test_lrp import assert_conserves, randomise_biases, zero_biases
 from timm.layers import RmsNorm, SwiGLUPacked
-from zoo import SIZE, images, randomise
 
 from vitexplain.instrumentation import adapter_for, lrp
 from vitexplain.instrumentation.lrp import attention_aware
 from vitexplain.instrumentation.lrp import rules as r
+
+from test_lrp import assert_conserves, randomise_biases, zero_biases
+from zoo import SIZE, images, randomise
 
 #: tiny builds of the models that carry a gated feed-forward or an RMSNorm: timm architecture, arguments over SIZE
 MODELS = {

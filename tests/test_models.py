@@ -24,7 +24,8 @@ def test_model_loading_errors_say_what_to_do(tmp_path):
 
 def test_a_checkpoint_that_does_not_fit_lists_keys_and_shapes_with_counts(tmp_path):
     state = make_vit().state_dict()
-    expected_missing = ["blocks.0.norm1.weight", "blocks.0.norm1.bias", "blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias"]
+    expected_missing = ["blocks.0.norm1.weight", "blocks.0.norm1.bias", "blocks.0.attn.qkv.weight",
+                        "blocks.0.attn.qkv.bias"]
     for key in expected_missing:
         del state[key]
     state["pos_embed"] = torch.zeros(1, 5, 48)

@@ -6,8 +6,7 @@ from typing import Annotated, Literal
 import pytest
 import torch
 
-from vitexplain.options import (InvalidOption, PositiveInt, Range, Share, check_options, conforms, describe,
-                                parse_option)
+from vitexplain.options import InvalidOption, PositiveInt, Range, Share, check_options, conforms, describe, parse_option
 
 
 def _fn(x, *, count: PositiveInt = 3, ratio: Share | Sequence[Share] = 0.5, mode: Literal["a", "b"] = "a",

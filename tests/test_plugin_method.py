@@ -8,9 +8,6 @@ import textwrap
 
 import pytest
 import torch
-from cli import run_python_many
-from conftest import make_vit
-from test_bench_fakes import RandomImages
 
 from vitexplain import explain, get_method
 from vitexplain.bench import BenchConfig, run_benchmark
@@ -18,6 +15,10 @@ from vitexplain.registry import METHODS
 from vitexplain.reproduce.cost import FORWARDS_PER_SECOND, estimate_gpu_hours
 from vitexplain.reproduce.recipe import Column, MetricUse, Row, Setting, TableRecipe
 from vitexplain.reproduce.tables.tis import TIS_RECIPES
+
+from cli import run_python_many
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 PLUGIN = '''
 """A plug-in: the attention the class token pays in the first block, scaled."""
@@ -34,7 +35,7 @@ def plugin_first_attention(adapter, images, target=None, *, n_steps: PositiveInt
     record = adapter.record(images, target, fields=("attn",), blocks=(0,))
     attn = record.blocks[0].attn
     fused = attn.mean(1) if fusion == "mean" else attn.amax(1)
-    return n_steps * record.readout_row(fused)
+    return n_steps * record.geometry.readout_row(fused)
 '''
 
 
@@ -56,7 +57,8 @@ def test_explain_runs_it_with_its_options_checked(plugin):
     maps = explain(model, images, "plugin_first_attention", n_steps=2)
     assert maps.shape == (2, 4, 4)
     torch.testing.assert_close(maps, 2 * explain(model, images, "plugin_first_attention", n_steps=1))
-    with pytest.raises(ValueError, match="option fusion of method 'plugin_first_attention' must be one of 'mean', 'max'"):
+    with pytest.raises(ValueError,
+                       match="option fusion of method 'plugin_first_attention' must be one of 'mean', 'max'"):
         explain(model, images, "plugin_first_attention", fusion="min")
 
 

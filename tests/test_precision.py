@@ -10,15 +10,21 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_vit
 
 import vitexplain
 from vitexplain import api
 from vitexplain.datasets.base import collate, get_dataset
-from vitexplain.instrumentation.precision import (MatmulFlags, caller_precision, float32_scope, precision_mode,
-                                                  precision_modes)
+from vitexplain.instrumentation.precision import (
+    MatmulFlags,
+    caller_precision,
+    float32_scope,
+    precision_mode,
+    precision_modes,
+)
 from vitexplain.models import load_model
 from vitexplain.registry import get_method
+
+from conftest import make_vit
 
 #: fewer samples than the defaults, so every method runs in seconds (the masks and samples are the same in
 #: every precision: only the arithmetic differs)
@@ -173,8 +179,8 @@ FLAG_CHECK = textwrap.dedent('''
 SETUPS = ["pass", "torch.set_float32_matmul_precision('high')", "torch.set_float32_matmul_precision('medium')",
           "b.cuda.matmul.allow_tf32 = True", "b.cudnn.allow_tf32 = False"]
 if hasattr(torch.backends, "fp32_precision"):
-    SETUPS += ["b.cuda.matmul.fp32_precision = 'tf32'", "b.fp32_precision = 'tf32'", "b.cudnn.conv.fp32_precision = 'ieee'",
-               "b.mkldnn.matmul.fp32_precision = 'bf16'"]
+    SETUPS += ["b.cuda.matmul.fp32_precision = 'tf32'", "b.fp32_precision = 'tf32'",
+               "b.cudnn.conv.fp32_precision = 'ieee'", "b.mkldnn.matmul.fp32_precision = 'bf16'"]
 
 
 def test_every_way_of_setting_tf32_comes_back_exactly():

@@ -47,7 +47,8 @@ def test_token_f1_equals_a_loop_over_words_and_spans():
     word_numbers = torch.tensor([[0, 1, 1, 2, 3, 3, 3, 4, 5, 0, 0, 0],
                                  [0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 0],
                                  [0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0]])
-    spans = [torch.tensor([[1, 3], [4, 5]]), torch.tensor([[2, 4], [6, 9], [20, 25]]), torch.zeros(0, 2, dtype=torch.long)]
+    spans = [torch.tensor([[1, 3], [4, 5]]), torch.tensor([[2, 4], [6, 9], [20, 25]]),
+             torch.zeros(0, 2, dtype=torch.long)]
     ks = (1, 2, 3, 4, 10)
     got = rationale_f1(maps, word_numbers, spans, ks)
     expected = loop_token_f1(maps, word_numbers, spans, ks)
@@ -94,7 +95,8 @@ def test_movies_loader_aligns_word_pieces_with_words(tmp_path):
     assert second["image"].tolist()[-2:] == [0, 0] and second["mask"].tolist() == [0, 1, 1, 2, 3, 0, 0, 0]
     batch = collate([first, second])
     assert batch["images"].shape == (2, 8) and batch["masks"].shape == (2, 8) and len(batch["boxes"]) == 2
-    assert get_dataset("movies", tmp_path / "movies", preprocess=tokenizer, n=1, seed=3)[0]["id"] in {"negR_000.txt", "posR_001.txt"}
+    one = get_dataset("movies", tmp_path / "movies", preprocess=tokenizer, n=1, seed=3)[0]
+    assert one["id"] in {"negR_000.txt", "posR_001.txt"}
 
 
 def test_movies_loader_errors_name_the_problem(tmp_path):
@@ -139,7 +141,8 @@ def train_tiny_bert(tokenizer, reviews, seed=0):
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=32, num_labels=2)
     model = BertForSequenceClassification(config)
-    encoding = tokenizer([words for words, _, _ in reviews], is_split_into_words=True, padding=True, return_tensors="pt")
+    encoding = tokenizer([words for words, _, _ in reviews], is_split_into_words=True, padding=True,
+                         return_tensors="pt")
     labels = torch.tensor([label == "POS" for _, label, _ in reviews]).long()
     optimiser = torch.optim.Adam(model.parameters(), lr=2e-3)
     order = torch.Generator().manual_seed(seed)

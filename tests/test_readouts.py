@@ -48,7 +48,7 @@ def test_recorded_readout_weights_equal_the_head(pooled):
     _, _, residuals = manual_forward(model, x)
     with torch.no_grad():
         last = model.blocks[-1](residuals[-1])
-    torch.testing.assert_close(record.readout.weights, readout_weights(model, last), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(record.geometry.readout.weights, readout_weights(model, last), rtol=1e-5, atol=1e-6)
 
 
 def test_raw_attention_rollout_and_gae_read_the_readout_row(pooled):
@@ -74,6 +74,6 @@ def test_raw_attention_rollout_and_gae_read_the_readout_row(pooled):
             torch.testing.assert_close(found, row[prefix:].reshape(4, 4), rtol=1e-4, atol=1e-6)
 
 
-def test_a_head_that_pools_by_maximum_is_refused():
-    with pytest.raises(TypeError, match="global_pool='max', which is not a weighting of the tokens"):
-        explain(build("vit_avg", global_pool="max"), images(1), "gae")
+def test_a_head_that_returns_every_token_is_refused():
+    with pytest.raises(TypeError, match=r"its head returns every token \(global_pool=''\), not one vector"):
+        explain(build("vit_avg", global_pool=""), images(1), "gae")

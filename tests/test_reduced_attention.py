@@ -22,7 +22,7 @@ ATTENTION = ("attn_logits", "attn")
 def _handed(record, block):
     """Everything a reducer can read of a block, copied out of the view it is given."""
     return {"fields": {name: getattr(block, name) for name in ("attn_logits", "attn", "v", "residual")},
-            "grads": dict(block.grads), "readout_rows": record.readout_rows(block.mixing(block.attn.mean(1)))}
+            "grads": dict(block.grads), "readout_rows": record.geometry.readout_rows(block.mixing(block.attn.mean(1)))}
 
 
 def _assert_close(found, expected):
@@ -31,7 +31,7 @@ def _assert_close(found, expected):
 
 
 def _assert_handed_as_kept(plain, reduced):
-    assert reduced.readout.kind == plain.readout.kind
+    assert reduced.geometry.readout.kind == plain.geometry.readout.kind
     for kept, block in zip(plain.blocks, reduced.blocks):
         handed = block.reduced
         for name, value in handed["fields"].items():
@@ -40,7 +40,7 @@ def _assert_handed_as_kept(plain, reduced):
         for name, gradient in handed["grads"].items():
             _assert_close(gradient, kept.grads[name])
             assert gradient.abs().sum() > 0
-        _assert_close(handed["readout_rows"], plain.readout_rows(kept.mixing(kept.attn.mean(1))))
+        _assert_close(handed["readout_rows"], plain.geometry.readout_rows(kept.mixing(kept.attn.mean(1))))
         assert block.attn is block.attn_logits is None and set(block.grads) <= {"q"}  # the attention is not kept
 
 

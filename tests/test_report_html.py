@@ -1,5 +1,6 @@
 """report.html and the tables: rendered in headless Chromium, self-contained, papers' layout, controls never best,
-ranks, the method column in view while a table scrolls, curves whose lines the reader shows and hides.
+the summary per kind of protocol, the method column in view while a table scrolls, one number format per column,
+curves at the true fractions whose lines the reader shows, hides and highlights.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` packages and the ``selenium`` wheel; without them
 the browser test fails (never skips) and says how to install them.
@@ -18,6 +19,8 @@ from conftest import make_vit
 from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, BenchResult, run_benchmark
+from vitexplain.bench.tables import arrow, groups_of
+from vitexplain.metrics.base import GROUPS
 
 METHODS = ["gae", "lrp", "random_baseline"]          # lrp: signed maps, drawn grey (not highlighted)
 
@@ -93,80 +96,131 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path):
         gallery = _each(driver, "table.gallery img", "i => i.naturalWidth")
         headers = _each(driver, "table.gallery th", "c => c.textContent")
         captions = _each(driver, "table.gallery td.caption", "c => c.textContent")
-        bold = _each(driver, "table.scores:not(.ranks) td.best",
+        bold = _each(driver, "table.scores:not(.summary) td.best, table.scores:not(.summary) td.tied",
                      "c => [c.parentElement.querySelector('td.method').textContent, getComputedStyle(c).fontWeight]")
         fetched = driver.execute_script(
             "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith('data:'));")
     assert len(images) == 10 and all(complete and width > 0 and height > 0 for _, complete, width, height in images)
-    assert [label for label, _ in figures] == ["tiny: perturbation / negative", "tiny: perturbation / positive",
+    assert [label for label, _ in figures] == ["tiny: perturbation / negative (mean of 5 images)",
+                                               "tiny: perturbation / positive (mean of 5 images)",
                                                "tiny: cascading randomisation (2 images)"]
     assert all(width > 400 for _, width in figures)
-    ranking = result.ranking("tiny")
-    assert tables[0] == ranking.methods and sorted(ranking.methods) == sorted(METHODS)   # the summary, by mean rank
+    assert tables[0] == ["perturbation"] * 2 + ["segmentation"] * 3    # the summary: a row per number, faithfulness first
     assert tables[1] == METHODS                              # the scores table: one row per method
     assert tables[2] == METHODS                              # the sanity table
     assert len(gallery) == 2 * (1 + len(METHODS)) and min(gallery) == 32
     assert headers == ["input", "gae", "lrp ±", "random_baseline"]          # LRP's signed maps: diverging scale
     assert len(captions) == 2 and all("predicted" in c and "p = " in c for c in captions)
-    assert bold and all(method in ("gae", "lrp") and int(weight) >= 700 for method, weight in bold)
+    assert bold and all(method in ("gae", "lrp") for method, _ in bold)   # the control never leads
     assert fetched == []
 
 
-def test_summary_ranks_and_sticky_method_column(tiny_report, tmp_path):
-    """In a window too narrow for the table, the method column stays in view while the table scrolls."""
+def test_summary_per_kind_and_sticky_method_column(tiny_report, tmp_path):
+    """The summary names each kind, what it rewards and who leads each number; in a window too narrow for the
+    table, the method column stays in view while the table scrolls."""
     result, page = tiny_report
     with _opened(page, tmp_path, 520) as driver:
-        summary = _each(driver, "table.ranks tbody tr", "r => Array.from(r.querySelectorAll('td')).map(c => c.textContent)")
-        protocols = _each(driver, "table.ranks thead th", "c => c.textContent")
+        summary = _each(driver, "table.summary tbody tr", "r => Array.from(r.querySelectorAll('td, th')).map(c => c.textContent)")
         scrolled = driver.execute_script("""
-            const box = document.querySelector('table.scores:not(.ranks)').parentElement;
+            const box = document.querySelector('table.scores:not(.summary)').parentElement;
             const cell = box.querySelector('tbody td.method'), number = cell.nextElementSibling;
             const before = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
             box.scrollLeft = 250;
             const after = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
             return [box.scrollWidth > box.clientWidth, box.scrollLeft, before, after, box.getBoundingClientRect().left];""")
-    assert protocols == ["method", "mean rank", "segmentation", "perturbation"]
-    ranking = result.ranking("tiny")
-    for row, method, mean, ranks in zip(summary, ranking.methods, ranking.mean, ranking.ranks):
-        assert row == [method, f"{mean:.1f}", *(f"{r:.1f}" for r in ranks)]
+    kinds = [row[0] for row in summary if len(row) == 1]
+    assert kinds == [f"faithfulnessrewards {GROUPS['faithfulness']}", f"localisationrewards {GROUPS['localisation']}"]
+    rows = [row for row in summary if len(row) > 1]
+    leads = [lead for members in groups_of(result.summary("tiny")).values() for lead in members]
+    assert len(rows) == len(leads) == 5
+    for row, lead in zip(rows, leads):
+        assert row[:3] == [lead.metric, lead.number + arrow(lead.better), "5"]
+        assert row[3] == ("–" if not lead.methods else f"best: {lead.methods[0]}" if len(lead.methods) == 1
+                          else f"tied ({len(lead.methods)}): {', '.join(lead.methods)}")
+    assert "mean rank" not in page.read_text()
     overflows, offset, before, after, left = scrolled
     assert overflows and offset > 0
     assert after[0] == pytest.approx(before[0]) == pytest.approx(left, abs=1)   # the method column did not move
     assert after[1] == pytest.approx(before[1] - offset)                          # the numbers did
 
 
-def test_curve_lines_are_shown_and_hidden_from_the_legend(tiny_report, tmp_path):
+def test_curve_lines_are_shown_hidden_and_highlighted_from_the_legend(tiny_report, tmp_path):
     _, page = tiny_report
-    shown = ("return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('figure g[id]'))"
-             ".filter(g => /-l[0-9]+-[0-9]+$/.test(g.id)).map(g => [g.id, getComputedStyle(g).display !== 'none']);")
-    legend = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend label'))"
+    lines_of = ("return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('figure g[id]'))"
+                ".filter(g => /-l[0-9]+-[0-9]+$/.test(g.id))")
+    shown = lines_of + ".map(g => [g.id, getComputedStyle(g).display !== 'none']);"
+    looks = lines_of + (".map(g => [g.id, getComputedStyle(g).opacity, "
+                        "parseFloat(getComputedStyle(g.querySelector('path')).strokeWidth)]);")
+    legend = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend:not(.highlight) label'))"
+    picks = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend.highlight label'))"
 
-    def click(text):
-        driver.execute_script(legend + f".find(l => l.textContent === {text!r}).click();")
+    def click(labels, text):
+        driver.execute_script(labels + f".find(l => l.textContent === {text!r}).click();")
 
     with _opened(page, tmp_path, 1400) as driver:
         entries = driver.execute_script(legend + ".map(l => l.textContent);")
+        choices = driver.execute_script(picks + ".map(l => l.textContent);")
         start = dict(driver.execute_script(shown))
-        click("gae")
+        plain = {i: (float(o), w) for i, o, w in driver.execute_script(looks)}
+        click(legend, "gae")
         without_gae = dict(driver.execute_script(shown))
         faded = driver.execute_script(legend + ".map(l => getComputedStyle(l).opacity);")
-        click("gae")
-        click("all grey lines")
-        without_grey = dict(driver.execute_script(shown))
-    assert entries == [*METHODS, "all grey lines"]
+        click(legend, "gae")
+        click(legend, "all not highlighted")
+        without_others = dict(driver.execute_script(shown))
+        click(legend, "all not highlighted")
+        click(picks, "lrp")
+        lrp_highlighted = {i: (float(o), w) for i, o, w in driver.execute_script(looks)}
+    assert entries == [*METHODS, "all not highlighted"] and choices == ["none", *METHODS]
     # one line per method in each of the two curve plots, ids "<figures>-l<method>-<plot>"
     lines = {method: [i for i in start if f"-l{k}-" in i] for k, method in enumerate(METHODS)}
     assert all(len(ids) == 2 for ids in lines.values()) and all(start.values())
     assert {i for i, on in without_gae.items() if not on} == set(lines["gae"])    # in both plots at once
     assert faded == ["0.4", "1", "1", "1"]
-    assert {i for i, on in without_grey.items() if not on} == set(lines["lrp"])   # gae back; the grey lrp hidden
+    assert {i for i, on in without_others.items() if not on} == set(lines["lrp"])  # lrp is not highlighted by the config
+    for method, ids in lines.items():
+        for i in ids:
+            opacity, width = lrp_highlighted[i]
+            if method == "lrp":
+                assert opacity == 1 and width == 3.5 > plain[i][1]                # drawn wide over the others
+            else:
+                assert opacity == 0.25 and width == plain[i][1]                   # faded
 
 
-def _result(values: dict[str, float]) -> BenchResult:
+def test_curves_are_drawn_at_the_fractions_removed_with_axes_that_say_what_is_plotted(tiny_report):
+    """Chefer et al.'s perturbation test: 10 steps at 0 %, 10 %, ..., 90 % (0 = the image itself); every method
+    has its own colour and dash pattern."""
+    from matplotlib.colors import to_hex
+
+    from vitexplain.bench.plots import curve_plots, curve_styles
+
+    result, _ = tiny_report
+    plots = {plot.value: plot for plot in curve_plots(result)}
+    assert set(plots) == {"positive", "negative"}
+    for plot in plots.values():
+        assert plot.x == pytest.approx([k / 10 for k in range(10)])
+        assert plot.xlabel.startswith("share of the pixels") and "accuracy" in plot.ylabel
+        assert plot.title.endswith("(mean of 5 images)")
+    assert "most relevant" in plots["positive"].ylabel and "least relevant" in plots["negative"].ylabel
+    names = [f"m{k}" for k in range(36)]
+    styles = curve_styles(names, highlight=["m3"], controls=set())
+    looks = {(to_hex(style["color"]), style["linestyle"]) for style in styles.values()}
+    assert len(looks) == 36                                                 # no two alike
+    assert styles["m3"]["linewidth"] > styles["m4"]["linewidth"] and styles["m3"]["zorder"] > styles["m4"]["zorder"]
+
+
+def _result(values: dict[str, float], leading: list[str] | None = None) -> BenchResult:
+    """A table of one number with a direction and one without, each with an interval of ± 0.05 over 20 images."""
     scores = {"m": {label: {"seg": {"miou": value, "gap": value}} for label, value in values.items()}}
     names = {"a": "gae", "b": "rollout", "c": "random_baseline", "d": "tokentm"}
     settings = {"methods": {label: {"name": names[label], "options": {}} for label in values}}
-    return BenchResult("digits", scores, {}, {}, {"seg": {"miou": True}}, [], settings)
+    result = BenchResult("digits", scores, {"m": {label: {"seg": 20} for label in values}}, {}, {"seg": {"miou": True}}, [],
+                         settings)
+    result.intervals = {"m": {label: {"seg": {"miou": [value - 0.05, value + 0.05], "gap": [value - 0.05, value + 0.05]}}
+                              for label, value in values.items()}}
+    if leading is not None:
+        result.leaders = {"m": {"seg": {"miou": {"methods": leading, "controls": []}}}}
+    return result
 
 
 def test_the_gallery_is_also_written_as_the_interactive_explorer(tiny_report):
@@ -181,22 +235,27 @@ def test_the_gallery_is_also_written_as_the_interactive_explorer(tiny_report):
     assert "http://" not in page and "https://" not in page
 
 
-def test_controls_are_never_best_and_ties_are_all_marked():
-    table = _result({"a": 0.5, "b": 0.7, "c": 0.9, "d": 0.7}).table("m")
+def test_the_table_marks_what_the_leaders_say_and_never_a_control():
+    table = _result({"a": 0.5, "b": 0.7, "c": 0.9, "d": 0.7}, leading=["b", "d"]).table("m")
     assert table.methods == ["a", "b", "c", "d"] and table.controls == {"c"}
     assert table.headers == ["miou", "gap"] and table.better == [True, None]
-    assert [row[0] for row in table.best] == [False, True, False, True]   # the control's 0.9 is not the best
-    assert not any(row[1] for row in table.best)                          # no direction, no best
+    assert [row[0] for row in table.marks] == ["", "tied", "", "tied"]    # the control's 0.9 leads nothing
+    assert not any(row[1] for row in table.marks)                          # no direction, no mark
+    alone = _result({"a": 0.5, "b": 0.7, "c": 0.9}, leading=["b"]).table("m")
+    assert [row[0] for row in alone.marks] == ["", "best", ""]
 
 
 def test_markdown_and_terminal_tables_show_the_same_numbers():
-    result = _result({"a": 0.5, "b": 0.7, "c": 0.9, "d": 0.7})
+    result = _result({"a": 0.5, "b": 0.7, "c": 0.9, "d": 0.75}, leading=["d"])
     markdown = result.markdown().splitlines()
     assert "| method | miou ↑ | gap |" in markdown
-    assert "| b | **0.7** | 0.7 |" in markdown and "| *c (control)* | 0.9 | 0.9 |" in markdown
+    assert "| d | **0.75 [0.70, 0.80] (20)** | 0.75 [0.70, 0.80] (20) |" in markdown
+    assert "| *c (control)* | 0.90 [0.85, 0.95] (20) | 0.90 [0.85, 0.95] (20) |" in markdown   # one format: 0.90
     text = result.text().splitlines()
-    rows = {line.split()[0]: line.split()[1:] for line in text if line.split()[:1] in (["a"], ["b"], ["c"], ["d"])}
-    assert rows == {"a": ["0.5", "0.5"], "b": ["0.7*", "0.7"], "c": ["(control)", "0.9", "0.9"], "d": ["0.7*", "0.7"]}
+    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in text if line.split()[:1] in (["a"], ["b"], ["c"], ["d"])}
+    assert rows == {"a": "0.50 [0.45, 0.55] (20) 0.50 [0.45, 0.55] (20)", "b": "0.70 [0.65, 0.75] (20) 0.70 [0.65, 0.75] (20)",
+                    "c": "(control) 0.90 [0.85, 0.95] (20) 0.90 [0.85, 0.95] (20)",
+                    "d": "0.75 [0.70, 0.80] (20)* 0.75 [0.70, 0.80] (20)"}
 
 
 def test_wide_terminal_tables_wrap_within_the_width():
@@ -211,35 +270,17 @@ def test_wide_terminal_tables_wrap_within_the_width():
     assert shown == list(numbers)                             # every column once, in order
 
 
-def test_ranks_per_protocol_and_mean_rank_by_hand():
-    """Definition (docs/decisions/bench.md): places 1..n among the non-controls on each number with a direction,
-    ties sharing their mean place, a control at the place it would take among them; protocol rank = mean place."""
-    scores = {"a": {"seg": {"miou": 0.5, "acc": 0.9, "gap": 1.0}, "del": {"auc": 0.2}},
-              "b": {"seg": {"miou": 0.7, "acc": 0.1, "gap": 9.0}, "del": {"auc": 0.4}},
-              "c": {"seg": {"miou": 0.9, "acc": 0.5, "gap": 5.0}, "del": {"auc": 0.1}},
-              "d": {"seg": {"miou": 0.7}, "del": {"auc": 0.3}}}
-    names = {"a": "gae", "b": "rollout", "c": "random_baseline", "d": "tokentm"}
-    result = BenchResult("digits", {"m": scores}, {}, {}, {"seg": {"miou": True, "acc": True}, "del": {"auc": False}}, [],
-                         {"methods": {label: {"name": names[label], "options": {}} for label in scores}})
-    ranking = result.ranking("m")
-    assert ranking.protocols == ["seg", "del"] and ranking.controls == {"c"}
-    by_method = {m: (mean, ranks) for m, mean, ranks in zip(ranking.methods, ranking.mean, ranking.ranks)}
-    assert by_method == {"a": (1.5, [2.0, 1.0]),         # miou 3rd, acc 1st; auc 1st
-                         "b": (2.375, [1.75, 3.0]),      # miou shared 1st-2nd, acc 2nd of the two with a value; auc 3rd
-                         "c": (1.25, [1.5, 1.0]),        # the control: above everyone on miou, between a and b on acc
-                         "d": (1.75, [1.5, 2.0])}        # no acc: its seg rank is its miou place
-    assert ranking.methods == ["c", "a", "d", "b"]
-
-
 def test_terminal_tables_name_each_protocol_above_its_columns_within_100_columns(tiny_report):
     result, _ = tiny_report
     lines = result.text().splitlines()
     assert max(len(line) for line in lines) <= 100
-    titles = [line for line in lines if "(n=5)" in line]
+    titles = [line for line in lines if "(n=5)" in line and "(n=5):" not in line]      # not the summary's lines
     assert titles and all(re.match(r"^\s+\S", line) for line in titles)              # above the columns, not a row
     assert "segmentation (n=5)" in titles[0] and "perturbation (n=5)" in " ".join(titles)
     below = lines[lines.index(titles[0]) + 1:lines.index(titles[0]) + 5]
     assert below[0].strip().startswith("─") and any(line.startswith("method") and "miou ↑" in line for line in below)
     scores = result.table("tiny")
-    gae = [line.split() for line in lines if line.startswith("gae ")]
-    assert gae[1][:4] == ["gae", *(f"{v:.4g}" + ("*" if b else "") for v, b in zip(scores.values[0][:3], scores.best[0][:3]))]
+    gae = [line for line in lines if line.startswith("gae ")]
+    cells = [scores.cells(j)[0] + {"best": "*", "tied": "≈", "": ""}[scores.marks[0][j]] for j in range(3)]
+    assert re.split(r"\s{2,}", gae[0].strip()) == ["gae", *cells]
+

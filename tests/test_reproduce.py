@@ -10,24 +10,31 @@ import numpy as np
 import pytest
 import torch
 import yaml
+
+import vitexplain.bench.plots
+import vitexplain.reproduce
+from vitexplain.cli.main import main
+from vitexplain.datasets import available_datasets, get_dataset
+from vitexplain.metrics import available_metrics
+from vitexplain.registry import available_methods
+from vitexplain.reproduce import (
+    RecipeInputError,
+    ReproducedTable,
+    available_recipes,
+    estimate_gpu_hours,
+    get_recipe,
+    plan_recipe,
+    run_recipe,
+)
+from vitexplain.reproduce.data import PerClassItems
+from vitexplain.reproduce.table import Cell
+
 from conftest import make_vit
 from test_datasets_files import kaggle_layout, seg_fixture, voc_fixture, write_gtsegs, write_pickle
 from test_hf_bert import BERT_TINY, make_bert, make_tokenizer
 from test_rationale_f1 import write_movies
 
-import vitexplain.viz
-import vitexplain.reproduce
-from vitexplain.registry import available_methods
-
 TEXT_METHODS = available_methods("text")
-from vitexplain.cli.main import main
-from vitexplain.datasets import available_datasets, get_dataset
-from vitexplain.metrics import available_metrics
-from vitexplain.registry import available_methods
-from vitexplain.reproduce import (RecipeInputError, ReproducedTable, available_recipes, estimate_gpu_hours, get_recipe,
-                                  plan_recipe, run_recipe)
-from vitexplain.reproduce.data import PerClassItems
-from vitexplain.reproduce.table import Cell
 
 PUBLISHED = Path(vitexplain.reproduce.__file__).parent / "published"
 CLASSES = {"deit_base": 1000, "vit_base": 1000, "vit_large": 1000, "deit_cifar10": 10, "deit_cifar100": 100,
@@ -36,14 +43,15 @@ CLASSES = {"deit_base": 1000, "vit_base": 1000, "vit_large": 1000, "deit_cifar10
 DEEP = {"tokentm-table7", "gradtoken-fig11"}
 #: test-only protocol: fewer masks, steps and samples
 FAST_METHODS = {"tis": {"n_masks": 8}, "rise": {"n_masks": 8}, "integrated_gradients": {"n_steps": 2},
-                "smoothgrad": {"n_samples": 2}, "tam": {"n_steps": 2}, "bt_head": {"n_steps": 2}, "bt_token": {"n_steps": 2}}
+                "smoothgrad": {"n_samples": 2}, "tam": {"n_steps": 2}, "bt_head": {"n_steps": 2},
+                "bt_token": {"n_steps": 2}}
 FAST_METRICS = {"insertion_deletion": {"n_steps": 4}, "max_sensitivity": {"n_samples": 2}}
 
 
 @pytest.fixture(autouse=True)
 def no_curve_plots(monkeypatch):
     """The bench's PNG curves (tested with the bench, unused by the tables) take most of a tiny run's time."""
-    monkeypatch.setattr(vitexplain.viz, "line_plot", lambda *args, **kwargs: b"<svg></svg>")
+    monkeypatch.setattr(vitexplain.bench.plots, "draw_curves", lambda *args, **kwargs: b"<svg></svg>")
 
 
 def published(name: str) -> dict:
@@ -100,8 +108,8 @@ def missing_piece(reason: str) -> bool:
 
 @pytest.mark.parametrize("name", available_recipes())
 def test_recipe_end_to_end(name, inputs, tmp_path):
-    table = run_recipe(name, data=inputs, models=stand_ins(name, inputs), output_dir=tmp_path, device="cpu", batch_size=4,
-                       limit=2, method_options=FAST_METHODS, metric_options=FAST_METRICS, progress=False)
+    table = run_recipe(name, data=inputs, models=stand_ins(name, inputs), output_dir=tmp_path, device="cpu",
+                       batch_size=4, limit=2, method_options=FAST_METHODS, metric_options=FAST_METRICS, progress=False)
     expected = published(name)
     rows = list(expected["rows"])
     columns = list(expected["rows"][rows[0]])
@@ -139,16 +147,21 @@ def test_recipe_end_to_end(name, inputs, tmp_path):
 def test_published_numbers_spot_checked_against_the_papers():
     """Numbers typed from the papers' text, to catch a misread table or a swapped column."""
     typed = [("tokentm-table1", "Ours", "map", 86.45), ("tokentm-table1", "ATTCAT", "miou", 27.90),
-             ("tokentm-table2", "Cons. LRP", "label/negative", 45.76), ("tokentm-table3", "GAE", "predicted/positive", 17.52),
+             ("tokentm-table2", "Cons. LRP", "label/negative", 45.76),
+             ("tokentm-table3", "GAE", "predicted/positive", 17.52),
              ("tokentm-table4", "Trans. Attr.", "label/positive", 18.38),
-             ("tokentm-table5", "GAE", "log_odds/vit_large", -5.601), ("tokentm-table5", "Grad-CAM", "aopc/vit_large", 0.457),
+             ("tokentm-table5", "GAE", "log_odds/vit_large", -5.601),
+             ("tokentm-table5", "Grad-CAM", "aopc/vit_large", 0.457),
              ("tokentm-table6", "+ AF", "negative", 55.25), ("tokentm-table7", "9 layers", "positive", 19.24),
-             ("gradtoken-table1", "absLRP", "voc/miou", 29.90), ("gradtoken-table1", "AGCAM", "imagenet_seg/map", 87.77),
-             ("gradtoken-table2", "ViT-CX", "negative/label", 57.57), ("gradtoken-table2", "Rollout", "negative/predicted", 53.1),
+             ("gradtoken-table1", "absLRP", "voc/miou", 29.90),
+             ("gradtoken-table1", "AGCAM", "imagenet_seg/map", 87.77),
+             ("gradtoken-table2", "ViT-CX", "negative/label", 57.57),
+             ("gradtoken-table2", "Rollout", "negative/predicted", 53.1),
              ("gradtoken-table2", "Rollout", "positive/label", None), ("gradtoken-table3", "GradToken-1", "map", 88.01),
              ("gradtoken-table4", "GradToken-i", "miou", 51.32), ("gradtoken-fig11", "2", "miou", 68.27),
              ("gradtoken-fig11", "2", "pixel_accuracy", None), ("gradtoken-fig6", "GradToken", "k=40", None),
-             ("tis-table1", "IntegratedGrad", "insertion/blur", 0.69), ("tis-table1", "ViT-CX", "deletion/random", 0.18),
+             ("tis-table1", "IntegratedGrad", "insertion/blur", 0.69),
+             ("tis-table1", "ViT-CX", "deletion/random", 0.18),
              ("tis-table2", "Att. Rollout", "insertion_minus_deletion/black", -0.05),
              ("tis-table3", "TIS", "deit", 0.825), ("tis-table3", "BT H", "vit", 0.855),
              ("tis-table4", "Chefer1", "deit", 1.017), ("tis-table4", "RISE", "vit", 0.009)]
@@ -229,7 +242,8 @@ def test_missing_data_is_listed_before_any_computation(inputs, tmp_path):
     with pytest.raises(RecipeInputError) as caught:
         run_recipe("tokentm-table6", data={}, models=stand_ins("tokentm-table6"), output_dir=tmp_path, device="cpu")
     message = str(caught.value)
-    assert "--imagenet-seg PATH" in message and "--imagenet PATH" in message and "data={'imagenet_seg': PATH}" in message
+    assert "--imagenet-seg PATH" in message and "--imagenet PATH" in message
+    assert "data={'imagenet_seg': PATH}" in message
     with pytest.raises(RecipeInputError, match=r"(?s)gtsegs_ijcv\.mat.*expected layout"):
         run_recipe("tokentm-table1", data={"imagenet_seg": tmp_path / "absent"}, models=stand_ins("tokentm-table1"),
                    output_dir=tmp_path, device="cpu")
@@ -246,7 +260,8 @@ def test_missing_data_is_listed_before_any_computation(inputs, tmp_path):
             xml.unlink()
         (broken / "ILSVRC" / "Annotations" / "CLS-LOC" / "val").rmdir()
         (broken / "LOC_val_solution.csv").unlink()
-        run_recipe("tis-table3", data={"imagenet": broken}, models=stand_ins("tis-table3"), output_dir=tmp_path, device="cpu")
+        run_recipe("tis-table3", data={"imagenet": broken}, models=stand_ins("tis-table3"), output_dir=tmp_path,
+                   device="cpu")
     assert not (tmp_path / "bench").exists()
 
 
@@ -289,8 +304,10 @@ def test_rendering_marks_missing_and_partial_cells():
     markdown = table.markdown()
     assert "| A<b> | 0.50 | 0.25 | +0.25 | n/a [1] | 1.00 |  |" in markdown
     assert "| C | 2.00 [2] | – |  | n/a [1] | 1.50 |  |" in markdown
-    assert "[1] not run: no such method" in markdown and "[2] 1 image(s) failed; the number is over the other 3" in markdown
-    assert "| D | 3.00 [3] | 2.00 | +1.00 | 1.00 [4] | 2.00 | -1.00 |" in markdown and "[3] binarised at threshold 0.4" in markdown
+    assert "[1] not run: no such method" in markdown
+    assert "[2] 1 image(s) failed; the number is over the other 3" in markdown
+    assert "| D | 3.00 [3] | 2.00 | +1.00 | 1.00 [4] | 2.00 | -1.00 |" in markdown
+    assert "[3] binarised at threshold 0.4" in markdown
     assert "[4] 1 image(s) failed; the number is over the other 3; binarised at threshold 0.4" in markdown
     page = table.html()
     assert "A&lt;b&gt;" in page and "A<b>" not in page and '<th colspan="6">G</th>' in page

@@ -1,13 +1,16 @@
 """Honest sanity: the controls, Spearman, the cascading model randomisation, and localisation on digits."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_vit
 from scipy.stats import spearmanr
 
 import vitexplain
-from vitexplain.bench.sanity import cascade_levels, cascading_randomisation, flagged, reinitialise, spearman
+from vitexplain.bench.randomisation import (
+    cascade_levels, cascading_randomisation, image_to_image, reinitialise, spearman, verdict,
+)
 
 # ---------------------------------------------------------------------------------------------- controls
 
@@ -106,7 +109,7 @@ def test_cascade_randomises_one_more_level_at_a_time_on_a_copy():
         assert alone.correlations["gae"][0, level].item() == pytest.approx(result.correlations["gae"][1, level].item(), abs=1e-9)
 
 
-def test_controls_are_flagged_and_a_model_explanation_is_not():
+def test_controls_keep_their_maps_under_randomisation_and_a_model_explanation_does_not():
     model = make_vit()
     images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     targets = torch.tensor([0, 4, 7])
@@ -116,8 +119,44 @@ def test_controls_are_flagged_and_a_model_explanation_is_not():
                                      lambda m, r, i, t: vitexplain.explain(r, i, m, target=t), seed=5)
     means = {m: c.mean(0).tolist() for m, c in result.correlations.items()}
     assert means["random_baseline"] == [1.0] * 5 and means["constant_baseline"] == [1.0] * 5
-    assert flagged(means["random_baseline"], 0.9) and flagged(means["constant_baseline"], 0.9)
-    assert not flagged(means["gae"], 0.9) and means["gae"][-1] < 0.5
+    assert means["gae"][-1] < 0.5
+    floor = spearman(original["random_baseline"], vitexplain.explain(model, images, "random_baseline", seed=1))
+    assert verdict(result.correlations["random_baseline"], floor, 0)["flagged"]        # seeded noise: not the model's
+
+
+def test_the_verdict_flags_a_correlation_clearly_above_its_floor_or_maps_that_never_change():
+    """By hand with numpy: the mean over images of (last level - floor), its 95 % percentile bootstrap drawn by
+    default_rng(seed) one resample after the other; flagged when the interval's bottom is above 0."""
+    generator = np.random.default_rng(3)
+    correlations = torch.from_numpy(generator.uniform(-0.2, 0.9, (8, 4)))
+    floor = torch.from_numpy(generator.uniform(0.2, 0.6, 8))
+
+    def by_hand(last: np.ndarray, floor: np.ndarray, seed: int) -> list[float]:
+        excess, draw = last - floor, np.random.default_rng(seed)
+        means = [excess[draw.integers(0, len(excess), len(excess))].mean() for _ in range(1000)]
+        return [excess.mean(), *np.percentile(means, [2.5, 97.5])]
+
+    for shift in (-0.6, 0.0, 0.6):       # the last level far below, near, far above the floor
+        moved = correlations.clone()
+        moved[:, -1] = floor + shift + torch.from_numpy(generator.normal(0, 0.05, 8))
+        found = verdict(moved, floor, 7)
+        expected = by_hand(moved[:, -1].numpy(), floor.numpy(), 7)
+        assert found["excess"] == pytest.approx(expected, abs=1e-12)
+        assert found["flagged"] == (expected[1] > 0) == (shift > 0)
+    unchanged = torch.ones(8, 4, dtype=torch.float64)
+    assert verdict(unchanged, torch.ones(8, dtype=torch.float64), 7) == {"excess": [0.0, 0.0, 0.0], "flagged": True}
+    almost = unchanged.clone()
+    almost[0, -1] = 0.99
+    assert not verdict(almost, torch.ones(8, dtype=torch.float64), 7)["flagged"]    # one image changed: not "unchanged"
+
+
+def test_the_image_to_image_floor_pairs_each_map_with_the_previous_image():
+    maps = torch.randn(4, 5, 5, generator=torch.Generator().manual_seed(2))
+    floor = image_to_image(maps)
+    for i in range(4):
+        assert floor[i].item() == pytest.approx(spearmanr(maps[i].flatten(), maps[i - 1].flatten())[0], abs=1e-9)
+    with pytest.raises(ValueError, match="at least two images"):
+        image_to_image(maps[:1])
 
 
 def test_a_method_failing_on_a_randomised_model_is_reported_not_fatal():

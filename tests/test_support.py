@@ -19,7 +19,8 @@ def test_the_stored_support_matrix_is_regenerated_exactly():
 def test_the_readme_holds_what_the_command_writes():
     """The method table and the stored support matrix, each between its markers (vitexplain.readme_tables)."""
     readme = README.read_text()
-    assert with_tables(readme) == readme, "README.md's generated tables are stale: run `python -m vitexplain.readme_tables`"
+    stale = "README.md's generated tables are stale: run `python -m vitexplain.readme_tables`"
+    assert with_tables(readme) == readme, stale
     start, end = section(readme, "support")
     assert readme[start:end] == TABLE.read_text()
     start, end = section(readme, "methods")

@@ -160,7 +160,7 @@ def test_recorded_windows_attention_and_qkv_equal_hooks_on_the_real_modules(vers
         handle.remove()
     record = adapter_for(model).record(x)
     torch.testing.assert_close(record.logits, logits, rtol=1e-5, atol=1e-5)
-    assert record.stages == tuple(dict.fromkeys(grids(model, x)))
+    assert record.geometry.stages == tuple(dict.fromkeys(grids(model, x)))
     for index, (block, grid) in enumerate(zip(blocks(model), grids(model, x))):
         found = record.blocks[index]
         slots = slot_tokens(block, grid)
@@ -173,7 +173,8 @@ def test_recorded_windows_attention_and_qkv_equal_hooks_on_the_real_modules(vers
             if version == "v1":
                 fused = attn.qkv(window_inputs[index])
             else:
-                fused = F.linear(window_inputs[index], attn.qkv.weight, torch.cat((attn.q_bias, attn.k_bias, attn.v_bias)))
+                fused = F.linear(window_inputs[index], attn.qkv.weight,
+                                 torch.cat((attn.q_bias, attn.k_bias, attn.v_bias)))
         heads = fused.reshape(fused.shape[0], area, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
         for name, expected in zip("qkv", heads):
             recorded = getattr(found, name)  # [B, H, N, D] in token order
@@ -192,7 +193,7 @@ def test_dynamic_image_sizes_take_the_blocks_own_masks_for_any_grid():
         expected = model(x)
     record = adapter_for(model).record(x, fields=("attn",))
     torch.testing.assert_close(record.logits, expected, rtol=1e-5, atol=1e-5)
-    assert record.grid == (9, 7) and record.stages == ((9, 7), (5, 4))
+    assert record.geometry.grid == (9, 7) and record.geometry.stages == ((9, 7), (5, 4))
     assert explain(model, x, "rollout").shape == (2, 9, 7)
 
 
@@ -208,13 +209,20 @@ def test_rollout_and_gae_equal_dense_products_through_windows_and_merges(version
         target = model(x).argmax(-1)
     block_grids = grids(model, x)
     probabilities, _ = hooked_attention(model, x, target)
-    for image in range(2):
+    assert_rollout_and_gae_are_dense_products(model, x, target, blocks(model), block_grids, probabilities, slot_tokens)
+
+
+def assert_rollout_and_gae_are_dense_products(model, x, target, model_blocks, block_grids, probabilities, slots_of):
+    """Rollout and GAE of each image equal to the dense products: per block the dense token-by-token matrix of the
+    window attention ``probabilities`` (per window, with their gradients; ``slots_of(block, grid)`` places the
+    window slots), the merge matrix between stages, the readout 1/N of the last tokens; on the first stage's grid."""
+    for image in range(x.shape[0]):
         rollout = gae = torch.eye(block_grids[0][0] * block_grids[0][1], dtype=torch.float64)
-        for index, (block, grid) in enumerate(zip(blocks(model), block_grids)):
+        for index, (block, grid) in enumerate(zip(model_blocks, block_grids)):
             if index and grid != block_grids[index - 1]:
                 merge = merge_matrix(block_grids[index - 1])
                 rollout, gae = merge @ rollout, merge @ gae
-            slots, tokens = slot_tokens(block, grid), grid[0] * grid[1]
+            slots, tokens = slots_of(block, grid), grid[0] * grid[1]
             windows = slots.shape[0]
             rows = slice(image * windows, (image + 1) * windows)
             attention = dense(probabilities[index][rows].detach(), slots, tokens)[0]
@@ -293,8 +301,9 @@ def test_lrp_conserves_relevance_across_windows_and_patch_merging(version, rules
 def test_readout_is_the_mean_of_the_last_stage_and_maps_lie_on_the_first_stage_grid():
     model, x = build("swin"), images()
     record = adapter_for(model).record(x, fields=("attn",))
-    assert record.readout.kind == "avg" and torch.allclose(record.readout.weights, torch.full((2, 4), 0.25))
-    assert record.stages == ((4, 4), (2, 2)) and record.blocks[-1].attn.shape == (2, 4, 1, 4, 4)
+    readout = record.geometry.readout
+    assert readout.kind == "avg" and torch.allclose(readout.weights, torch.full((2, 4), 0.25))
+    assert record.geometry.stages == ((4, 4), (2, 2)) and record.blocks[-1].attn.shape == (2, 4, 1, 4, 4)
     assert record.blocks[1].windows.shift == (1, 1) and record.blocks[1].attn.shape == (2, 2, 4, 4, 4)
     for method in ("raw_attention", "gradcam", "attn_gradcam"):  # last-stage maps shared among their 2×2 inputs
         found = explain(model, x, method)

@@ -43,7 +43,8 @@ def test_a_score_function_is_differentiated_as_given():
     torch.testing.assert_close(explain(model, x, "gae", margin), expected, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("method, options", [("rise", {"n_masks": 16, "score": "logit"}), ("tis", {"n_masks": 8, "score": "logit"}),
+@pytest.mark.parametrize("method, options",
+                         [("rise", {"n_masks": 16, "score": "logit"}), ("tis", {"n_masks": 8, "score": "logit"}),
                                              ("smoothgrad", {"n_samples": 3}), ("integrated_gradients", {"n_steps": 4}),
                                              ("vitcx", {"score": "logit"})])
 def test_sampling_methods_score_a_function_like_the_class_it_computes(method, options):
@@ -59,7 +60,10 @@ def test_integrated_gradients_of_a_direction_equal_captum_on_the_cosine_similari
 
     model, x = build("vit", num_classes=0), images(2)
     direction = torch.randn(48, generator=torch.Generator().manual_seed(5))
-    cosine = lambda inputs: F.cosine_similarity(model(inputs), direction.expand(inputs.shape[0], -1), dim=1)  # noqa: E731
+
+    def cosine(inputs):
+        return F.cosine_similarity(model(inputs), direction.expand(inputs.shape[0], -1), dim=1)
+
     expected = IntegratedGradients(cosine).attribute(x, baselines=torch.zeros_like(x), n_steps=5).sum(1)
     found = explain(model, x, "integrated_gradients", direction, n_steps=5)
     torch.testing.assert_close(found, expected.detach(), rtol=1e-4, atol=1e-6)
@@ -75,7 +79,8 @@ def test_methods_that_explain_classes_only_say_so():
             explain(model, x, method, torch.ones(48))
     with pytest.raises(ValueError, match="no classifier head"):
         explain(model, x, "gae")
-    with pytest.raises(ValueError, match=r"no classifier head \(its output is an embedding\), so it has no classes to explain"):
+    with pytest.raises(ValueError,
+                       match=r"no classifier head \(its output is an embedding\), so it has no classes to explain"):
         explain(model, x, "gae", 3)
     with pytest.raises(ValueError, match=r"embedding direction must be \[D\] or \[B, D\] with D = 48"):
         explain(model, x, "gae", torch.ones(47))

@@ -45,7 +45,8 @@ def test_plain_output_and_html_hold_every_token_with_its_relevance(runs, tmp_pat
     assert [t for t, _ in tokens] == ["the", "acting", "was", "awful", "and", "boring"]
 
     tokenizer, model = make_tokenizer(tmp_path), make_bert(labels=2)
-    relevance = vitexplain.explain(model, tokenizer("the acting was awful and boring", return_tensors="pt"), "gae", target=0)[0, 1:-1]
+    encoded = tokenizer("the acting was awful and boring", return_tensors="pt")
+    relevance = vitexplain.explain(model, encoded, "gae", target=0)[0, 1:-1]
     scaled = relevance / relevance.abs().max()
     assert [float(v) for _, v in tokens] == pytest.approx(scaled.tolist(), abs=0.006)
 

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_vit
 from vitexplain.api import explain
 from vitexplain.instrumentation import adapter_for
 from vitexplain.methods._kmeans import initial_indices, kmeans
 from vitexplain.methods.tis import kept_tokens
+
+from conftest import make_vit
 
 N_MASKS = 16
 PATCH = 8

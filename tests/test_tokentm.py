@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FAMILIES, make_vit
 from vitexplain import explain
+
+from conftest import FAMILIES, make_vit
 
 TARGETS = torch.tensor([0, 3, 5, 7])
 
@@ -90,7 +91,8 @@ def tokentm_maps(model, images, blocks, attn_grads, use_length, use_necc, aggreg
             gamma = module.ls1.gamma if hasattr(module.ls1, "gamma") else torch.ones(1, dtype=images.dtype)
             originals = block["normed" if reference == "normalised" else "residual"][i]
             output_projection = [attn.proj.weight[:, h * dim:(h + 1) * dim] for h in range(heads)]  # W^H_h
-            per_head_tokens = [[gamma * (output_projection[h] @ block["v"][i, h, j]) for j in range(n)] for h in range(heads)]
+            per_head_tokens = [[gamma * (output_projection[h] @ block["v"][i, h, j]) for j in range(n)]
+                               for h in range(heads)]
             if per_head:
                 head_weights = [transform_weights(list(originals), per_head_tokens[h], use_length, use_necc)
                                 for h in range(heads)]

@@ -7,8 +7,6 @@ import pytest
 import safetensors.torch
 import torch
 from PIL import Image
-from renderers import accuracy as renderer_accuracy
-from renderers import alternative_canvases
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
@@ -30,6 +28,9 @@ from vitexplain.training import (
     rendering_styles,
     train_digits,
 )
+
+from renderers import accuracy as renderer_accuracy
+from renderers import alternative_canvases
 
 # patch 16 on the 112 px canvases: a 7 x 7 grid keeps the training runs here fast
 TINY = dict(patch_size=16, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0)
@@ -98,10 +99,12 @@ def test_a_focused_model_sees_only_its_window_and_gets_its_own_patch_drop_back()
 
 
 def test_recipe_options_are_checked():
-    for bad, message in ((dict(steps=0), "steps must be a positive integer"), (dict(steps=5, warmup_steps=6), "warmup_steps must be in"),
+    for bad, message in ((dict(steps=0), "steps must be a positive integer"),
+                         (dict(steps=5, warmup_steps=6), "warmup_steps must be in"),
                          (dict(steps=5, focus=1.5), "focus must be in"), (dict(steps=5, lr=0), "lr must be positive"),
                          (dict(steps=5, distillation="medium"), "distillation must be one of"),
-                         (dict(steps=5, rotation=90), r"rotation must be in \[0, 45\]"), (dict(steps=5, shear=-0.1), "shear must be in"),
+                         (dict(steps=5, rotation=90), r"rotation must be in \[0, 45\]"),
+                         (dict(steps=5, shear=-0.1), "shear must be in"),
                          (dict(steps=5, nearest=1.5), r"nearest must be in \[0, 1\]"),
                          (dict(steps=5, stroke=1.5), "stroke must be a whole number of pixels in"),
                          (dict(steps=5, stroke=4), r"stroke must be a whole number of pixels in \[0, 3\]"),
@@ -209,7 +212,8 @@ def test_augmented_training_is_deterministic_and_leaves_the_global_rng_alone():
 
 
 def test_an_interrupted_run_resumes_from_its_snapshot_bit_for_bit(tmp_path, monkeypatch):
-    options = dict(steps=8, train_size=8, focus=0.5, focus_window=5, snapshot_every=3, rotation=10.0, **AUGMENTED, **FAST)
+    options = dict(steps=8, train_size=8, focus=0.5, focus_window=5, snapshot_every=3, rotation=10.0, **AUGMENTED,
+                   **FAST)
     straight = train_digits("vit_tiny_patch16_224", TINY, out=tmp_path / "straight.safetensors", **options)
     out = tmp_path / "cut.safetensors"
     real_labels, train_batches = loop.digits_labels, []
@@ -310,7 +314,8 @@ def test_a_teacher_goes_with_a_distillation_token_only():
 
 def test_the_checkpoint_and_card_load_by_path_with_the_digits_preprocessing(tmp_path):
     out = tmp_path / "tiny.safetensors"
-    result = train_digits("vit_tiny_patch16_224", TINY, steps=2, seed=1, out=out, command="vitexplain train ...", **FAST)
+    result = train_digits("vit_tiny_patch16_224", TINY, steps=2, seed=1, out=out, command="vitexplain train ...",
+                          **FAST)
     card = json.loads(out.with_suffix(".json").read_text())
     assert card["arch"] == "vit_tiny_patch16_224" and card["class_names"] == [str(d) for d in range(10)]
     assert card["test_accuracy"] == result["test_accuracy"] and card["seed"] == 1
@@ -318,7 +323,8 @@ def test_the_checkpoint_and_card_load_by_path_with_the_digits_preprocessing(tmp_
     model, config = load_model(str(out), device="cpu")
     assert type(model) is VisionTransformer
     assert config["input_size"] == (3, 112, 112) and config["crop_pct"] == 1.0
-    assert list(config["mean"]) == [0.5] * 3 and list(config["std"]) == [0.5] * 3 and config["interpolation"] == "bilinear"
+    assert list(config["mean"]) == [0.5] * 3 and list(config["std"]) == [0.5] * 3
+    assert config["interpolation"] == "bilinear"
     images = Digits("test", n=4).render(range(4))[0]
     with torch.no_grad():
         assert torch.equal(model(images), result["model"](images))
@@ -338,7 +344,8 @@ def test_a_run_from_init_starts_from_its_weights_and_records_where_they_came_fro
     card = json.loads((tmp_path / "still.json").read_text())
     first_card = json.loads(first.with_suffix(".json").read_text())
     assert card["training"]["init"] == {"from": str(first), "command": "vitexplain train first",
-                                        "training": first_card["training"], "test_accuracy": first_card["test_accuracy"]}
+                                        "training": first_card["training"],
+                                        "test_accuracy": first_card["test_accuracy"]}
     with pytest.raises(ValueError, match=r"does not fit .*shape mismatch.*pos_embed"):
         train_digits("vit_tiny_patch16_224", {**TINY, "patch_size": 8}, steps=1, init=str(first), **FAST)
     with pytest.raises(ValueError, match=r"does not fit .*missing keys \(blocks\.2\."):
@@ -369,16 +376,40 @@ def test_a_deit_can_start_from_a_plain_vit_of_its_shape(tmp_path):
         train_digits(deit, {**TINY, "patch_size": 8}, steps=1, init=str(plain), teacher=str(plain), **FAST)
 
 
+def test_an_average_pooled_model_starts_from_a_class_token_one_and_loads_back_pooled(tmp_path):
+    """``global_pool='avg'``: timm normalises the pooled token (``fc_norm``) instead of every token, so the class-token
+    model's final norm becomes ``fc_norm`` and every other weight is copied; the card rebuilds the pooled model."""
+    first = tmp_path / "token.safetensors"
+    train_digits("vit_tiny_patch16_224", TINY, steps=2, seed=1, out=first, **FAST)
+    start = safetensors.torch.load_file(str(first))
+    out = tmp_path / "avg.safetensors"
+    pooled = train_digits("vit_tiny_patch16_224", {**TINY, "global_pool": "avg"}, steps=1, init=str(first), out=out,
+                          **{**FAST, "lr": 1e-12, "min_lr": 1e-12})["model"]
+    state = pooled.state_dict()
+    assert set(state) == {key.replace("norm.", "fc_norm.") if key.startswith("norm.") else key for key in start}
+    for key, value in start.items():
+        torch.testing.assert_close(state["fc_" + key if key.startswith("norm.") else key], value, rtol=0, atol=1e-9)
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert card["model_kwargs"]["global_pool"] == "avg" and "average of the patch tokens" in card["summary"]
+    model, _ = load_model(str(out), device="cpu")
+    images = Digits("test", n=3).render(range(3))[0]
+    with torch.no_grad():
+        tokens = model.forward_features(images)
+        by_hand = model.head(model.fc_norm(tokens[:, model.num_prefix_tokens:].mean(1)))  # the mean of the patch tokens
+        torch.testing.assert_close(model(images), by_hand)
+        assert torch.equal(model(images), pooled(images))
+
+
 def test_the_train_command_records_a_command_that_parses_back_to_the_same_options(tmp_path, capsys):
     out = tmp_path / "cli.safetensors"
     argv = ["train", "--arch", "vit_tiny_patch16_224", "--patch-size", "16", "--embed-dim", "48", "--depth", "2",
-            "--num-heads", "3", "--steps", "2", "--batch-size", "4", "--test-size", "8", "--threads", "1",
+            "--num-heads", "3", "--global-pool", "avg", "--steps", "2", "--batch-size", "4", "--test-size", "8", "--threads", "1",
             "--nearest", "0.5", "--stroke", "2", "--contrast", "0.25", "--gradient", "0.1", "--noise", "0.05",
             "--device", "cpu", "--no-progress", "-o", str(out)]
     assert main(argv) == 0
     assert "test accuracy" in capsys.readouterr().out
     card = json.loads(out.with_suffix(".json").read_text())
-    assert card["training_time"]["device"] == "cpu"
+    assert card["training_time"]["device"] == "cpu" and card["model_kwargs"]["global_pool"] == "avg"
     assert {key: card["training"][key] for key in AUGMENTED} == dict(nearest=0.5, stroke=2, contrast=0.25,
                                                                      gradient=0.1, noise=0.05)
     recorded = card["command"].split()
@@ -412,7 +443,8 @@ def test_shipped_models_load_offline_and_classify_test_canvases(name, cls, no_ne
     assert test == {"canvases": 2000, "seed": 0} and card["dataset"]["split_seed"] == 0
     data = Digits("test", n=test["canvases"], seed=test["seed"])
     with torch.inference_mode():
-        predictions = torch.cat([model(data.render(chunk)[0]).argmax(-1) for chunk in torch.arange(len(data)).split(250)])
+        chunks = torch.arange(len(data)).split(250)
+        predictions = torch.cat([model(data.render(chunk)[0]).argmax(-1) for chunk in chunks])
     accuracy = (predictions == digits_labels(data, torch.arange(len(data)))).float().mean().item()
     assert accuracy >= 0.95 and abs(accuracy - card["test_accuracy"]) <= 0.002, (accuracy, card["test_accuracy"])
 
@@ -442,7 +474,8 @@ def test_explain_command_on_a_digits_png_with_the_shipped_vit(tmp_path, capsys):
     assert seen.shape == (3, 112, 112) and (seen - canvas).abs().max() <= 1 / 255 + 1e-6
 
     out = tmp_path / "out"
-    assert main(["explain", str(png), "--model", "digits_vit", "--method", "rollout", "-o", str(out), "--device", "cpu"]) == 0
+    assert main(["explain", str(png), "--model", "digits_vit", "--method", "rollout", "-o", str(out), "--device",
+                 "cpu"]) == 0
     label = int(digits_labels(data, torch.tensor([0]))[0])
     assert f"-> {label} (p=" in capsys.readouterr().out
     saliency = np.load(out / "digit.rollout.npy")

@@ -24,7 +24,8 @@ from vitexplain.instrumentation import adapter_for  # noqa: E402
 TEXTS = ["a dog", "a cat", "a cat sat"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MERGES = [("d", "o"), ("do", "g</w>"), ("c", "a"), ("ca", "t</w>")]
-VISION = dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=3)
+VISION = dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=3)
 
 
 def tokenizer():
@@ -67,7 +68,8 @@ def model_similarity(model, tok, kind: str, pixels: torch.Tensor, texts: list[st
     the texts tokenised as each model's processor does (CLIP: padded to the longest, masked; SigLIP: to full length)."""
     if kind == "clip":
         tokens = tok(texts, padding=True, return_tensors="pt")
-        logits = model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"], pixel_values=pixels).logits_per_image
+        logits = model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
+                       pixel_values=pixels).logits_per_image
         return logits / model.logit_scale.exp()
     tokens = tok(texts, padding="max_length", max_length=16, return_tensors="pt")
     logits = model(input_ids=tokens["input_ids"], pixel_values=pixels).logits_per_image
@@ -113,7 +115,8 @@ def test_input_gradient_is_that_of_the_models_similarity(saved):
     kind, model, tok, _ = saved
     pixels = images(2).requires_grad_(True)
     model_similarity(model, tok, kind, pixels, ["a dog"])[:, 0].sum().backward()
-    maps = vitexplain.explain(model, pixels.detach(), "smoothgrad", target="a dog", n_samples=1, stdev=0.0, absolute=False)
+    maps = vitexplain.explain(model, pixels.detach(), "smoothgrad", target="a dog", n_samples=1, stdev=0.0,
+                              absolute=False)
     torch.testing.assert_close(maps, pixels.grad.sum(1), atol=1e-5, rtol=1e-4)
 
 
@@ -130,7 +133,7 @@ def test_recorded_attention_is_the_models(saved):
         head = model.vision_model.head
         with torch.no_grad():
             _, weights = head.attention(head.probe.expand(2, -1, -1), own.last_hidden_state, own.last_hidden_state)
-        torch.testing.assert_close(record.readout.weights, weights[:, 0], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(record.geometry.readout.weights, weights[:, 0], atol=1e-6, rtol=1e-5)
 
 
 def test_explain_texts_is_every_text_on_every_image(saved):
@@ -142,7 +145,8 @@ def test_explain_texts_is_every_text_on_every_image(saved):
     for t, text in enumerate(TEXTS):
         alone = vitexplain.explain(model, pixels[1:], "gae", target=text)  # the saved tokenizer, read from the folder
         torch.testing.assert_close(maps[1, t], alone[0], atol=1e-6, rtol=1e-5)
-        per_image = vitexplain.explain(model, pixels, "gae", target=lambda out, d=directions[t]: F.cosine_similarity(out, d[None]))
+        per_image = vitexplain.explain(model, pixels, "gae",
+                                       target=lambda out, d=directions[t]: F.cosine_similarity(out, d[None]))
         torch.testing.assert_close(maps[:, t], per_image, atol=1e-6, rtol=1e-5)
     assert (maps[:, 0] - maps[:, 1]).abs().max() > 1e-5  # another text, another map (random weights: close ones)
     one_each = vitexplain.explain(model, pixels, "gae", target=TEXTS[:2])  # one text per image
@@ -159,7 +163,8 @@ def test_clip_vision_tower_with_projection_is_served():
     direction = torch.randn(24)
     with torch.no_grad():
         expected = F.cosine_similarity(clip.get_image_features(pixel_values=pixels).pooler_output, direction[None])
-    torch.testing.assert_close(adapter_for(tower).record(pixels, direction, fields=()).scores, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(adapter_for(tower).record(pixels, direction, fields=()).scores, expected, atol=1e-5,
+                               rtol=1e-5)
     torch.testing.assert_close(vitexplain.explain(tower, pixels, "legrad", target=direction),
                                vitexplain.explain(clip, pixels, "legrad", target=direction), atol=1e-6, rtol=1e-5)
 
@@ -206,7 +211,8 @@ def test_cli_explains_each_text(clip_folder, tmp_path):
     picture = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(picture)
     done = _run_cli("explain", str(picture), "--model", str(clip_folder), "--method", "gae", "--text", "a dog",
-                    "--text", "A cat!", "--device", "cpu", "-o", str(tmp_path / "out"), "--no-progress", "--html", cwd=tmp_path)
+                    "--text", "A cat!", "--device", "cpu", "-o", str(tmp_path / "out"), "--no-progress", "--html",
+                    cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "out" / "explorer.html").read_text()
     assert "photo.png: a dog" in page and "photo.png: A cat!" in page
@@ -219,7 +225,8 @@ def test_cli_explains_each_text(clip_folder, tmp_path):
         assert (tmp_path / "out" / f"photo.{slug}.gae.png").is_file()
     cosines = [float(line.rsplit("cosine ", 1)[1].rstrip(")")) for line in done.stdout.splitlines() if "cosine" in line]
     with torch.no_grad():
-        own = F.cosine_similarity(adapter_for(loaded).forward(batch), vitexplain.text_embeddings(loaded, ["a dog", "A cat!"]))
+        own = F.cosine_similarity(adapter_for(loaded).forward(batch),
+                                  vitexplain.text_embeddings(loaded, ["a dog", "A cat!"]))
     np.testing.assert_allclose(cosines, own.numpy(), atol=1e-3)
 
 

@@ -80,9 +80,13 @@ def test_an_overlay_keeps_typical_values_visible_beside_an_outlier(tmp_path):
     bar = _colour_bars(fig)[0]
     assert bar.norm.vmin == -end and bar.norm.vmax == end and bar.extend == "max"
     assert bar.cmap.name == "RdBu_r" and "99th pct of |v|" in bar.ax.get_ylabel()
-    half = lambda colour: (0.5 * IMAGE[0, 0] + 0.5 * np.asarray(colour)) / 255
+
+    def half_blend(colour):
+        """The overlay's pixel where the heatmap has ``colour``: half image, half colour, in [0, 1]."""
+        return (0.5 * IMAGE[0, 0] + 0.5 * np.asarray(colour)) / 255
+
     for (y, x), colour in [((0, 0), RDBU_BLUE), ((0, 15), RDBU_RED), ((15, 15), RDBU_RED), ((12, 3), RDBU_CENTRE)]:
-        assert np.abs(drawn[y, x] - half(colour)).max() < 0.005, (y, x)
+        assert np.abs(drawn[y, x] - half_blend(colour)).max() < 0.005, (y, x)
     with Image.open(tmp_path / "signed.png") as png:
         assert png.size[0] > 200
 

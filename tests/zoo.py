@@ -35,13 +35,15 @@ ZOO = {
     "relpos": ("vit_relpos_base_patch16_224", dict(), "avg"),
     "srelpos": ("vit_srelpos_small_patch16_224", dict(), "avg"),
     "vit_pwee": ("vit_pwee_patch16_reg1_gap_256", dict(qkv_bias=False), "avg"),  # a separate MLP bias
+    "vit_avgmax": ("vit_base_patch16_224", dict(class_token=False, reg_tokens=1, global_pool="avgmax"), "avgmax"),
+    "vit_max": ("vit_base_patch16_224", dict(global_pool="max"), "max"),
     "swin": ("swin_tiny_patch4_window7_224", dict(), "avg"),
     "swinv2": ("swinv2_tiny_window8_256", dict(), "avg"),
 }
 
 #: what a zero-initialised parameter is called, in any family
 RANDOMISED = ("relative_position_bias_table", "q_bias", "v_bias", "gamma", "head.", "latent", "rel_pos", "pos_embed",
-              "cls_token", "reg_token", "cpb_mlp", "class_token", "register_tokens", "lambda1", "mlp_bias")
+              "cls_token", "reg_token", "cpb_mlp", "class_token", "register_tokens", "lambda1", "mlp_bias", "in_proj_bias", "out_proj.bias")
 
 
 def torchvision_vit(**overrides) -> torch.nn.Module:
@@ -71,12 +73,22 @@ def transformers_dinov2(registers: int = 0, classes: int = 0, **overrides) -> to
     return kind(config)
 
 
+def open_clip_vit(**overrides) -> torch.nn.Module:
+    """open_clip's image tower; LayerScale on both branches, drawn at random (``gamma``) by :func:`randomise`."""
+    from open_clip.transformer import VisionTransformer
+
+    return VisionTransformer(**{**dict(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0,
+                                       output_dim=16, ls_init_value=1.0), **overrides})
+
+
 #: models outside timm: family name -> (builder of the tiny model with random weights, expected readout)
 FOREIGN = {
     "torchvision_vit": (torchvision_vit, "token"),
     "hf_vit_model": (transformers_vit_model, "token"),
     "dinov2": (transformers_dinov2, "token"),
     "dinov2_reg_swiglu_classifier": (lambda **o: transformers_dinov2(2, 10, use_swiglu_ffn=True, **o), "token_avg"),
+    "open_clip_vit": (open_clip_vit, "token"),
+    "open_clip_vit_avg": (lambda **o: open_clip_vit(pool_type="avg", final_ln_after_pool=True, **o), "avg"),
 }
 
 

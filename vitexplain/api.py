@@ -90,6 +90,7 @@ def explain(
     expected = adapter.grid_size(prepared) if spec.resolution == "token" else tuple(prepared.shape[-2:])
     if maps.shape != (prepared.shape[0], *expected):
         raise RuntimeError(f"method {spec.name!r} returned shape {tuple(maps.shape)}, expected {(prepared.shape[0], *expected)}")
+    _notice_zero_maps(spec, maps)
     return maps.detach().to(device=inputs.device, dtype=torch.float32)
 
 
@@ -104,6 +105,14 @@ def _warn_of_caveats(spec: MethodSpec, modes: list[str]) -> None:
             _WARNED.add((spec.name, mode))
             warnings.warn(f"{spec.name} in {mode}: its maps were measured at r = {spec.precision_caveats[mode]:.3f} to the "
                           "float32 model's (worst of 64 digits test canvases); see docs/decisions/precision.md", stacklevel=3)
+
+
+def _notice_zero_maps(spec: MethodSpec, maps: Tensor) -> None:
+    """Say, once per call, how many of the batch's maps are zero everywhere, and why the method gives such maps."""
+    zero = int((maps.flatten(1) == 0).all(1).sum())
+    if zero:
+        warnings.warn(f"{spec.name} returned an all-zero map for {zero} of {len(maps)} images: "
+                      f"{spec.zero_map_reason}", stacklevel=3)
 
 
 def _explain_text(spec: MethodSpec, adapter: ModelAdapter, tokens: TokenBatch, target, options: dict) -> Tensor:

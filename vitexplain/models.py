@@ -87,7 +87,8 @@ def _checkpoint_format(path: Path) -> str:
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """A state dict from a ``.safetensors`` file or a torch checkpoint (plain or wrapped in ``model``/``state_dict``)."""
+    """A state dict from a ``.safetensors`` file or a torch checkpoint (plain or wrapped in
+    ``model``/``state_dict``)."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"checkpoint {path} does not exist")
@@ -153,7 +154,8 @@ def _create(arch: str, **kwargs) -> nn.Module:
 
 def _from_checkpoint(path: Path, arch: str | None, **kwargs) -> nn.Module:
     if arch is None:
-        raise ModelLoadError(f"loading checkpoint {path} needs its architecture name (e.g. --arch vit_base_patch16_224)")
+        raise ModelLoadError(f"loading checkpoint {path} needs its architecture name "
+                             "(e.g. --arch vit_base_patch16_224)")
     state = read_state_dict(path)
     head = state.get("head.weight")
     if head is not None:
@@ -165,7 +167,8 @@ def _from_checkpoint(path: Path, arch: str | None, **kwargs) -> nn.Module:
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
-        raise ModelLoadError(f"checkpoint {path} does not fit architecture {arch}: {' '.join(str(error).split())}") from error
+        reason = " ".join(str(error).split())
+        raise ModelLoadError(f"checkpoint {path} does not fit architecture {arch}: {reason}") from error
     return model
 
 
@@ -183,7 +186,8 @@ def _pretrained(name: str) -> nn.Module:
             f"--model PATH --arch {name}") from error
 
 
-def load_model(name_or_path: str, arch: str | None = None, device: str | torch.device | None = None) -> tuple[nn.Module, dict]:
+def load_model(name_or_path: str, arch: str | None = None,
+               device: str | torch.device | None = None) -> tuple[nn.Module, dict]:
     """Build a model in eval mode and its preprocessing config.
 
     Args:
@@ -246,7 +250,8 @@ def load_two_tower_folder(folder: Path) -> tuple[nn.Module, dict]:
     try:
         config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot read the transformers config in {folder}: {' '.join(str(error).split())[:200]}") from None
+        reason = " ".join(str(error).split())[:200]
+        raise ModelLoadError(f"cannot read the transformers config in {folder}: {reason}") from None
     architecture = (getattr(config, "architectures", None) or ["?"])[0]
     if architecture not in TWO_TOWER_DEFAULTS:
         raise ModelLoadError(f"{folder} holds a {architecture}; a transformers folder is read for the two-tower "
@@ -254,13 +259,15 @@ def load_two_tower_folder(folder: Path) -> tuple[nn.Module, dict]:
     try:
         model = getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, RuntimeError) as error:
-        raise ModelLoadError(f"cannot load the {architecture} in {folder}: {' '.join(str(error).split())[:200]}") from None
+        reason = " ".join(str(error).split())[:200]
+        raise ModelLoadError(f"cannot load the {architecture} in {folder}: {reason}") from None
     mean, std, crop_mode, resample = TWO_TOWER_DEFAULTS[architecture]
     processor = folder / "preprocessor_config.json"
     saved = json.loads(processor.read_text()) if processor.is_file() else {}
     size = config.vision_config.image_size
     return model, {"input_size": (3, size, size), "mean": tuple(saved.get("image_mean", mean)),
-                   "std": tuple(saved.get("image_std", std)), "interpolation": RESAMPLING.get(saved.get("resample", resample), "bicubic"),
+                   "std": tuple(saved.get("image_std", std)),
+                   "interpolation": RESAMPLING.get(saved.get("resample", resample), "bicubic"),
                    "crop_pct": 1.0, "crop_mode": crop_mode, "two_tower": True}
 
 
@@ -316,12 +323,14 @@ def _indexed_cuda(device: torch.device, given: str) -> torch.device:
         try:
             index = int(os.environ["LOCAL_RANK"])
         except ValueError:
-            raise ValueError(f"device {given!r}: LOCAL_RANK must be a GPU index, got {os.environ['LOCAL_RANK']!r}") from None
+            raise ValueError(f"device {given!r}: LOCAL_RANK must be a GPU index, "
+                             f"got {os.environ['LOCAL_RANK']!r}") from None
     if index is None:
         index = torch.cuda.current_device()
     count = torch.cuda.device_count()
     if not 0 <= index < count:
-        raise ValueError(f"device {given!r}{rank_note}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+        raise ValueError(f"device {given!r}{rank_note}: this machine has {count} CUDA GPU(s), "
+                         f"cuda:0 to cuda:{count - 1}")
     return torch.device("cuda", index)
 
 

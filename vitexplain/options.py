@@ -20,12 +20,14 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 
 class InvalidOption(ValueError, TypeError):
-    """An option value outside its annotated type: a wrong kind of value (TypeError) or one out of range (ValueError)."""
+    """An option value outside its annotated type: a wrong kind of value (TypeError) or one out of range
+    (ValueError)."""
 
 
 @dataclass(frozen=True)
 class Range:
-    """Bounds of a number: ``low <= value`` (``<`` when ``low_open``) and ``value <= high`` (``<`` when ``high_open``)."""
+    """Bounds of a number: ``low <= value`` (``<`` when ``low_open``) and ``value <= high``
+    (``<`` when ``high_open``)."""
 
     low: float | None = None
     high: float | None = None
@@ -130,7 +132,8 @@ def option_types(fn: Callable) -> dict[str, Any]:
     """The keyword-only parameters of ``fn`` (its options) and their annotations (resolved, bounds kept)."""
     hints = typing.get_type_hints(fn, include_extras=True)
     params = inspect.signature(fn).parameters.values()
-    return {p.name: hints.get(p.name, inspect.Parameter.empty) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return {p.name: hints.get(p.name, inspect.Parameter.empty)
+            for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def option_defaults(fn: Callable) -> dict[str, Any]:
@@ -185,6 +188,6 @@ def parse_option(owner: str, fn: Callable, text: str) -> tuple[str, Any]:
 def block_index(option: str, value: int, num_blocks: int) -> int:
     """A block index option (0-based, negative counts from the end) as 0 … num_blocks-1, checked against the model."""
     if not -num_blocks <= value < num_blocks:
-        raise ValueError(f"{option} must index one of the model's {num_blocks} blocks (-{num_blocks} … {num_blocks - 1}), "
-                         f"got {value}")
+        raise ValueError(f"{option} must index one of the model's {num_blocks} blocks "
+                         f"(-{num_blocks} … {num_blocks - 1}), got {value}")
     return value % num_blocks

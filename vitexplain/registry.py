@@ -129,6 +129,8 @@ class MethodSpec:
             measured below r = 0.99 to the float32 ones, with the worst r measured; ``explain`` warns once.
         reads: what it reads of a model (one of :data:`READS`); ``explain`` refuses a model from which
             that cannot be read, naming it.
+        zero_map_reason: why the method can return a map that is zero everywhere (e.g. its final ReLU);
+            ``explain`` names it in the notice it gives when that happens.
     """
 
     name: str
@@ -141,6 +143,7 @@ class MethodSpec:
     score_targets: bool = True
     precision_caveats: Mapping[str, float] = field(default_factory=dict)
     reads: str = "attention"
+    zero_map_reason: str = "no token carried relevance to the target as this method measures it"
 
     @property
     def randomised(self) -> bool:
@@ -176,7 +179,8 @@ METHODS: Registry[MethodSpec] = Registry("explanation method", "vitexplain.metho
 def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
                     modalities: tuple[str, ...] = ("image",), control: bool = False,
                     cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True,
-                    precision_caveats: Mapping[str, float] | None = None, reads: str = "attention") -> Callable:
+                    precision_caveats: Mapping[str, float] | None = None, reads: str = "attention",
+                    zero_map_reason: str = MethodSpec.zero_map_reason) -> Callable:
     """Decorator that registers an explanation method under ``name`` (see :class:`MethodSpec`).
 
     ``cost`` is a number of model passes, or a function of the effective options returning one; the
@@ -194,7 +198,7 @@ def register_method(name: str, *, resolution: str = "token", class_specific: boo
 
     def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
-                                     score_targets, dict(precision_caveats or {}), reads))
+                                     score_targets, dict(precision_caveats or {}), reads, zero_map_reason))
         return fn
 
     return decorate
@@ -204,7 +208,8 @@ def available_methods(modality: str | None = None, *, controls: bool = True) -> 
     """Names of the registered explanation methods, sorted: all, or those explaining ``modality``
     (``"image"`` / ``"text"``), with or without the controls."""
     return [name for name in METHODS.names()
-            if (modality is None or modality in METHODS.get(name).modalities) and (controls or not METHODS.get(name).control)]
+            if (modality is None or modality in METHODS.get(name).modalities)
+            and (controls or not METHODS.get(name).control)]
 
 
 def get_method(name: str) -> MethodSpec:

@@ -188,7 +188,8 @@ def _array(values) -> np.ndarray:
     return np.asarray(as_array(values), dtype=np.float64)
 
 
-def _draw(fig, ax, image: np.ndarray, saliency: torch.Tensor, cmap: str | None, diverging_cmap: str | None, alpha: float):
+def _draw(fig, ax, image: np.ndarray, saliency: torch.Tensor, cmap: str | None, diverging_cmap: str | None,
+          alpha: float):
     """One overlay on ``ax`` with its colour bar (ticks in the map's units, arrows where values saturate)."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import ListedColormap, Normalize
@@ -247,50 +248,3 @@ def save_grid(path: str | Path, image: np.ndarray, maps: dict[str, torch.Tensor]
         fig.suptitle(title, fontsize=11)
     fig.savefig(path, dpi=100)
     return fig
-
-
-def line_plot(curves: dict[str, list[float]], styles: dict[str, dict] | None = None, *, title: str = "", xlabel: str = "",
-              ylabel: str = "", ticks: list[str] | None = None, reference: float | None = None,
-              size: tuple[float, float] = (7.6, 3.9), image_format: str = "png", legend: bool = True,
-              ids: dict[str, str] | None = None) -> bytes:
-    """One line per curve as PNG or SVG bytes, drawn with the Agg canvas (the global backend is left alone).
-
-    Args:
-        curves: name -> values; x runs over [0, 1], or over the named ``ticks`` (one per point).
-        styles: name -> keyword arguments of ``Axes.plot`` (``color``, ``linestyle``, ``linewidth``,
-            ``zorder`` ...); matplotlib's cycle for curves without one.
-        reference: a dotted horizontal line at this value.
-        image_format: ``"png"`` or ``"svg"`` (text kept as text).
-        legend: draw the legend beside the axes.
-        ids: in an SVG, the ``id`` of each curve's line (so a page can show and hide it).
-    """
-    import io
-
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=size)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    for name, curve in curves.items():
-        where = np.linspace(0, 1, len(curve)) if ticks is None else np.arange(len(curve))
-        (line,) = axes.plot(where, curve, label=name, marker="." if len(curve) <= 12 else None,
-                            **{"linewidth": 1.4, **(styles or {}).get(name, {})})
-        if ids and name in ids:
-            line.set_gid(ids[name])
-    if reference is not None:
-        axes.axhline(reference, color="#cf222e", linestyle=":", linewidth=1)
-    axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    if ticks is not None:
-        axes.set_xticks(range(len(ticks)), ticks, rotation=40, ha="right", fontsize=8)
-    axes.grid(alpha=0.3)
-    if legend:
-        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=1 if len(curves) <= 16 else 2)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    metadata = {"Date": None, "Creator": None, "Format": None, "Type": None} if image_format == "svg" else None
-    with matplotlib.rc_context({"svg.fonttype": "none"}):
-        figure.savefig(buffer, format=image_format, dpi=110, metadata=metadata)
-    return buffer.getvalue()
-

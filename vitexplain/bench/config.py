@@ -13,9 +13,9 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..metrics import available_metrics, get_metric
 from ..options import PRECISIONS
-from ..metrics import get_metric
-from ..registry import get_method
+from ..registry import available_methods, get_method
 
 TARGETS = ("predicted", "label")
 
@@ -78,24 +78,23 @@ class MetricEntry:
 
 @dataclass
 class SanityCheck:
-    """The model-randomisation check of :mod:`vitexplain.bench.sanity` (Adebayo et al., NeurIPS 2018).
+    """The model-randomisation check of :mod:`vitexplain.bench.randomisation` (Adebayo et al., NeurIPS 2018).
 
     Attributes:
         images: how many of the run's images (the first of the selection) are explained again under
-            every randomisation level.
-        threshold: a method whose mean Spearman correlation with its original maps stays above this
-            once the whole model is randomised is flagged as insensitive to the model.
+            every randomisation level; at least 2 (a deterministic method's noise floor compares two
+            images' maps), and more to decide: the verdict is a bootstrap interval over these images.
         methods: labels of the methods to check (default: all of the run's).
     """
 
     images: int = 8
-    threshold: float = 0.9
     methods: list[str] | None = None
 
     def __post_init__(self) -> None:
         _check_count("images", self.images)
-        if not -1 <= self.threshold <= 1:
-            raise ValueError(f"sanity threshold must be a correlation in [-1, 1], got {self.threshold!r}")
+        if self.images < 2:
+            raise ValueError(f"the sanity check needs at least 2 images (its noise floor compares two images' maps), "
+                             f"got {self.images}")
 
 
 @dataclass
@@ -114,8 +113,12 @@ class BenchConfig:
     Attributes:
         models: names / checkpoint paths, :class:`ModelEntry`, dicts ``{name, source, arch}``, or a
             mapping ``{name: model object or source}``.
-        methods: method names, :class:`MethodEntry` or dicts ``{name, options, label}``.
-        metrics: metric names, :class:`MetricEntry` or dicts ``{name, options, label}``.
+        methods: method names, :class:`MethodEntry` or dicts ``{name, options, label}``; the name ``all``
+            stands for every registered image method (controls included) that no other entry names, so a
+            new method joins a config that says ``all`` without an edit (entries name a method's options).
+        metrics: metric names, :class:`MetricEntry` or dicts ``{name, options, label}``; ``all`` as for
+            methods (every registered metric no other entry names).
+        exclude_methods, exclude_metrics: names that ``all`` leaves out.
         dataset: a :class:`DatasetSpec` (or dict) or a torch Dataset of dict samples.
         batch_size: images per batch.
         output_dir: where the cache, the per-image values and the reports go.
@@ -143,6 +146,8 @@ class BenchConfig:
     methods: Any
     metrics: Any
     dataset: Any
+    exclude_methods: Any = ()
+    exclude_metrics: Any = ()
     batch_size: int = 16
     output_dir: str | Path = "vitexplain-bench"
     device: str | None = None
@@ -159,8 +164,9 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         self.models = _models(self.models)
-        self.methods = [_entry(MethodEntry, item, "methods") for item in _as_list(self.methods, "methods")]
-        self.metrics = [_entry(MetricEntry, item, "metrics") for item in _as_list(self.metrics, "metrics")]
+        self.methods = _entries(MethodEntry, self.methods, "methods", self.exclude_methods,
+                                lambda: available_methods("image"))
+        self.metrics = _entries(MetricEntry, self.metrics, "metrics", self.exclude_metrics, available_metrics)
         self.dataset = _dataset(self.dataset)
         self.output_dir = Path(self.output_dir)
         if isinstance(self.sanity, dict):
@@ -254,6 +260,23 @@ def _as_list(value: Any, what: str) -> list:
     if not items:
         raise ValueError(f"the bench config names no {what}")
     return items
+
+
+def _entries(kind: type, value: Any, what: str, excluded: Any, registered) -> list:
+    """The entries of ``value``, its ``all`` expanded to every registered name no other entry names, in
+    registry order, but the ``excluded`` ones (which must be registered names)."""
+    excluded = [excluded] if isinstance(excluded, str) else list(excluded)
+    unknown = sorted(set(excluded) - set(registered()))
+    if unknown:
+        raise ValueError(f"exclude_{what} names {', '.join(map(repr, unknown))}, which are not registered {what}")
+    items = _as_list(value, what)
+    explicit = [_entry(kind, item, what) for item in items if item != "all"]
+    if "all" not in items:
+        return explicit
+    named = {entry.name for entry in explicit} | set(excluded)
+    expanded = [kind(name) for name in registered() if name not in named]
+    at = items.index("all")
+    return explicit[:at] + expanded + explicit[at:]
 
 
 def _entry(kind: type, item: Any, what: str):

@@ -1,13 +1,15 @@
 """report.html: the whole benchmark on one self-contained page (every image inlined, no script, no external asset).
 
-Sections: notes and run summary; the ranks of every model (each method's rank per protocol and its
-mean rank, controls placed for reference); then per model the table (papers' layout: methods as
-rows, one column per reported number grouped by protocol, an arrow for the better direction, the
-best non-control value in bold, control rows greyed, the method column kept in view while the table
-scrolls sideways), the curves (inline SVG; a legend entry per method shows and hides its line in
+Sections: notes and run summary; who leads, per model and kind of protocol (faithfulness,
+localisation ...: what each rewards, then per reported number the best method or the methods tied
+with it and the images behind it; kinds are never mixed into one rank); then per model the table
+(papers' layout: methods as rows, one column per reported number grouped by protocol, each number
+with its 95 % bootstrap interval and image count, an arrow for the better direction, the best value
+in bold and values tied with it underlined, control rows greyed, the method column kept in view
+while the table scrolls sideways), the curves (inline SVG; a legend entry per method shows and hides its line in
 every plot of the model, by CSS alone), and a gallery (the same images with every method's overlay
 side by side, the model's prediction above each row); then the model-randomisation check (plot and
-table, flagged methods marked), errors, time and the settings.
+table, flagged methods marked, the verdict's rule), errors, time and the settings.
 """
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from .. import viz
 from .plots import (
     CurvePlot, cascade_plot, model_styles, png_of,
 )
+from ..metrics.base import GROUPS
 from .result import BenchResult, Gallery
-from .tables import Ranking, Table, arrow, format_rank, format_value
+from .randomisation import VERDICT_RULE
+from .tables import Lead, Table, arrow, groups_of, sanity_cells
 
 STYLE = """
 body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1f2328;
@@ -45,9 +49,12 @@ table.scores thead tr.metric th { border-bottom: 1px solid #afb8c1; }
 table.scores tbody tr:nth-child(even) td { background: #fafbfc; }
 table.scores th.group-start, table.scores td.group-start { border-left: 1px solid #d0d7de; }
 tr.control td { color: #6e7781; font-style: italic; } tr.control td.method::after { content: " (control)"; }
-tr.flagged td.method { color: #cf222e; font-weight: 600; }
-td.best { font-weight: 700; }
-table.ranks td.rank { min-width: 3.2em; }
+tr.flagged:not(.control) td.method, span.flagged { color: #cf222e; font-weight: 600; }
+td.best { font-weight: 700; } td.tied { text-decoration: underline dotted #1a7f37; text-underline-offset: 3px; }
+table.scores td { white-space: nowrap; }
+table.summary td.leads, table.summary td.controls { text-align: left; white-space: normal; min-width: 16em; }
+table.summary tr.group th { text-align: left; font-weight: 400; background: #f6f8fa; }
+table.summary tr.group th b { margin-right: 0.5em; } span.control { color: #6e7781; font-style: italic; }
 .figures { display: flex; flex-wrap: wrap; gap: 0.6em; }
 .figures figure { margin: 0; width: calc(50% - 0.6em); min-width: 520px; max-width: 100%; border: 1px solid #d8dee4; }
 .figures figure.wide { width: 1000px; }
@@ -71,6 +78,8 @@ code { background: #f6f8fa; padding: 0.1em 0.3em; border-radius: 4px; }
 #: matplotlib's own ids in an SVG (figure_1, line2d_3 ...): dropped, as every plot repeats them
 _PLOT_IDS = re.compile(r'\s+id="(?:figure|axes|patch|line2d|text|xtick|ytick|matplotlib\.axis|legend|PathCollection)_\d+"')
 _DASHES = {"-": "", "--": "5 3", ":": "1.5 2.5", "-.": "6 2.5 1.5 2.5"}
+_MARK_TITLES = {"best": ' title="best: better than every other method at 95 %"',
+                "tied": ' title="tied: cannot be told apart from the best at 95 %"'}
 
 
 def data_uri(png: bytes) -> str:
@@ -106,23 +115,25 @@ def inline_svg(svg: bytes) -> str:
     return _PLOT_IDS.sub("", text)
 
 
-def rank_table(ranking: Ranking, flagged: set[str]) -> str:
-    """Methods by mean rank: the mean, then the rank per protocol, shaded from best (dark) to worst."""
-    places = len([m for m in ranking.methods if m not in ranking.controls]) or 1
-    best = min((v for m, v in zip(ranking.methods, ranking.mean) if v is not None and m not in ranking.controls), default=None)
+def _names(methods: list[str], flagged: set[str], kind: str = "") -> str:
+    return ", ".join(f'<span class="{"flagged" if m in flagged else kind}">{_e(m)}</span>' for m in methods)
 
-    def cell(value: float | None, bold: bool = False) -> str:
-        strength = 0.0 if value is None else 0.4 * (1 - (min(value, places) - 1) / max(places - 1, 1))
-        shade = "" if value is None else f' style="background: rgba(31, 136, 61, {strength:.2f})"'
-        return f'<td class="rank{" best" if bold else ""}"{shade}>{format_rank(value)}</td>'
 
-    header = ("<tr><th class='method'>method</th><th title='mean of the ranks per protocol'>mean rank</th>"
-              + "".join(f"<th class='number'>{_breakable(p)}</th>" for p in ranking.protocols) + "</tr>")
+def summary_table(leads: list[Lead], flagged: set[str]) -> str:
+    """Per kind of protocol, a header row with what it rewards, then per reported number who leads it."""
     rows = []
-    for method, mean, ranks in zip(ranking.methods, ranking.mean, ranking.ranks):
-        cells = cell(mean, mean is not None and mean == best and method not in ranking.controls) + "".join(map(cell, ranks))
-        rows.append(f'<tr class="{_row_class(method, ranking.controls, flagged)}"><td class="method">{_e(method)}</td>{cells}</tr>')
-    return (f'<div class="scroll"><table class="scores ranks"><thead>{header}</thead>'
+    for group, members in groups_of(leads).items():
+        rows.append(f'<tr class="group"><th colspan="5"><b>{_e(group)}</b>rewards '
+                    f'{_e(GROUPS.get(group, "what its protocols measure"))}</th></tr>')
+        for lead in members:
+            shown = ("–" if not lead.methods else f"<b>best</b>: {_names(lead.methods, flagged)}" if len(lead.methods) == 1
+                     else f"tied ({len(lead.methods)}): {_names(lead.methods, flagged)}")
+            rows.append(f'<tr><td class="method">{_e(lead.metric)}</td><td>{_breakable(lead.number)}{arrow(lead.better)}</td>'
+                        f'<td>{_e(lead.images)}</td><td class="leads">{shown}</td>'
+                        f'<td class="controls">{_names(lead.controls, set(), "control") or "–"}</td></tr>')
+    header = ("<tr><th class='method'>protocol</th><th>number</th><th title='images'>n</th><th>leads</th>"
+              "<th title='controls that no leader is better than'>controls as good</th></tr>")
+    return (f'<div class="scroll"><table class="scores summary"><thead>{header}</thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
@@ -135,9 +146,10 @@ def score_table(table: Table, flagged: set[str]) -> str:
     names = "".join(f'<th class="number{" group-start" if j in starts else ""}" title="{_direction(table.better[j])}">'
                     f'{_breakable(table.numbers[j])}{arrow(table.better[j])}</th>' for j in range(len(table.headers)))
     rows = []
-    for method, values, best in zip(table.methods, table.values, table.best):
-        cells = "".join(f'<td class="{"best " if b else ""}{"group-start" if j in starts else ""}">{format_value(v)}</td>'
-                        for j, (v, b) in enumerate(zip(values, best)))
+    columns = [table.cells(j) for j in range(len(table.headers))]
+    for i, (method, marks) in enumerate(zip(table.methods, table.marks)):
+        cells = "".join(f'<td class="{mark} {"group-start" if j in starts else ""}"'
+                        f'{_MARK_TITLES.get(mark, "")}>{_e(columns[j][i])}</td>' for j, mark in enumerate(marks))
         rows.append(f'<tr class="{_row_class(method, table.controls, flagged)}"><td class="method">{_e(method)}</td>{cells}</tr>')
     return (f'<div class="scroll"><table class="scores"><thead><tr class="metric"><th class="method" rowspan="2">method</th>'
             f'{top}</tr><tr>{names}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
@@ -149,35 +161,48 @@ def _swatch(style: dict) -> str:
             f'stroke-width="{style.get("linewidth", 1.4) + 0.4:g}" stroke-dasharray="{dash}"/></svg>')
 
 
-def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], grey: list[str], wide: bool = False) -> str:
+def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], others: list[str], wide: bool = False) -> str:
     """Plots of one model as inline SVG under one legend: each entry shows / hides its method's line in
-    every plot, one more entry the ``grey`` lines at once (checkboxes and CSS, no script). ``key``
-    prefixes every id, unique in the page."""
+    every plot, one more entry the ``others`` (the methods not highlighted) at once; below it, one
+    choice per method draws that method's line wide over the others, faded (radio buttons and CSS, no
+    script). ``key`` prefixes every id, unique in the page."""
     methods = list(dict.fromkeys(method for plot in plots for method in plot.curves))
-    grey = [method for method in grey if method in methods]
+    others = [method for method in others if method in methods]
     toggles = {method: f"{key}-m{k}" for k, method in enumerate(methods)}
+    chosen = {method: f"{key}-h{k}" for k, method in enumerate(methods)}
     lines = {method: f"{key}-l{k}-" for k, method in enumerate(methods)}
-    boxes = [(toggles[m], [m]) for m in methods] + ([(f"{key}-grey", grey)] if grey else [])
+    boxes = [(toggles[m], [m]) for m in methods] + ([(f"{key}-others", others)] if others else [])
     rules = []
     for box, members in boxes:
         rules.append(", ".join(f"#{box}:not(:checked) ~ .figures [id^='{lines[m]}']" for m in members) + " { display: none; }")
         rules.append(f"#{box}:not(:checked) ~ .legend label[for='{box}'] {{ opacity: 0.4; text-decoration: line-through; }}")
+    for method in methods:
+        rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{key}-l'] {{ opacity: 0.25; }}")
+        rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{lines[method]}'] {{ opacity: 1; }}")
+        rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{lines[method]}'] path {{ stroke-width: 3.5px !important; }}")
+        rules.append(f"#{chosen[method]}:checked ~ .highlight label[for='{chosen[method]}'] {{ font-weight: 700; }}")
+    rules.append(f"#{key}-h:checked ~ .highlight label[for='{key}-h'] {{ font-weight: 700; }}")
     labels = [f'<label for="{toggles[m]}" title="show / hide">{_swatch(styles[m])}{_e(m)}</label>' for m in methods]
-    if grey:
-        labels.append(f'<label for="{key}-grey" class="group" title="show / hide every grey line">{_swatch(styles[grey[0]])}'
-                      f'all grey lines</label>')
+    if others:
+        labels.append(f'<label for="{key}-others" class="group" title="show / hide every method not highlighted">'
+                      f'{_swatch(styles[others[0]])}all not highlighted</label>')
+    picks = [f'<label for="{key}-h">none</label>'] + [f'<label for="{chosen[m]}">{_e(m)}</label>' for m in methods]
     figures = []
     for number, plot in enumerate(plots):
         ids = {m: f"{lines[m]}{number}" for m in plot.curves if m in lines}
         svg = inline_svg(plot.render(styles, "svg", legend=False, ids=ids))
         figures.append(f'<figure class="{"wide" if wide else ""}" aria-label="{_e(plot.title)}">{svg}</figure>')
     inputs = "".join(f'<input type="checkbox" id="{box}" checked hidden>' for box, _ in boxes)
+    inputs += f'<input type="radio" name="{key}-h" id="{key}-h" checked hidden>' + "".join(
+        f'<input type="radio" name="{key}-h" id="{chosen[m]}" hidden>' for m in methods)
     return (f'<div class="toggled"><style>{" ".join(rules)}</style>{inputs}'
-            f'<div class="legend">{"".join(labels)}</div><div class="figures">{"".join(figures)}</div></div>')
+            f'<div class="legend">{"".join(labels)}</div>'
+            f'<div class="legend highlight"><span class="muted">highlight:</span>{"".join(picks)}</div>'
+            f'<div class="figures">{"".join(figures)}</div></div>')
 
 
-def _grey_methods(result: BenchResult, model: str) -> list[str]:
-    """The methods drawn grey (neither highlighted nor controls), when some are highlighted."""
+def _not_highlighted(result: BenchResult, model: str) -> list[str]:
+    """The methods drawn thin and pale (neither highlighted nor controls), when some are highlighted."""
     controls = result.controls(model)
     return [m for m in result.scores.get(model, {}) if result.highlight and m not in result.highlight and m not in controls]
 
@@ -223,19 +248,19 @@ def gallery_section(gallery: Gallery, controls: set[str]) -> str:
 
 def sanity_section(result: BenchResult, model: str, check: dict, key: str) -> str:
     controls = result.controls(model)
-    levels = check["levels"]
-    header = "<tr><th class='method'>method</th>" + "".join(f"<th>{_e(level)}</th>" for level in levels) + "<th>flagged</th></tr>"
+    titles, cells = sanity_cells(check)
+    header = "<tr><th class='method'>method</th>" + "".join(f"<th>{_e(title)}</th>" for title in titles) + "</tr>"
     rows = []
     for method, found in check["methods"].items():
         classes = _row_class(method, controls, {method} if found["flagged"] else set())
-        cells = "".join(f"<td>{v:.2f}</td>" for v in found["correlation"])
-        rows.append(f'<tr class="{classes}"><td class="method">{_e(method)}</td>{cells}'
-                    f'<td>{"yes" if found["flagged"] else "no"}</td></tr>')
-    flagged = [m for m, found in check["methods"].items() if found["flagged"]]
-    summary = (f"Flagged (maps still correlate &gt; {check['threshold']} with the originals once the whole model is random): "
-               f"<b>{_e(', '.join(flagged)) or 'none'}</b>.")
+        rows.append(f'<tr class="{classes}"><td class="method">{_e(method)}</td>'
+                    + "".join(f"<td>{_e(cell)}</td>" for cell in cells[method]) + "</tr>")
+    flagged = [m for m, found in check["methods"].items() if found["flagged"] and m not in controls]
+    caught = [m for m, found in check["methods"].items() if found["flagged"] and m in controls]
+    summary = (f"Flagged: <b>{_e(', '.join(flagged)) or 'none'}</b>" + (f"; controls, flagged as they should be: "
+               f"{_e(', '.join(caught))}" if caught else "") + f". {_e(VERDICT_RULE.format(images=check['images']))}")
     return (f'<h3 id="{_anchor(model, "sanity")}">{_e(model)}</h3><p>{summary}</p>'
-            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model), _grey_methods(result, model),
+            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model), _not_highlighted(result, model),
                               wide=True)
             + f'<div class="scroll"><table class="scores"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>')
 
@@ -279,7 +304,7 @@ def _dataset_text(dataset: object) -> str:
 
 
 def _flagged(result: BenchResult, model: str) -> set[str]:
-    return {m for m, found in result.sanity.get(model, {}).get("methods", {}).items() if found["flagged"]}
+    return set(result.flagged(model))
 
 
 def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
@@ -301,17 +326,18 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
              f"<nav>{nav}</nav>"]
     if result.notes:
         parts.append('<div class="notes"><ul>' + "".join(f"<li>{_e(note)}</li>" for note in result.notes) + "</ul></div>")
-    parts.append('<h2 id="summary">Summary: rank per protocol</h2><p class="muted">Per model, methods by mean rank. A '
-                 "protocol's rank is the mean of the method's ranks (1 = best, ties share their places) on that "
-                 "protocol's numbers with a direction (↑ / ↓); the mean rank is its mean over the protocols. Controls "
-                 "(grey) are placed where they would rank among the methods, moving nobody. Red: failed the "
-                 "model-randomisation check.</p>")
+    parts.append('<h2 id="summary">Summary: who leads, per kind of protocol</h2><p class="muted">'
+                 f'{_e(result.uncertainty_note())} Each kind of protocol rewards something else, so kinds are never '
+                 'mixed into one rank; n = images behind the numbers. Red: flagged by the model-randomisation check. '
+                 'Controls as good: a control no leader is better than (the number cannot tell the leaders from a '
+                 'map that explains nothing).</p>')
     for model in models:
-        parts += [f"<h3>{_e(model)}</h3>", rank_table(result.ranking(model), _flagged(result, model))]
-    parts.append('<p class="muted">Tables: methods as rows; ↑ / ↓ = higher / lower is better; <b>bold</b> = best '
-                 'among the methods (control rows, in grey, are references and never best); n = images per protocol. '
-                 'Red method names failed the model-randomisation check. Curves: click a legend entry to hide or show '
-                 'its line.</p>')
+        parts += [f"<h3>{_e(model)}</h3>", summary_table(result.summary(model), _flagged(result, model))]
+    parts.append('<p class="muted">Tables: methods as rows; every number: value [95 % interval] (images); ↑ / ↓ = '
+                 'higher / lower is better; <b>bold</b> = best, better than every other method at 95 %; '
+                 '<span style="text-decoration: underline dotted #1a7f37">underlined</span> = tied with the best; control '
+                 'rows, in grey, are references and never lead. Red method names were flagged by the model-randomisation '
+                 'check. Curves: each point at the share of pixels the step really removed, inserted or grouped; click a legend entry to hide or show its line, a name after “highlight” to draw it over the others.</p>')
     figure = itertools.count()
     for model in models:
         table = result.table(model)
@@ -319,7 +345,7 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
         mine = [plot for plot in plots if plot.model == model]
         if mine:
             parts += ["<h3>Curves</h3>", toggled_figures(f"figures{next(figure)}", mine, model_styles(result, model),
-                                                         _grey_methods(result, model))]
+                                                         _not_highlighted(result, model))]
         if model in galleries:
             parts.append(gallery_section(galleries[model], table.controls))
     if result.sanity:
@@ -327,7 +353,9 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
                      '<p>Cascading randomisation: the weights are re-initialised from the top down (head, then the last '
                      'block, ..., then the embedding), and every method explains the same images, for the same classes, '
                      'with the partly random model. Numbers: Spearman rank correlation with the maps of the trained model, '
-                     'averaged over the images. A method whose maps do not change does not depend on what the model learned.</p>')
+                     'averaged over the images; the floor is what the correlation is without the model (below), and the plot '
+                     'shows each correlation less its floor. A method whose maps stay above their floor once nothing '
+                     'learned is left does not depend on what the model learned. Controls (grey) must be flagged.</p>')
         for model, check in result.sanity.items():
             parts.append(sanity_section(result, model, check, f"figures{next(figure)}"))
     if result.errors:

@@ -1,4 +1,4 @@
-"""What a benchmark found: per-image values reduced to the reported numbers, tables and ranks of them."""
+"""What a benchmark found: per-image values reduced to the reported numbers with their uncertainty, and tables of them."""
 from __future__ import annotations
 
 import math
@@ -13,7 +13,11 @@ from torch import Tensor
 from ..metrics import get_metric
 from ..registry import METHODS
 from .config import DatasetSpec
-from .tables import Ranking, Table, ranking_markdown, ranking_text, sanity_markdown, sanity_text, score_markdown, score_text
+from .randomisation import VERDICT_RULE
+from .tables import (
+    Estimate, Lead, Table, sanity_markdown, sanity_text, score_markdown, score_text, summary_markdown, summary_text,
+)
+from .uncertainty import CONFIDENCE, RESAMPLES, Sample, bootstrap, interval, leaders
 
 
 @dataclass
@@ -62,15 +66,23 @@ class BenchResult:
     Attributes:
         dataset: the dataset's name.
         scores: model -> method -> metric label -> reported number -> value.
+        intervals: the same keys -> [low, high], the number's 95 % bootstrap interval over the images
+            (:mod:`vitexplain.bench.uncertainty`).
         images: model -> method -> metric label -> how many images the numbers are reduced from.
         curves: model -> metric label -> per-image value with steps -> method -> its mean over the images.
+        axes: metric label -> per-image value with steps -> where its curves are drawn: ``x`` (the share of
+            pixels each point removed, inserted or grouped), ``xlabel``, ``ylabel`` (:func:`curve_axes`).
         higher_is_better: metric label (in config order) -> reported number -> whether higher is better.
+        leaders: model -> metric label -> reported number with a direction -> ``methods`` that lead it (one:
+            better than every other method at 95 %, paired over the images; more: tied) and ``controls`` no
+            leader is better than (:func:`vitexplain.bench.uncertainty.leaders`).
         errors: one entry per failed item: model, method, metric (None for loading/explaining), image ids, error.
-        settings: what was run: target, seed, limit, and the options (and own dataset and limit) of
-            every method and metric.
+        settings: what was run: target, seed, limit, the options (and own dataset, limit and group) of
+            every method and metric, and the bootstrap's resamples and confidence.
         files: the report files written, by kind.
-        sanity: model -> the model-randomisation check (:mod:`vitexplain.bench.sanity`): ``levels``,
-            ``images``, ``threshold`` and per method ``correlation`` (mean per level) and ``flagged``.
+        sanity: model -> the model-randomisation check (:mod:`vitexplain.bench.randomisation`): ``levels``,
+            ``images`` and per method ``correlation`` (mean per level), ``floor`` (mean) and its ``floor_kind``,
+            ``excess`` (the last level's correlation less the floor, its interval: value, low, high) and ``flagged``.
         notes: the config's notes, shown at the top of the reports.
         seconds: wall time of the run that wrote the reports (a resumed run counts its own work only).
         timings: model -> method -> seconds this run spent on its ``maps``, on each metric label and on
@@ -85,6 +97,9 @@ class BenchResult:
     higher_is_better: dict[str, dict[str, bool]]
     errors: list[dict[str, Any]]
     settings: dict[str, Any] = field(default_factory=dict)
+    intervals: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = field(default_factory=dict)
+    leaders: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = field(default_factory=dict)
+    axes: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     files: dict[str, Any] = field(default_factory=dict)
     sanity: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -116,74 +131,73 @@ class BenchResult:
         names = {label: entry.get("name") for label, entry in self.settings.get("methods", {}).items()}
         return {m for m in self.scores.get(model, {}) if names.get(m) in METHODS and METHODS.get(names[m]).control}
 
+    def counts(self, model: str) -> dict[str, str]:
+        """Per metric label, how many images its numbers come from ("20", or "18/20" when methods differ)."""
+        counts = {}
+        for label in self.higher_is_better:
+            found = sorted({per_metric.get(label, 0) for per_metric in self.images.get(model, {}).values()})
+            counts[label] = "/".join(map(str, found))
+        return counts
+
     def table(self, model: str) -> Table:
-        """The model's table; control methods never count as best."""
+        """The model's table: each number with its interval and image count, marked best or tied as
+        :attr:`leaders` says (controls never are)."""
         columns = self.columns(model)
         better = [self.higher_is_better.get(label, {}).get(number) for label, number, _ in columns]
         methods = list(self.scores[model])
-        controls = self.controls(model)
-        values = [[self.scores[model][m].get(label, {}).get(number) for label, number, _ in columns] for m in methods]
-        best = [[False] * len(columns) for _ in methods]
-        for j, direction in enumerate(better):
-            found = [row[j] for m, row in zip(methods, values) if m not in controls and row[j] is not None]
-            if direction is None or not found:
-                continue
-            top = max(found) if direction else min(found)
-            for i, m in enumerate(methods):
-                best[i][j] = m not in controls and values[i][j] == top
-        counts = {}
-        for label in dict.fromkeys(label for label, _, _ in columns):
-            found = sorted({per_metric.get(label, 0) for per_metric in self.images.get(model, {}).values()})
-            counts[label] = "/".join(map(str, found))
+        values, marks = [], []
+        for method in methods:
+            row, row_marks = [], []
+            for label, number, _ in columns:
+                value = self.scores[model][method].get(label, {}).get(number)
+                low, high = self.intervals.get(model, {}).get(method, {}).get(label, {}).get(number, (math.nan, math.nan))
+                count = self.images.get(model, {}).get(method, {}).get(label, 0)
+                row.append(None if value is None else Estimate(value, low, high, count))
+                leading = self.leaders.get(model, {}).get(label, {}).get(number, {}).get("methods", [])
+                row_marks.append("" if method not in leading else "best" if len(leading) == 1 else "tied")
+            values.append(row)
+            marks.append(row_marks)
         return Table(model, [label for label, _, _ in columns], [header for _, _, header in columns], better, methods,
-                     values, best, controls, [number for _, number, _ in columns], counts)
+                     values, marks, self.controls(model), [number for _, number, _ in columns], self.counts(model))
 
-    def ranking(self, model: str) -> Ranking:
-        """Each method's rank per protocol and mean rank (definition: docs/decisions/bench.md).
+    def summary(self, model: str) -> list[Lead]:
+        """Who leads each reported number with a direction, with the kind of protocol it belongs to."""
+        counts = self.counts(model)
+        found = []
+        for label, directions in self.higher_is_better.items():
+            group = self.settings.get("metrics", {}).get(label, {}).get("group", "other")
+            for number, lead in self.leaders.get(model, {}).get(label, {}).items():
+                found.append(Lead(group, label, number, directions[number], counts.get(label, "0"), lead["methods"],
+                                  lead["controls"]))
+        return found
 
-        A protocol's rank is the mean of the method's ranks over that protocol's reported numbers that
-        have a direction; on each number the methods that are not controls are ranked 1 (best) to n,
-        ties sharing the mean of their places, and each control gets the place it would take among
-        them alone (so controls move nobody). The mean rank is the mean over the protocols ranked.
-        """
-        table = self.table(model)
-        ranked = [m for m in table.methods if m not in table.controls]
-        protocols = [label for label in dict.fromkeys(table.metrics)
-                     if any(metric == label and direction is not None for metric, direction in zip(table.metrics, table.better))]
-        ranks = []
-        for i, method in enumerate(table.methods):
-            row = []
-            for protocol in protocols:
-                places = []
-                for j, (metric, direction) in enumerate(zip(table.metrics, table.better)):
-                    mine = table.values[i][j]
-                    if metric != protocol or direction is None or not _finite(mine):
-                        continue
-                    others = [table.values[table.methods.index(m)][j] for m in ranked if m != method]
-                    places.append(_place(mine, [v for v in others if _finite(v)], direction))
-                row.append(sum(places) / len(places) if places else None)
-            ranks.append(row)
-        mean = [_mean([r for r in row if r is not None]) for row in ranks]
-        order = sorted(range(len(table.methods)), key=lambda i: (mean[i] is None, mean[i] or 0.0))
-        return Ranking(model, protocols, [table.methods[i] for i in order], [ranks[i] for i in order],
-                       [mean[i] for i in order], table.controls)
+    def flagged(self, model: str) -> list[str]:
+        """The model's methods flagged by the model-randomisation check."""
+        return [m for m, found in self.sanity.get(model, {}).get("methods", {}).items() if found["flagged"]]
+
+    def uncertainty_note(self) -> str:
+        return (f"Every number: value [low, high] (images), the {CONFIDENCE:.0%} bootstrap interval over the images "
+                f"({self.settings.get('bootstrap', {}).get('resamples', RESAMPLES)} resamples). Best: better than every "
+                "other method at that confidence, paired over the same images; tied: cannot be told apart from the best. "
+                "Controls never lead.")
 
     def markdown(self) -> str:
-        """Per model: the ranks, then the table in the papers' layout (methods as rows, reported numbers
-        as columns); the randomisation check and the errors."""
+        """Per model: who leads each kind of protocol, then the table in the papers' layout (methods as
+        rows, reported numbers as columns); the randomisation check and the errors."""
         lines = [f"# Benchmark on {self.dataset}, {self.precision}", ""] + [f"> {note}" for note in self.notes] + ([""] if self.notes else [])
         if self.scores:
-            lines += ["## Ranks", "", "Rank per protocol: 1 = best; the mean of the method's ranks on the protocol's numbers "
-                      "with a direction; controls placed among the methods for reference.", ""]
+            lines += ["## Who leads, per kind of protocol", "", self.uncertainty_note() + " Kinds are never mixed: "
+                      "each rewards something else.", ""]
         for model in self.scores:
-            lines += [f"### {model}", ""] + ranking_markdown(self.ranking(model))
+            lines += [f"### {model}", ""] + summary_markdown(self.summary(model))
+            if self.flagged(model):
+                lines += [f"Flagged by the model-randomisation check: {', '.join(self.flagged(model))}.", ""]
         for model in self.scores:
             lines += [f"## {model}", ""] + score_markdown(self.table(model))
         for model, check in self.sanity.items():
             lines += [f"## {model}: model randomisation (Spearman correlation with the original maps)", ""]
             lines += sanity_markdown(check)
-            lines += [f"Flagged: mean correlation > {check['threshold']} once the whole model is random "
-                      f"({check['images']} images).", ""]
+            lines += [VERDICT_RULE.format(images=check["images"]), ""]
         if self.errors:
             lines += ["## Errors", "", "| model | method | metric | images | error |", "| --- | --- | --- | ---: | --- |"]
             for (model, method, metric, message), count in self.grouped_errors().items():
@@ -199,22 +213,26 @@ class BenchResult:
         return grouped
 
     def text(self, width: int = 100) -> str:
-        """Everything for a terminal, no line wider than ``width``: per model its ranks, then its scores
-        (one group of columns per protocol, best values marked ``*``), then the randomisation check,
-        errors and seconds."""
+        """Everything for a terminal, no line wider than ``width``: per model who leads each kind of
+        protocol, then its scores (one group of columns per protocol, best values marked ``*``, tied ones
+        ``≈``), then the randomisation check, errors and seconds."""
         def say(text: str, indent: str = "") -> list[str]:
             return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ", break_on_hyphens=False)
 
         lines = say(f"Benchmark on {self.dataset}, {self.precision}" + (f" ({self.seconds:.0f} s)" if self.seconds else "")) + [""]
+        if self.scores:
+            lines += say(self.uncertainty_note()) + [""]
         for model in self.scores:
-            lines += say(f"{model}: rank per protocol (1 = best; controls placed among the methods for reference)")
-            lines += ranking_text(self.ranking(model), width)
-            lines += say(f"{model}: scores (* best among the methods; ↑/↓ higher/lower is better)")
+            lines += say(f"{model}: who leads, per kind of protocol (never mixed)")
+            lines += summary_text(self.summary(model), width)
+            if self.flagged(model):
+                lines += say(f"{model}: flagged by the model-randomisation check: {', '.join(self.flagged(model))}") + [""]
+            lines += say(f"{model}: scores (* best, ≈ tied; ↑/↓ higher/lower is better)")
             lines += score_text(self.table(model), width)
         for model, check in self.sanity.items():
-            lines += say(f"{model}: model randomisation, Spearman correlation with the original maps ({check['images']} "
-                         f"images; flagged if > {check['threshold']} with the whole model random)")
+            lines += say(f"{model}: model randomisation, Spearman correlation with the original maps")
             lines += sanity_text(check, width)
+            lines += say(VERDICT_RULE.format(images=check["images"])) + [""]
         if self.errors:
             lines += say("Errors (model / method / metric: images: error)")
             for (model, method, metric, message), count in self.grouped_errors().items():
@@ -234,18 +252,14 @@ class BenchResult:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "galleries"}
 
 
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
-
-
-def _place(value: float, others: list[float], higher_is_better: bool) -> float:
-    """1 + the number of ``others`` better than ``value`` + half the number tied with it."""
-    better = sum(other > value if higher_is_better else other < value for other in others)
-    return 1 + better + sum(other == value for other in others) / 2
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+def curve_axes(metric, options: dict[str, Any], key: str, points: int) -> dict[str, Any]:
+    """Where a metric's curve ``key`` of ``points`` points is drawn: ``x`` (the true shares, from the
+    metric's :class:`~vitexplain.metrics.base.Curves`; step numbers 1 ... points for a metric without),
+    ``xlabel`` and ``ylabel``."""
+    if metric.curves is None:
+        return {"x": [float(k) for k in range(1, points + 1)], "xlabel": "step", "ylabel": key}
+    return {"x": [float(x) for x in metric.curves.x({**metric.options, **options}, points)], "xlabel": metric.curves.xlabel,
+            "ylabel": metric.curves.ylabels.get(key, key)}
 
 
 def describe_dataset(dataset: Any) -> dict[str, Any] | str:
@@ -256,7 +270,8 @@ def describe_dataset(dataset: Any) -> dict[str, Any] | str:
 def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, galleries: list[Gallery] | None = None,
                  sanity: dict[str, Any] | None = None, seconds: float = 0.0,
                  timings: dict[str, dict[str, dict[str, float]]] | None = None) -> BenchResult:
-    """Merge every process's shares in dataset order and reduce them with each metric's ``reduce``."""
+    """Merge every process's shares in dataset order, reduce them with each metric's ``reduce``, bootstrap
+    the reduction over the images (:mod:`vitexplain.bench.uncertainty`) and find who leads each number."""
     merged: dict[tuple[str, str, str], list[Share]] = {}
     for share in shares:
         merged.setdefault((share.model, share.method, share.metric), []).append(share)
@@ -264,34 +279,53 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
     metrics = {}
     for m in config.metrics:
         metrics[m.label] = {"name": m.name, "options": m.options, "limit": config.limit_of(m),
-                            "dataset": describe_dataset(m.dataset or config.dataset)}
+                            "dataset": describe_dataset(m.dataset or config.dataset), "group": get_metric(m.name).group}
     settings = {"precision": config.precision, "target": config.target, "seed": config.seed, "limit": config.limit, "dataset": describe_dataset(config.dataset),
                 "methods": {m.label: {"name": m.name, "options": m.options} for m in config.methods}, "metrics": metrics,
-                "sanity": None if config.sanity is None else asdict(config.sanity), "highlight": list(config.highlight)}
+                "sanity": None if config.sanity is None else asdict(config.sanity), "highlight": list(config.highlight),
+                "bootstrap": {"resamples": RESAMPLES, "confidence": CONFIDENCE, "seed": config.seed}}
     ordered_errors = sorted(errors, key=lambda e: (e["model"], e["method"], e["metric"] or "", e["images"]))
     result = BenchResult(dataset, {}, {}, {}, {}, ordered_errors, settings, sanity=sanity or {}, notes=list(config.notes),
                          seconds=seconds, timings=timings or {}, galleries=galleries or [])
     for entry in config.metrics:
         result.higher_is_better[entry.label] = dict(get_metric(entry.name).higher_is_better)
     for model in config.models:
-        for method in config.methods:
-            for entry in config.metrics:
+        for entry in config.metrics:
+            metric = get_metric(entry.name)
+
+            def report(values: dict[str, Tensor], metric=metric, options=entry.options) -> dict[str, float]:
+                return metric.report(values, options)
+
+            samples = {}
+            for method in config.methods:
                 parts = [part for part in merged[model.name, method.label, entry.label] if part.indices]
                 count = sum(len(part.indices) for part in parts)
                 result.images.setdefault(model.name, {}).setdefault(method.label, {})[entry.label] = count
                 scores = result.scores.setdefault(model.name, {}).setdefault(method.label, {})
                 if not count:
                     continue
+                indices = sorted(i for part in parts for i in part.indices)
                 order = torch.tensor([i for part in parts for i in part.indices]).argsort()
                 values = {key: torch.cat([part.values[key] for part in parts])[order] for key in parts[0].values}
                 try:
-                    reported = get_metric(entry.name).report(values, entry.options)
-                    scores[entry.label] = {key: float(value) for key, value in reported.items()}
+                    scores[entry.label] = {key: float(value) for key, value in report(values).items()}
+                    samples[method.label] = Sample(indices, values, bootstrap(values, report, config.seed))
                 except Exception as error:  # noqa: BLE001 - one metric's reduction must not lose the other reports
+                    scores.pop(entry.label, None)
                     result.errors.append({"model": model.name, "method": method.label, "metric": entry.label, "images": [],
                                           "error": f"reduce failed: {type(error).__name__}: {error}"})
+                    continue
+                result.intervals.setdefault(model.name, {}).setdefault(method.label, {})[entry.label] = {
+                    key: list(interval(replicates)) for key, replicates in samples[method.label].replicates.items()}
                 for key, value in values.items():
                     if value.ndim == 2:
                         curves = result.curves.setdefault(model.name, {}).setdefault(entry.label, {})
                         curves.setdefault(key, {})[method.label] = value.double().mean(0).tolist()
+                        result.axes.setdefault(entry.label, {})[key] = curve_axes(metric, entry.options, key, value.shape[1])
+            for number, higher in result.higher_is_better[entry.label].items():
+                found = {m: result.scores[model.name][m][entry.label][number] for m in samples
+                         if number in result.scores[model.name][m][entry.label]}
+                if found:
+                    result.leaders.setdefault(model.name, {}).setdefault(entry.label, {})[number] = leaders(
+                        samples, found, higher, result.controls(model.name), number, report, config.seed)
     return result

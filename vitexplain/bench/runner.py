@@ -34,10 +34,11 @@ from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEnt
 from .data import Batch, build_dataset, loader, normalisation, select_indices, take
 from .distributed import Place, place
 from .gallery import build_gallery
+from .lock import FolderInUse, config_key, folder_lock
 from .result import BenchResult, Share, build_result
-from .sanity_check import check_model
+from .randomisation_run import check_model
 from .store import safe_name
-from .work import Work, add_seconds, error_entry
+from .findings import Findings, add_seconds, error_entry
 from .writers import write_reports
 
 Normalisation = tuple[tuple[float, ...], tuple[float, ...]]
@@ -50,15 +51,26 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
     process takes images r::world; rank 0 reduces and writes the reports (and alone builds the
     gallery and runs the model-randomisation check, on its own images), and every process returns
     the same :class:`BenchResult`. Errors of single items (an unreadable image, a method or metric
-    raising on a batch) are recorded in ``BenchResult.errors`` and the run goes on.
+    raising on a batch) are recorded in ``BenchResult.errors`` and the run goes on. While it runs, the
+    output folder is locked (:mod:`vitexplain.bench.lock`): a run of the same config waits for it, one
+    of another config raises :class:`~vitexplain.bench.lock.FolderInUse`.
     """
     started = time.perf_counter()
     if isinstance(config, (str, Path)):
         config = BenchConfig.from_yaml(config)
     elif isinstance(config, dict):
         config = BenchConfig.from_dict(config)
-    with place(config.device) as where:
-        work = Work()
+    with place(config.device) as where, contextlib.ExitStack() as held:
+        refusal = None
+        if where.rank == 0:                     # one lock per run, taken by the process that writes the reports
+            try:
+                held.enter_context(folder_lock(config.output_dir, config_key(config)))
+            except FolderInUse as error:
+                refusal = str(error)
+        refusal = where.broadcast(refusal)
+        if refusal:
+            raise FolderInUse(refusal)
+        work = Findings()
         with precision_mode(config.precision, where.device):
             for model_entry in config.models:
                 _bench_model(model_entry, config, where, work)
@@ -87,7 +99,7 @@ def _load_model(entry: ModelEntry, device: torch.device) -> tuple[nn.Module, dic
     return load_model(entry.source or entry.name, arch=entry.arch, device=device)
 
 
-def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, work: Work) -> None:
+def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, work: Findings) -> None:
     """Every method and metric on one model (metrics grouped by dataset), then its gallery and sanity check."""
     from ..models import class_names_for
 
@@ -240,7 +252,7 @@ class MethodRun:
         mean, std = self.normalisation or (None, None)
         return EvalBatch(images=data["images"], maps=maps, targets=targets, labels=data["labels"], explain=self.explain,
                          logits=self.adapter.logits, ids=batch.ids, masks=data.get("masks"), boxes=data.get("boxes"),
-                         second=data.get("second"), ignore=data.get("void"), mean=mean, std=std)
+                         second=data.get("second"), ignore=data.get("ignore"), mean=mean, std=std)
 
     def _maps(self, batch: Batch) -> tuple[Tensor, Tensor, list[int]]:
         """Maps and targets of the batch (cached or computed, on the device) and the rows computed now."""

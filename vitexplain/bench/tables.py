@@ -1,7 +1,9 @@
 """The bench's tables as data, and as text for a terminal and Markdown for results.md.
 
-:class:`Table` (one model's scores) and :class:`Ranking` (one model's ranks per protocol) are built
-by :class:`vitexplain.bench.result.BenchResult`; this module only lays them out. Terminal tables fit
+:class:`Table` (one model's scores) and the :class:`Lead` rows of its summary (who leads each
+reported number, per kind of protocol) are built by :class:`vitexplain.bench.result.BenchResult`;
+this module only lays them out, every number as :func:`format_estimate` writes it, one format per
+column (:func:`column_decimals`). Terminal tables fit
 a width (100 columns by default): each protocol's numbers sit under the protocol's name, protocols
 are packed side by side while they fit, and long headers break after an underscore.
 """
@@ -9,10 +11,63 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
+import textwrap
 from dataclasses import dataclass, field
+
+from ..metrics.base import GROUPS
 
 #: headers up to this many characters are never broken over lines
 HEADER_WIDTH = 12
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A reported number, the bounds of its 95 % bootstrap interval and how many images it comes from."""
+
+    value: float
+    low: float
+    high: float
+    images: int
+
+
+#: the most decimals a number is shown with
+MAX_DECIMALS = 6
+
+
+def column_decimals(estimates: list[Estimate | None]) -> int:
+    """One format for a column: the decimals that give its median interval width two significant digits
+    (a control whose interval is almost 0 does not give the whole column eight decimals), or, where no
+    interval has a width, the largest value three significant digits; from 0 to :data:`MAX_DECIMALS`."""
+    found = [e for e in estimates if e is not None]
+    widths = [e.high - e.low for e in found if math.isfinite(e.high - e.low) and e.high > e.low]
+    if widths:
+        decimals = 1 - math.floor(math.log10(statistics.median(widths)))
+    else:
+        largest = max((abs(e.value) for e in found if math.isfinite(e.value) and e.value), default=0.0)
+        decimals = 2 - math.floor(math.log10(largest)) if largest else 2
+    return min(max(decimals, 0), MAX_DECIMALS)
+
+
+def fixed(value: float, decimals: int) -> str:
+    """``value`` with ``decimals`` decimals; a value that rounds to 0 shows no sign (``0.000``, never
+    ``-0.000`` or ``1.984e-17``)."""
+    if not math.isfinite(value):
+        return "–" if math.isnan(value) else f"{value}"
+    text = f"{value:.{decimals}f}"
+    return text.lstrip("-") if float(text) == 0 else text
+
+
+def format_estimate(estimate: Estimate, decimals: int | None = None) -> str:
+    """``value [low, high] (n)``, all three with ``decimals`` decimals (by default as
+    :func:`column_decimals` gives a column of this number alone)."""
+    decimals = column_decimals([estimate]) if decimals is None else decimals
+    value, low, high = (fixed(v, decimals) for v in (estimate.value, estimate.low, estimate.high))
+    return f"{value} [{low}, {high}] ({estimate.images})"
+
+
+#: how a table marks a value: better than every other method at 95 % (``best``), or not told apart from the best (``tied``)
+TEXT_MARKS = {"best": "*", "tied": "≈", "": ""}
 
 
 @dataclass
@@ -22,9 +77,9 @@ class Table:
     ``metrics[j]`` is the metric label of column j, ``numbers[j]`` the number it shows, ``headers[j]``
     its name in a table without protocol headers (the number, or ``metric/number`` when two metrics
     report a number of that name), ``better[j]`` whether higher is better (None: no direction);
-    ``best[i][j]`` marks the best value of a column among the methods that are not controls (ties
-    all marked); ``counts`` gives, per metric label, how many images its numbers come from ("20", or
-    "18/20" when methods differ).
+    ``marks[i][j]`` is ``"best"``, ``"tied"`` or ``""`` (see :data:`TEXT_MARKS`; controls are never marked);
+    ``counts`` gives, per metric label, how many images its numbers come from ("20", or "18/20" when
+    methods differ).
     """
 
     model: str
@@ -32,8 +87,8 @@ class Table:
     headers: list[str]
     better: list[bool | None]
     methods: list[str]
-    values: list[list[float | None]]
-    best: list[list[bool]]
+    values: list[list[Estimate | None]]
+    marks: list[list[str]]
     controls: set[str]
     numbers: list[str] = field(default_factory=list)
     counts: dict[str, str] = field(default_factory=dict)
@@ -41,22 +96,29 @@ class Table:
     def header(self, column: int) -> str:
         return self.headers[column] + arrow(self.better[column])
 
+    def cells(self, column: int) -> list[str]:
+        """The column's numbers, one format for all (:func:`column_decimals`), ``–`` where a method has none."""
+        decimals = column_decimals([row[column] for row in self.values])
+        return ["–" if row[column] is None else format_estimate(row[column], decimals) for row in self.values]
+
 
 @dataclass
-class Ranking:
-    """One model's methods ranked per protocol (the definition: docs/decisions/bench.md).
+class Lead:
+    """Who leads one reported number: ``methods`` (one: better than every other method at 95 %; more:
+    tied, in order of value) and the ``controls`` no leader is better than; ``images`` as Table.counts."""
 
-    ``methods`` are sorted by ``mean`` rank (best first; methods without any rank last), ``ranks[i][k]``
-    is method i's rank on ``protocols[k]`` (None when it has no number there); controls are ranked
-    among the methods for reference, without moving anyone else's rank.
-    """
-
-    model: str
-    protocols: list[str]
+    group: str
+    metric: str
+    number: str
+    better: bool
+    images: str
     methods: list[str]
-    ranks: list[list[float | None]]
-    mean: list[float | None]
-    controls: set[str]
+    controls: list[str]
+
+    def leaders(self) -> str:
+        if not self.methods:
+            return "–"
+        return ("best: " if len(self.methods) == 1 else f"tied ({len(self.methods)}): ") + ", ".join(self.methods)
 
 
 @dataclass
@@ -70,14 +132,6 @@ class TextColumn:
 
 def arrow(better: bool | None) -> str:
     return {True: " ↑", False: " ↓", None: ""}[better]
-
-
-def format_value(value: float | None) -> str:
-    return "–" if value is None else f"{value:.4g}"
-
-
-def format_rank(value: float | None) -> str:
-    return "–" if value is None else f"{value:.1f}"
 
 
 def method_name(method: str, controls: set[str]) -> str:
@@ -161,28 +215,55 @@ def _block(names: list[str], columns: list[TextColumn], widths: list[int], block
 
 
 def score_text(table: Table, width: int = 100) -> list[str]:
-    """The model's scores, one group of columns per protocol; best values end in ``*``."""
+    """The model's scores, one group of columns per protocol; best values end in ``*``, tied ones in ``≈``."""
     columns = []
     for j, metric in enumerate(table.metrics):
-        cells = [format_value(values[j]) + ("*" if best[j] else " ") for values, best in zip(table.values, table.best)]
+        cells = [cell + (TEXT_MARKS[marks[j]] or " ") for cell, marks in zip(table.cells(j), table.marks)]
         count = table.counts.get(metric)
         columns.append(TextColumn(table.numbers[j] + arrow(table.better[j]), cells,
                                   metric + (f" (n={count})" if count else "")))
     return text_table([method_name(m, table.controls) for m in table.methods], columns, width)
 
 
-def ranking_text(ranking: Ranking, width: int = 100) -> list[str]:
-    columns = [TextColumn("mean rank", [format_rank(v) for v in ranking.mean])]
-    columns += [TextColumn(protocol, [format_rank(row[k]) for row in ranking.ranks]) for k, protocol in enumerate(ranking.protocols)]
-    return text_table([method_name(m, ranking.controls) for m in ranking.methods], columns, width)
+def groups_of(leads: list[Lead]) -> dict[str, list[Lead]]:
+    """The leads by kind of protocol, kinds in the order of :data:`~vitexplain.metrics.base.GROUPS`."""
+    grouped: dict[str, list[Lead]] = {}
+    for group in sorted({lead.group for lead in leads}, key=lambda g: list(GROUPS).index(g) if g in GROUPS else len(GROUPS)):
+        grouped[group] = [lead for lead in leads if lead.group == group]
+    return grouped
+
+
+def summary_text(leads: list[Lead], width: int = 100) -> list[str]:
+    """Per kind of protocol: what it rewards, then who leads each of its numbers."""
+    lines = []
+    for group, members in groups_of(leads).items():
+        lines += textwrap.wrap(f"{group}: rewards {GROUPS.get(group, 'what its protocols measure')}", width,
+                               subsequent_indent="    ")
+        for lead in members:
+            text = f"{lead.metric} {lead.number}{arrow(lead.better)} (n={lead.images}): {lead.leaders()}"
+            if lead.controls:
+                text += f"; as good: {', '.join(lead.controls)} (control)"
+            lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False)
+    return lines + [""]
+
+
+def sanity_cells(check: dict) -> tuple[list[str], dict[str, list[str]]]:
+    """The randomisation table's header and each method's cells: the mean correlation per level, the
+    noise floor and its kind (seed or image), the last level's correlation less the floor with its
+    interval, and the verdict."""
+    header = [*check["levels"], "floor", "last - floor", "verdict"]
+    excess = {method: Estimate(*found["excess"], check["images"]) for method, found in check["methods"].items()}
+    decimals = column_decimals(list(excess.values()))
+    rows = {method: [*(fixed(v, 2) for v in found["correlation"]), f"{fixed(found['floor'], 2)} ({found['floor_kind']})",
+                     format_estimate(excess[method], decimals), "flagged" if found["flagged"] else "passes"]
+            for method, found in check["methods"].items()}
+    return header, rows
 
 
 def sanity_text(check: dict, width: int = 100) -> list[str]:
-    names = list(check["methods"])
-    columns = [TextColumn(level, [f"{check['methods'][m]['correlation'][k]:.2f}" for m in names])
-               for k, level in enumerate(check["levels"])]
-    columns.append(TextColumn("flagged", ["FLAGGED" if check["methods"][m]["flagged"] else "" for m in names]))
-    return text_table(names, columns, width)
+    header, rows = sanity_cells(check)
+    columns = [TextColumn(title, [cells[k] for cells in rows.values()]) for k, title in enumerate(header)]
+    return text_table(list(rows), columns, width)
 
 
 def _markdown_rows(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -192,24 +273,24 @@ def _markdown_rows(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def score_markdown(table: Table) -> list[str]:
     rows = []
-    for method, values, best in zip(table.methods, table.values, table.best):
-        cells = [f"**{format_value(v)}**" if b else format_value(v) for v, b in zip(values, best)]
+    columns = [table.cells(j) for j in range(len(table.headers))]
+    for i, (method, marks) in enumerate(zip(table.methods, table.marks)):
+        cells = [f"**{column[i]}**" if mark == "best" else column[i] + (" ≈" if mark == "tied" else "")
+                 for column, mark in zip(columns, marks)]
         rows.append([f"*{method} (control)*" if method in table.controls else method, *cells])
     return _markdown_rows(["method", *map(table.header, range(len(table.headers)))], rows)
 
 
-def ranking_markdown(ranking: Ranking) -> list[str]:
-    best = min((v for m, v in zip(ranking.methods, ranking.mean) if v is not None and m not in ranking.controls),
-               default=math.nan)
-    rows = []
-    for method, mean, ranks in zip(ranking.methods, ranking.mean, ranking.ranks):
-        shown = format_rank(mean)
-        rows.append([f"*{method} (control)*" if method in ranking.controls else method,
-                     f"**{shown}**" if mean == best and method not in ranking.controls else shown, *map(format_rank, ranks)])
-    return _markdown_rows(["method", "mean rank", *ranking.protocols], rows)
+def summary_markdown(leads: list[Lead]) -> list[str]:
+    lines = []
+    for group, members in groups_of(leads).items():
+        lines += [f"**{group}**: rewards {GROUPS.get(group, 'what its protocols measure')}.", ""]
+        rows = [[lead.metric, lead.number + arrow(lead.better), lead.images, lead.leaders(),
+                 ", ".join(lead.controls) or "–"] for lead in members]
+        lines += _markdown_rows(["protocol", "number", "n", "leads", "controls as good"], rows)
+    return lines
 
 
 def sanity_markdown(check: dict) -> list[str]:
-    rows = [[method, *(f"{v:.2f}" for v in found["correlation"]), "**yes**" if found["flagged"] else "no"]
-            for method, found in check["methods"].items()]
-    return _markdown_rows(["method", *check["levels"], "flagged"], rows)
+    header, rows = sanity_cells(check)
+    return _markdown_rows(["method", *header], [[method, *cells] for method, cells in rows.items()])

@@ -14,17 +14,18 @@ from .store import atomic_write, safe_name
 
 
 def csv_text(result: BenchResult) -> str:
-    """One row per (model, method, metric, reported number)."""
+    """One row per (model, method, metric, reported number): its value, the bounds of its 95 % interval and its images."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["model", "method", "metric", "number", "value", "higher_is_better", "images"])
+    writer.writerow(["model", "method", "metric", "number", "value", "low", "high", "higher_is_better", "images"])
     for model, per_method in result.scores.items():
         for method, per_metric in per_method.items():
             for label, numbers in per_metric.items():
                 for number, value in numbers.items():
                     better = result.higher_is_better.get(label, {}).get(number)
-                    writer.writerow([model, method, label, number, repr(value), "" if better is None else better,
-                                     result.images[model][method][label]])
+                    low, high = result.intervals[model][method][label][number]
+                    writer.writerow([model, method, label, number, repr(value), repr(low), repr(high),
+                                     "" if better is None else better, result.images[model][method][label]])
     return buffer.getvalue()
 
 

@@ -2,8 +2,9 @@
 
 Without --config and without --model / --method / --metric / --dataset it runs the default benchmark,
 ``vitexplain/bench/default_digits.yaml`` (every method, every digits protocol, both shipped models);
-other flags (--limit, -o, --device ...) still override its keys. Run it again with the same arguments to resume after an interruption; to share the images among
-N processes (one per GPU) run ``torchrun --nproc_per_node=N -m vitexplain.cli.main bench ...``.
+other flags (--limit, -o, --device ...) still override its keys. Run it again with the same arguments
+to resume after an interruption; to share the images among N processes (one per GPU) run
+``torchrun --nproc_per_node=N -m vitexplain.cli.main bench ...``.
 """
 from __future__ import annotations
 
@@ -66,11 +67,13 @@ def _assignment(text: str, dotted: bool) -> tuple[str | None, str, Any]:
 
 
 def _with_options(entries: list, assignments: list[str], what: str) -> list[dict[str, Any]]:
-    """Entries as dicts with ``--<what>-option`` values merged in (matched by label or name)."""
-    entries = [{"name": entry} if isinstance(entry, str) else dict(entry) for entry in entries]
+    """Entries as dicts with ``--<what>-option`` values merged in (matched by label or name); ``all`` stays
+    as it is (the config expands it)."""
+    entries = [entry if entry == "all" else {"name": entry} if isinstance(entry, str) else dict(entry)
+               for entry in entries]
     for text in assignments:
         owner, key, value = _assignment(text, dotted=True)
-        matching = [entry for entry in entries if owner in (entry.get("label"), entry["name"])]
+        matching = [entry for entry in entries if entry != "all" and owner in (entry.get("label"), entry["name"])]
         if not matching:
             raise ValueError(f"--{what}-option {text!r} names no {what} of this run")
         for entry in matching:
@@ -112,7 +115,8 @@ def config_from_args(args: argparse.Namespace):
             _, key, value = _assignment(text, dotted=False)
             dataset["options"] = {**dataset.get("options", {}), key: value}
         data["dataset"] = dataset
-    for key in ("batch_size", "output_dir", "device", "precision", "seed", "limit", "target", "num_workers", "progress"):
+    for key in ("batch_size", "output_dir", "device", "precision", "seed", "limit", "target", "num_workers",
+                "progress"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     return BenchConfig.from_dict(data)

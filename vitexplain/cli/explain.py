@@ -93,8 +93,9 @@ class Setup:
 
 
 def prepare(args, out: Path) -> Setup:
-    """Check the rest of what the user gave, cheapest first, before any image is read, then create the
-    output folder; raises ValueError, TypeError or ModelLoadError with a one-line message."""
+    """Check the rest of what the user gave, cheapest first, before any image is read; raises ValueError,
+    TypeError or ModelLoadError with a one-line message. Nothing is created: a refused command, or one
+    whose every image fails, leaves no folder behind."""
     from ..models import class_names_for, load_model, resolve_device
     from ..registry import available_methods, get_method
 
@@ -114,8 +115,7 @@ def prepare(args, out: Path) -> Setup:
     if args.target is not None and not 0 <= args.target < len(names):
         raise ValueError(f"--target {args.target} is not a class of this model "
                          f"(it has {len(names)} classes, 0 to {len(names) - 1})")
-    out.mkdir(parents=True, exist_ok=True)  # only now: a refused command leaves no folder behind
-    return Setup(out, methods, options, model, config, names, texts)
+    return Setup(out, methods, options, model, config, names, texts)   # the folder is made by the first output written
 
 
 def check_texts(args, model, config: dict[str, Any]) -> list[str] | None:
@@ -227,6 +227,18 @@ def explorer_item(setup: Setup, name: str, shown, maps: dict[str, Any], probabil
         target=setup.class_names[target], grid=tuple(adapter_for(setup.model).grid_size(batch)))
 
 
+def explained_title(class_names: list[str], target: int, predicted: int, probabilities) -> str:
+    """What a map explains: the predicted class and its probability, or the class asked for with its
+    probability beside the prediction and its own."""
+    def probability(cls: int) -> str:
+        return f"p = {probability_text(float(probabilities[cls]))}"
+
+    if target == predicted:
+        return f"predicted {class_names[target]} ({probability(target)})"
+    return (f"explained class {class_names[target]} ({probability(target)}; predicted {class_names[predicted]}, "
+            f"{probability(predicted)})")
+
+
 def refuse(error: Exception) -> int:
     print(f"error: {error}", file=sys.stderr)
     return 2
@@ -264,6 +276,7 @@ def run(args) -> int:
         bar.write(f"error: {message}", file=sys.stderr)
 
     pages = []  # explorer items, with --html
+    written = False
     with precision_mode(args.precision, device):  # the model's forwards in the user's precision
         for start in range(0, len(files), args.batch_size):
             chunk = files[start:start + args.batch_size]
@@ -284,6 +297,7 @@ def run(args) -> int:
             if setup.texts:  # --text: one map per image, text and method
                 pages += explain_texts_batch(setup, [given[path] for path in kept], [setup.out / stems[path] for path in kept],
                                              batch, shown, bar, report, args.html)
+                written = written or setup.out.is_dir()       # made by the first map it saved
                 bar.update(len(chunk) * len(setup.methods))
                 continue
             with torch.no_grad():
@@ -299,16 +313,15 @@ def run(args) -> int:
                     report(f"method {method} on {', '.join(given[path] for path in kept)}: {error}")
                 bar.update(len(chunk))
             for i, path in enumerate(kept):
-                cls, guess = int(targets[i]), int(predicted[i])
-                title = f"{setup.class_names[cls]} (p={probability_text(float(probabilities[i, cls]))})"
+                cls = int(targets[i])
+                title = explained_title(setup.class_names, cls, int(predicted[i]), probabilities[i])
                 try:
                     save_outputs(setup.out / stems[path], shown[i], {m: s[i] for m, s in maps.items()}, title,
                                  grid=len(setup.methods) > 1)
                 except OSError as error:
                     report(f"{given[path]}: cannot write its outputs ({error})")
                     continue
-                if cls != guess:
-                    title += f"; predicted {setup.class_names[guess]} (p={probability_text(float(probabilities[i, guess]))})"
+                written = True
                 bar.write(f"{given[path]} -> {title}", file=sys.stdout)
                 if args.html:
                     pages.append(explorer_item(setup, given[path], shown[i], {m: s[i] for m, s in maps.items()},
@@ -318,7 +331,8 @@ def run(args) -> int:
         from ..explorer import write_explorer
 
         print(f"wrote {write_explorer(setup.out / 'explorer.html', pages, title=f'vitexplain: {args.model}')}")
-    print(f"wrote {setup.out}/")
+    if written:
+        print(f"wrote {setup.out}/")
     if errors:
         print(f"{len(errors)} error(s); see above", file=sys.stderr)
     return 1 if errors else 0

@@ -1,4 +1,5 @@
-"""``vitexplain explain-text TEXT --model DIR``: a text classifier's prediction, token by token, coloured by relevance."""
+"""``vitexplain explain-text TEXT --model DIR``: a text classifier's prediction, token by token, coloured by
+relevance."""
 from __future__ import annotations
 
 import html
@@ -19,8 +20,10 @@ def add_parser(subparsers) -> None:
                         help="a method that explains text (`vitexplain methods` marks them; default: %(default)s)")
     add_method_options(parser)
     parser.add_argument("--target", type=int, help="class to explain (default: the prediction)")
-    parser.add_argument("--max-length", type=int, default=512, help="word pieces kept, special tokens included (default: %(default)s)")
-    parser.add_argument("--html", default="vitexplain-text.html", help="where the HTML snippet goes (default: %(default)s)")
+    parser.add_argument("--max-length", type=int, default=512,
+                        help="word pieces kept, special tokens included (default: %(default)s)")
+    parser.add_argument("--html", default="vitexplain-text.html",
+                        help="where the HTML snippet goes (default: %(default)s)")
     parser.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
     parser.set_defaults(func=run)
 

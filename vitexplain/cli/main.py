@@ -31,7 +31,8 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     """The ``vitexplain`` parser with the full arguments of ``commands`` (default: every command);
     the other commands are listed by name and summary only."""
     full = set(COMMANDS if commands is None else commands)
-    parser = argparse.ArgumentParser(prog="vitexplain", description="Explain Vision Transformer predictions and benchmark explanations.")
+    parser = argparse.ArgumentParser(prog="vitexplain",
+                                     description="Explain Vision Transformer predictions and benchmark explanations.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, summary in COMMANDS.items():

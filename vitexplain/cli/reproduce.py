@@ -37,7 +37,8 @@ def add_parser(subparsers) -> None:
 
 
 def describe_recipes() -> str:
-    """The --list text: per recipe its table, rows, inputs, models, estimated GPU hours and pieces not yet in vitexplain."""
+    """The --list text: per recipe its table, rows, inputs, models, estimated GPU hours and pieces not yet in
+    vitexplain."""
     from ..reproduce import DATA_INPUTS, MODELS, RECIPES, estimate_gpu_hours, plan_recipe
 
     lines = []
@@ -45,7 +46,8 @@ def describe_recipes() -> str:
         recipe = RECIPES.get(name)
         lines.append(f"{name}  {recipe.paper}, {recipe.title}")
         lines.append(f"    rows:    {', '.join(row.label for row in recipe.rows)}")
-        inputs = [DATA_INPUTS[key].flag + (" (optional)" if DATA_INPUTS[key].optional else "") for key in recipe.inputs()]
+        inputs = [DATA_INPUTS[key].flag + (" (optional)" if DATA_INPUTS[key].optional else "")
+                  for key in recipe.inputs()]
         lines.append(f"    data:    {', '.join(inputs)}")
         for key in recipe.models():
             spec = MODELS[key]
@@ -56,7 +58,8 @@ def describe_recipes() -> str:
         shown = "< 0.1" if hours < 0.1 else f"~{hours:.1f}" if hours < 10 else f"~{hours:.0f}"
         lines.append(f"    cost:    {shown} GPU hours (rough estimate)")
         missing = sorted({reason for plan in plan_recipe(recipe)
-                          for reason in [plan.reason, *plan.row_reasons.values(), *plan.metric_reasons.values()] if reason})
+                          for reason in [plan.reason, *plan.row_reasons.values(),
+                                         *plan.metric_reasons.values()] if reason})
         for reason in missing:
             lines.append(f"    missing: {reason} (those cells are reported as not run)")
     lines.append("inputs:")
@@ -103,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {', '.join(table.files.values())}")
             if table.errors:
                 count = sum(len(error["images"]) for error in table.errors)
-                print(f"{name}: {len(table.errors)} error(s) on {count} image(s); see the table's remarks", file=sys.stderr)
+                print(f"{name}: {len(table.errors)} error(s) on {count} image(s); see the table's remarks",
+                      file=sys.stderr)
                 status = 1
     except (ValueError, TypeError, OSError, ModelLoadError) as error:  # RecipeInputError is a ValueError
         print(f"error: {error}", file=sys.stderr)

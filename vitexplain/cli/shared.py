@@ -24,7 +24,8 @@ def add_precision_option(parser: argparse.ArgumentParser, default: str | None = 
 
     parser.add_argument("--precision", choices=PRECISIONS, default=default,
                         help="what the models run in: float32 (the papers'; default), tf32, or bfloat16 / float16 "
-                             "autocast; explanations keep computing in float32, forwards that only score inputs take it")
+                             "autocast; explanations keep computing in float32, forwards that only score inputs "
+                             "take it")
 
 
 def output_folder(path: str | Path) -> Path:

@@ -10,7 +10,9 @@ from ..training import DISTILLATIONS, TrainingRecipe, train_digits
 from .shared import output_file
 
 #: model-shape options passed to timm when given (None: the architecture's own value)
-SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
+SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "global_pool")
+#: readouts a digits model may be trained with (timm's ``global_pool``): the class token, or the mean of the patch tokens
+GLOBAL_POOLS = ("token", "avg")
 RECIPE_OPTIONS = tuple(field.name for field in dataclasses.fields(TrainingRecipe))
 
 
@@ -21,13 +23,18 @@ def add_parser(subparsers) -> None:
         description="Train a timm Vision Transformer on digits canvases (112 x 112, test split held out) and write "
                     "a safetensors checkpoint with its JSON model card, loadable by `vitexplain explain --model PATH`.")
     parser.add_argument("--arch", required=True,
-                        help="timm architecture, e.g. vit_tiny_patch16_224, or deit_tiny_distilled_patch16_224 with --teacher")
+                        help="timm architecture, e.g. vit_tiny_patch16_224, "
+                             "or deit_tiny_distilled_patch16_224 with --teacher")
     shape = parser.add_argument_group("model shape (default: the architecture's, except 8 px patches)")
     shape.add_argument("--patch-size", type=int, default=8)
     shape.add_argument("--embed-dim", type=int)
     shape.add_argument("--depth", type=int)
     shape.add_argument("--num-heads", type=int)
     shape.add_argument("--mlp-ratio", type=float)
+    shape.add_argument("--global-pool", choices=GLOBAL_POOLS,
+                       help="what the class head reads: the class token, or the average of the patch tokens "
+                            "(timm's global_pool; with --init from a class-token model, its final norm becomes "
+                            "the pooled model's fc_norm)")
     recipe = parser.add_argument_group("training (see vitexplain.training.TrainingRecipe)")
     recipe.add_argument("--steps", type=int, required=True, help="optimiser steps")
     for name, kind, text in (
@@ -47,7 +54,8 @@ def add_parser(subparsers) -> None:
             ("tau", float, "temperature of soft distillation"), ("seed", int, "initialisation, order, windows"),
             ("train_size", int, "fixed training set of this many canvases (default: a new canvas for every example)"),
             ("data_seed", int, "seed of the training canvases"), ("split_seed", int, "train/test split of the scans"),
-            ("test_size", int, "test canvases of the reported accuracy"), ("test_seed", int, "seed of the test canvases")):
+            ("test_size", int, "test canvases of the reported accuracy"),
+            ("test_seed", int, "seed of the test canvases")):
         recipe.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name),
                             help=f"{text} (default: %(default)s)")
     recipe.add_argument("--teacher", help="trained digits model (shipped name or checkpoint) for DeiT distillation")
@@ -61,7 +69,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--eval-every", type=int, help="also report the test accuracy every that many steps")
     parser.add_argument("--snapshot-every", type=int, help="save the training state every that many steps to "
                         "OUT.snapshot.pt and resume from it when it exists (deleted at the end)")
-    parser.add_argument("-o", "--out", required=True, help="checkpoint path (.safetensors); the model card goes beside it")
+    parser.add_argument("-o", "--out", required=True,
+                        help="checkpoint path (.safetensors); the model card goes beside it")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 

@@ -5,8 +5,16 @@ Dataset of dict samples (see :mod:`vitexplain.datasets.base`), batched by :func:
 Nothing is ever downloaded: a missing file raises :class:`DatasetNotFoundError` naming it and
 showing the expected layout; a malformed one raises :class:`DatasetFormatError`.
 """
-from .base import (DatasetFormatError, DatasetNotFoundError, DictDataset, available_datasets, choose_indices, collate,
-                   get_dataset, register_dataset)
+from .base import (
+    DatasetFormatError,
+    DatasetNotFoundError,
+    DictDataset,
+    available_datasets,
+    choose_indices,
+    collate,
+    get_dataset,
+    register_dataset,
+)
 from .cifar import CIFAR10, CIFAR100
 from .digits import Digits
 from .eraser import MovieReviews
@@ -16,7 +24,7 @@ from .preprocess import Preprocess
 from .voc import VOC_CLASSES, VOCSegmentation
 
 __all__ = [
-    "CIFAR10", "CIFAR100", "DatasetFormatError", "DatasetNotFoundError", "DictDataset", "Digits", "ImageNetSegmentation",
-    "ImageNetVal", "MovieReviews", "Preprocess", "VOCSegmentation", "VOC_CLASSES", "available_datasets", "choose_indices", "collate",
-    "get_dataset", "imagenet_class_index", "register_dataset",
+    "CIFAR10", "CIFAR100", "DatasetFormatError", "DatasetNotFoundError", "DictDataset", "Digits",
+    "ImageNetSegmentation", "ImageNetVal", "MovieReviews", "Preprocess", "VOCSegmentation", "VOC_CLASSES",
+    "available_datasets", "choose_indices", "collate", "get_dataset", "imagenet_class_index", "register_dataset",
 ]

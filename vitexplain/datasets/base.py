@@ -173,7 +173,8 @@ def get_dataset(name: str, root: str | Path | None = None, split: str | None = N
     valid = sorted(p for p in params if p not in ("root", "split"))
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise TypeError(f"dataset {name!r} has no option {', '.join(map(repr, unknown))}; its options are: {', '.join(valid)}")
+        raise TypeError(f"dataset {name!r} has no option {', '.join(map(repr, unknown))}; "
+                        f"its options are: {', '.join(valid)}")
     if "root" in params:
         if root is None:
             raise ValueError(f"dataset {name!r} is read from files: give its root directory")

@@ -40,7 +40,8 @@ class _CIFAR(DictDataset):
         folder = Path(root) / self.folder
         parts = [self._unpickle(folder / name) for name in self.files[split]]
         try:
-            self.images = np.concatenate([np.asarray(part["data"], dtype=np.uint8).reshape(-1, 3, 32, 32) for part in parts])
+            self.images = np.concatenate([np.asarray(part["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+                                          for part in parts])
             self.labels = np.concatenate([np.asarray(part[self.label_key], dtype=np.int64) for part in parts])
         except (KeyError, ValueError) as error:
             raise DatasetFormatError(folder, f"a {split} pickle lacks 'data' uint8 [N, 3072] or {self.label_key!r} "
@@ -70,7 +71,8 @@ class _CIFAR(DictDataset):
             with open(path, "rb") as handle:
                 content = _ArrayUnpickler(handle, encoding="latin1").load()
         except Exception as error:  # noqa: BLE001 - any unpickling failure means a malformed file
-            raise DatasetFormatError(path, f"not a CIFAR python pickle ({type(error).__name__}: {error})", self.layout()) from None
+            raise DatasetFormatError(path, f"not a CIFAR python pickle ({type(error).__name__}: {error})",
+                                     self.layout()) from None
         if not isinstance(content, dict):
             raise DatasetFormatError(path, f"holds a {type(content).__name__}, expected a dict", self.layout())
         return content

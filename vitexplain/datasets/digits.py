@@ -40,7 +40,8 @@ def _scans() -> tuple[Tensor, Tensor]:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise ImportError("the digits benchmark is built from scikit-learn's bundled digits: pip install scikit-learn") from None
+        raise ImportError("the digits benchmark is built from scikit-learn's bundled digits: "
+                          "pip install scikit-learn") from None
     data = load_digits()
     return torch.from_numpy(data.images / 16.0).float(), torch.from_numpy(data.target).long()
 
@@ -190,7 +191,8 @@ class Digits(DictDataset):
             raise ValueError(f"n must be a positive integer, got {n!r}")
         self.preprocess = resolve_preprocess(preprocess, Preprocess(size=CANVAS, mean=MEAN, std=STD))
         if self.preprocess.size != (CANVAS, CANVAS):
-            raise ValueError(f"digits canvases are {CANVAS} x {CANVAS}; the preprocessing asks for {self.preprocess.size}")
+            raise ValueError(f"digits canvases are {CANVAS} x {CANVAS}; "
+                             f"the preprocessing asks for {self.preprocess.size}")
         self.split, self.seed, self.objects = split, seed, objects
         self.pool = split_scans(split_seed)[split]
         classes = _scans()[1].numpy()
@@ -247,7 +249,8 @@ class Digits(DictDataset):
         tile = DIGIT_SIZES[1] * FRAGMENT_WINDOW // 8
         strokes = _tiles(windows.flatten(0, 1), lay["fragment_sizes"].flatten(), tile, each(nearest, FRAGMENTS),
                          each(stroke, FRAGMENTS)).view(count, FRAGMENTS, tile, tile)
-        clutter = _stamp(strokes * lay["fragment_contrast"].float()[..., None, None], lay["fragment_x"], lay["fragment_y"])
+        clutter = _stamp(strokes * lay["fragment_contrast"].float()[..., None, None], lay["fragment_x"],
+                         lay["fragment_y"])
         clutter = clutter.masked_fill(self._keep_out(lay), 0)
 
         noise = lay["noise"].float()[:, None] * (NOISE_MAX / 255)

@@ -33,7 +33,8 @@ def resolve_tokenizer(preprocess: Any):
     if isinstance(preprocess, (str, Path)):
         from transformers import AutoTokenizer
 
-        if not (Path(preprocess) / "tokenizer_config.json").is_file() and not (Path(preprocess) / "tokenizer.json").is_file():
+        folder = Path(preprocess)
+        if not (folder / "tokenizer_config.json").is_file() and not (folder / "tokenizer.json").is_file():
             raise FileNotFoundError(f"no tokenizer in {preprocess} (expected tokenizer.json or tokenizer_config.json, "
                                     "as save_pretrained writes)")
         preprocess = AutoTokenizer.from_pretrained(str(preprocess), local_files_only=True)
@@ -58,7 +59,8 @@ def _read_annotations(path: Path) -> list[dict[str, Any]]:
                 "spans": [(int(e["start_token"]), int(e["end_token"])) for e in evidences],
             })
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            raise DatasetFormatError(path, f"line {number} is not an ERASER annotation ({type(error).__name__}: {error})",
+            raise DatasetFormatError(path,
+                                     f"line {number} is not an ERASER annotation ({type(error).__name__}: {error})",
                                      LAYOUT) from None
     return annotations
 
@@ -110,7 +112,8 @@ class MovieReviews(DictDataset):
         self.annotations = _read_annotations(listing)
         for entry in self.annotations:
             if entry["classification"] not in self.classes:
-                raise DatasetFormatError(listing, f"{entry['annotation_id']} is classified {entry['classification']!r}, "
+                raise DatasetFormatError(listing,
+                                         f"{entry['annotation_id']} is classified {entry['classification']!r}, "
                                          f"not one of {self.classes}", LAYOUT)
         super().__init__(len(self.annotations), n, seed, indices)
 

@@ -35,7 +35,8 @@ WNID = re.compile(r"n\d{8}")
 FLAT_NAME = re.compile(r"ILSVRC2012_val_(\d{8})")
 IMAGE_DIRS = ("val", "ILSVRC/Data/CLS-LOC/val", "ILSVRC2012_img_val", ".")
 SOLUTION_CSV = "LOC_val_solution.csv"
-DEVKIT_TXT = ("ILSVRC2012_validation_ground_truth.txt", "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt")
+DEVKIT_TXT = ("ILSVRC2012_validation_ground_truth.txt",
+              "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt")
 ANNOTATION_DIRS = ("Annotations/CLS-LOC/val", "ILSVRC/Annotations/CLS-LOC/val")
 
 
@@ -99,7 +100,8 @@ def _read_devkit(path: Path) -> dict[str, str]:
         leaves = synsets["num_children"] == 0 if "num_children" in synsets.dtype.names else np.ones(len(ids), bool)
         id_to_wnid = {int(i): str(w) for i, w, leaf in zip(ids, wnids, leaves) if leaf}
     except (KeyError, ValueError, TypeError, OSError) as error:
-        raise DatasetFormatError(meta, f"not a devkit meta.mat with a 'synsets' struct array ({error})", LAYOUT) from None
+        raise DatasetFormatError(meta, f"not a devkit meta.mat with a 'synsets' struct array ({error})",
+                                 LAYOUT) from None
     try:
         ground_truth = [int(line) for line in path.read_text().split()]
     except ValueError:
@@ -107,7 +109,8 @@ def _read_devkit(path: Path) -> dict[str, str]:
     unknown = sorted(set(ground_truth) - set(id_to_wnid))
     if unknown:
         raise DatasetFormatError(path, f"ILSVRC2012_ID {unknown[0]} is not a leaf synset of {meta}", LAYOUT)
-    return {f"ILSVRC2012_val_{number:08d}": id_to_wnid[ilsvrc_id] for number, ilsvrc_id in enumerate(ground_truth, start=1)}
+    return {f"ILSVRC2012_val_{number:08d}": id_to_wnid[ilsvrc_id]
+            for number, ilsvrc_id in enumerate(ground_truth, start=1)}
 
 
 def read_voc_xml(path: Path, image_size: tuple[int, int]) -> tuple[list[str], np.ndarray]:
@@ -125,7 +128,8 @@ def read_voc_xml(path: Path, image_size: tuple[int, int]) -> tuple[list[str], np
             boxes.append([float(box.findtext(key)) for key in ("xmin", "ymin", "xmax", "ymax")])
             names.append(item.findtext("name").strip())
     except (ElementTree.ParseError, TypeError, AttributeError, ValueError) as error:
-        raise DatasetFormatError(path, f"not a VOC-style annotation with size and object/bndbox ({error})", LAYOUT) from None
+        raise DatasetFormatError(path, f"not a VOC-style annotation with size and object/bndbox ({error})",
+                                 LAYOUT) from None
     scale = np.array([image_size[0] / width, image_size[1] / height] * 2, dtype=np.float32)
     return names, np.asarray(boxes, dtype=np.float32).reshape(-1, 4) * scale
 
@@ -166,7 +170,10 @@ class ImageNetVal(DictDataset):
             layout = "folders" if any(WNID.fullmatch(p.name) for p in image_dir.iterdir() if p.is_dir()) else "flat"
         self._solution_path = root / SOLUTION_CSV
         self._solution = _read_solution_csv(self._solution_path) if self._solution_path.is_file() else None
-        files = self._folder_files(image_dir) if layout == "folders" else self._flat_files(image_dir, root, ground_truth)
+        if layout == "folders":
+            files = self._folder_files(image_dir)
+        else:
+            files = self._flat_files(image_dir, root, ground_truth)
         self.files = sorted(files, key=lambda item: (item[1], item[0].name))
         self.with_boxes = boxes
         self._annotations = self._find_annotations(root, annotations_dir) if boxes else None
@@ -175,7 +182,8 @@ class ImageNetVal(DictDataset):
     @staticmethod
     def _folder_files(image_dir: Path) -> list[tuple[Path, int]]:
         folders = [p for p in image_dir.iterdir() if p.is_dir() and WNID.fullmatch(p.name)]
-        return [(path, _class_of(folder.name, folder)) for folder in folders for path in folder.iterdir() if _is_image(path)]
+        return [(path, _class_of(folder.name, folder))
+                for folder in folders for path in folder.iterdir() if _is_image(path)]
 
     def _flat_files(self, image_dir: Path, root: Path, ground_truth: str | Path | None) -> list[tuple[Path, int]]:
         paths = [p for p in image_dir.iterdir() if _is_image(p) and FLAT_NAME.match(p.name)]
@@ -206,7 +214,8 @@ class ImageNetVal(DictDataset):
             if (root / relative).is_dir():
                 return root / relative
         if self._solution is None:
-            raise DatasetNotFoundError(root / ANNOTATION_DIRS[0], LAYOUT, f"boxes=True needs the XML annotations or {SOLUTION_CSV}")
+            raise DatasetNotFoundError(root / ANNOTATION_DIRS[0], LAYOUT,
+                                       f"boxes=True needs the XML annotations or {SOLUTION_CSV}")
         return None
 
     def _boxes(self, path: Path, label: int, image_size: tuple[int, int]) -> np.ndarray:

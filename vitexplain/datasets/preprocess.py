@@ -26,7 +26,8 @@ INTERPOLATIONS = {
 
 @dataclass(frozen=True)
 class Geometry:
-    """Where an image of the source size lands: resized to ``resized`` (w, h), then cropped at ``offset`` (left, top)."""
+    """Where an image of the source size lands: resized to ``resized`` (w, h), then cropped at ``offset``
+    (left, top)."""
 
     source: tuple[int, int]
     resized: tuple[int, int]
@@ -94,7 +95,8 @@ class Preprocess:
 
     @classmethod
     def from_data_config(cls, config: dict[str, Any], **overrides) -> Preprocess:
-        """From a timm data config (:func:`vitexplain.models.data_config`, as :func:`~vitexplain.models.load_model` returns it)."""
+        """From a timm data config (:func:`vitexplain.models.data_config`, as
+        :func:`~vitexplain.models.load_model` returns it)."""
         fields = dict(size=tuple(config["input_size"][-2:]), mean=config.get("mean", IMAGENET_MEAN),
                       std=config.get("std", IMAGENET_STD), interpolation=config.get("interpolation", "bicubic"),
                       crop_pct=config.get("crop_pct") or 0.875, crop_mode=config.get("crop_mode") or "center")
@@ -102,7 +104,8 @@ class Preprocess:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, **overrides) -> Preprocess:
-        """From a model's data config (:func:`vitexplain.models.data_config`: timm's, at the size the model was built at)."""
+        """From a model's data config (:func:`vitexplain.models.data_config`: timm's, at the size the model was
+        built at)."""
         from ..models import data_config
 
         return cls.from_data_config(data_config(model), **overrides)
@@ -178,4 +181,5 @@ def resolve_preprocess(preprocess: Preprocess | dict | None, default: Preprocess
         return preprocess
     if isinstance(preprocess, dict):
         return Preprocess.from_data_config(preprocess)
-    raise TypeError(f"preprocess must be a Preprocess, a timm data config dict or None, got {type(preprocess).__name__}")
+    raise TypeError("preprocess must be a Preprocess, a timm data config dict or None, "
+                    f"got {type(preprocess).__name__}")

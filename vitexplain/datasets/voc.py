@@ -35,7 +35,8 @@ class VOCSegmentation(DictDataset):
     """PASCAL VOC 2012 segmentation ``val`` (1,449 images), GradToken's multi-class segmentation test (Table 1).
 
     Samples: ``image``; ``class_mask`` uint8 [H, W] (0 background, 1-20 classes, 255 void, resized
-    with the image by nearest neighbour); ``mask`` bool foreground (classes 1-20); ``void`` bool;
+    with the image by nearest neighbour); ``mask`` bool foreground (classes 1-20); ``ignore`` bool (the
+    void pixels, which no protocol counts);
     ``classes`` LongTensor of the VOC classes present after preprocessing (0-based: 0 = aeroplane,
     see ``VOC_CLASSES``); ``label`` the present class covering most pixels (-1 if none), which is in
     VOC's 20-class space, not ImageNet's; ``id``. Default preprocessing as for ImageNet-Segmentation
@@ -84,4 +85,4 @@ class VOCSegmentation(DictDataset):
         classes = counts.nonzero().flatten()
         label = int(counts.argmax()) if classes.numel() else -1
         return {"image": tensor, "label": label, "id": name, "mask": foreground, "class_mask": class_mask,
-                "void": class_mask == VOID, "classes": classes}
+                "ignore": class_mask == VOID, "classes": classes}

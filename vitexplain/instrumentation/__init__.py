@@ -19,8 +19,9 @@ from .families import (
     register_family,
     served_families,
 )
+from .geometry import Readout, TokenGeometry
 from .inputs import TokenBatch
-from .recording import BLOCK_FIELDS, BlockRecord, Readout, Recording, identity_like
+from .recording import BLOCK_FIELDS, BlockRecord, Recording, identity_like
 from .targets import Target, resolve_target, resolve_targets
 
 
@@ -102,7 +103,7 @@ def adapter_for(model: nn.Module | ModelAdapter, *, classes: bool | None = None)
 
 
 __all__ = [
-    "BLOCK_FIELDS", "BlockRecord", "Family", "ForwardOnly", "LayerScores", "ModelAdapter", "Readout", "Recording", "register_family", "served_families",
-    "Target", "TokenBatch", "UnsupportedModelError", "adapter_for", "evaluation_mode", "family_of", "identity_like", "resolve_target",
-    "resolve_targets",
+    "BLOCK_FIELDS", "BlockRecord", "Family", "ForwardOnly", "LayerScores", "ModelAdapter", "Readout", "Recording",
+    "register_family", "served_families", "Target", "TokenBatch", "TokenGeometry", "UnsupportedModelError",
+    "adapter_for", "evaluation_mode", "family_of", "identity_like", "resolve_target", "resolve_targets",
 ]

@@ -22,6 +22,7 @@ from .attention import NOTHING, PLAIN, Arithmetic, Sink, attend
 from .blocks import BlockParts, block_forward
 from .families import ForwardOnly
 from .families.base import Family, ProbeParts, UnsupportedModelError, check_images
+from .geometry import Readout, TokenGeometry
 from .inputs import TokenBatch
 from .patching import ModelPatch
 from .precision import caller_precision, float32_scope
@@ -29,12 +30,11 @@ from .recording import (
     BLOCK_FIELDS,
     HEAD_FIELDS,
     BlockRecord,
-    Readout,
     Recorder,
     Recording,
 )
 from .targets import Target, TargetLike, resolve_target
-from .windows import stage_grids
+from .windows import WindowLayout, stage_grids
 
 #: block index under which an attention-pooling head hands its attention to a sink
 READOUT = -1
@@ -131,6 +131,12 @@ def _instrumented_probe(parts: ProbeParts, state: _State, x: Tensor, *args: Any,
     return out[:, 0] if parts.pool == "token" else out
 
 
+def _hand_over_selection(sink: Sink, selection: Tensor) -> None:
+    """A max-pooling head's selection of the tokens (``Family.observe_pooling``) to ``sink``, if it wants it."""
+    if sink.wants(READOUT, "selection"):
+        sink.put(READOUT, selection=selection)
+
+
 class ModelAdapter:
     """Instruments one model through its family description (see the module docstring).
 
@@ -174,7 +180,7 @@ class ModelAdapter:
 
     @property
     def readout(self) -> str:
-        """How the output reads the last tokens: ``token``, ``avg`` or ``map``."""
+        """How the output reads the last tokens: ``token``, ``avg``, ``token_avg``, ``avgmax``, ``max`` or ``map``."""
         return self.family.readout
 
     @property
@@ -311,6 +317,7 @@ class ModelAdapter:
                 patch.replace_forward(parts.module, functools.partial(_instrumented_block, parts, index, state))
             if self.family.probe is not None:
                 patch.replace_forward(self.family.probe.module, functools.partial(_instrumented_probe, self.family.probe, state))
+            self.family.observe_pooling(patch, functools.partial(_hand_over_selection, sink))
             yield patch
 
     def record(
@@ -398,14 +405,11 @@ class ModelAdapter:
             values = recorder.laid_out(index, {name: tensor.detach() for name, tensor in entry.items()})
             projection = parts.head_projection() if "v" in values else None
             records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout))
-        batch = outputs.shape[0]
-        grid = self.grid_size(inputs)
         return Recording(
-            logits=outputs.detach(), targets=resolved.labels(batch, outputs.device), scores=scores.detach(),
-            blocks=records, grid=grid, num_prefix_tokens=self.num_prefix_tokens,
-            class_token_index=self.class_token_index, readout=self.readout_weights(recorder.tokens[-1], batch, recorder.readout_attn),
-            token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None,
-            target=resolved, stages=stage_grids(recorder.layouts, grid))
+            logits=outputs.detach(), targets=resolved.labels(outputs.shape[0], outputs.device), scores=scores.detach(),
+            blocks=records, target=resolved,
+            geometry=self.token_geometry(inputs, recorder.layouts, recorder.tokens[-1], recorder.readout_attn,
+                                          recorder.readout_selection))
 
     def _check_layer_scores(self, layer_scores: LayerScores | None, names: set[str], input_grad: bool) -> None:
         """Refuse what layer scores cannot give, and head fields without them."""
@@ -433,8 +437,10 @@ class ModelAdapter:
                     f"block {block} has {sink.recorder.tokens[block]} tokens, the last block {last} (a patch merge comes "
                     "between), so the model's head cannot read its output; read blocks of the last stage only")
             if layer_scores.mean_token:
-                mean = output.flatten(1, -2).mean(1)
-                output = mean.reshape(mean.shape[0], *(1,) * (output.ndim - 2), mean.shape[-1]).expand_as(output)
+                tokens = output.transpose(0, 1) if self.family.sequence_first else output
+                mean = tokens.flatten(1, -2).mean(1)
+                tokens = mean.reshape(mean.shape[0], *(1,) * (tokens.ndim - 2), mean.shape[-1]).expand_as(tokens)
+                output = tokens.transpose(0, 1) if self.family.sequence_first else tokens
             sink.reading = block
             total = total + target.score(self.family.head(output, final_norm=layer_scores.final_norm), score)
         sink.reading = None
@@ -463,9 +469,25 @@ class ModelAdapter:
         for block, gradients in by_block.items():
             recording.blocks[block].grads = recorder.laid_out(block, gradients)
 
-    def readout_weights(self, tokens: int, batch: int, probe_attn: Tensor | None = None) -> Readout:
+    def token_geometry(self, inputs: Any, layouts: Sequence[WindowLayout | None], last_tokens: int,
+                       probe_attn: Tensor | None = None, selection: Tensor | None = None) -> TokenGeometry:
+        """Where the tokens of one instrumented forward of ``inputs`` sit (:class:`TokenGeometry`): the
+        family's grid, prefix and class token, the readout of the last block's ``last_tokens`` tokens (an
+        attention-pooling head's attention ``probe_attn`` or a max-pooling head's ``selection`` from
+        the same forward), each block's window
+        ``layouts`` and the stages they give; for text, the token mask."""
+        grid = self.grid_size(inputs)
+        return TokenGeometry(
+            grid=grid, num_prefix_tokens=self.num_prefix_tokens, class_token_index=self.class_token_index,
+            readout=self.readout_weights(last_tokens, inputs.shape[0], probe_attn, selection),
+            stages=stage_grids(layouts, grid),
+            layouts=list(layouts), token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None)
+
+    def readout_weights(self, tokens: int, batch: int, probe_attn: Tensor | None = None,
+                        selection: Tensor | None = None) -> Readout:
         """What the output takes from each of the last block's ``tokens`` tokens (see :class:`Readout`);
-        ``probe_attn`` is an attention-pooling head's attention [B, H, latents, N'] from the same forward."""
+        ``probe_attn`` is an attention-pooling head's attention [B, H, latents, N'] from the same forward,
+        ``selection`` a max-pooling head's selection of the tokens it pools [B, N'] (``Family.observe_pooling``)."""
         kind = self.readout
         if kind == "map":
             attn = probe_attn.detach()
@@ -482,6 +504,10 @@ class ModelAdapter:
         else:
             first = 0 if getattr(self.family, "readout_includes_prefix", False) else self.num_prefix_tokens
             weights[:, first:] = 1 / (tokens - first)
+            if kind == "avgmax":  # half the mean, half the maximum (its selection averaged over the channels)
+                weights[:, first:] = (weights[:, first:] + selection.to(weights)) / 2
+            elif kind == "max":
+                weights[:, first:] = selection.to(weights)
         return Readout(kind, weights)
 
     def logits_on_tokens(self, inputs: Any, keep: Tensor, *, batch_size: int = 256) -> Tensor:
@@ -539,7 +565,7 @@ class _RecordingSink(Sink):
 
     def wants(self, block: int, name: str) -> bool:
         if block == READOUT:
-            return name == "attn"
+            return name in ("attn", "selection")
         if name == "output":
             return block in self.scored
         return self.recorder.wants(block, name)
@@ -551,10 +577,12 @@ class _RecordingSink(Sink):
         return None if block == READOUT else self.recorder.anchor(block)
 
     def put(self, block: int, **tensors: Tensor) -> None:
-        if block == READOUT and self.reading is not None:
-            self.recorder.put(self.reading, probe_attn=tensors.get("attn"))
+        if block == READOUT and self.reading is not None:  # the head reading a scored block's output
+            if "attn" in tensors:
+                self.recorder.put(self.reading, probe_attn=tensors["attn"])
         elif block == READOUT:
-            self.recorder.readout_attn = tensors.get("attn")
+            self.recorder.readout_attn = tensors.get("attn", self.recorder.readout_attn)
+            self.recorder.readout_selection = tensors.get("selection", self.recorder.readout_selection)
         elif "output" in tensors:
             self.outputs[block] = tensors["output"]
         else:

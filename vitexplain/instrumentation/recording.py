@@ -8,24 +8,16 @@ reduction makes of it — so memory and backward cost follow the method.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .attention import Sink
-from .windows import (
-    Grid,
-    WindowedMatrix,
-    WindowLayout,
-    mix_rows,
-    mixing,
-    to_tokens,
-    tokens_in,
-)
+from .geometry import TokenGeometry
+from .windows import WindowedMatrix, WindowLayout, mixing
 
 #: Per-block tensors that can be recorded, and whose gradients can be asked for.
 BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_residual",
@@ -122,22 +114,6 @@ class BlockRecord:
 
 
 @dataclass
-class Readout:
-    """How the model's output reads the last block's tokens.
-
-    Attributes:
-        kind: ``token`` (a class token's output), ``avg`` (the mean of the patch tokens), ``token_avg`` (the
-            class token concatenated with the patch tokens' mean, DINOv2's linear probe) or ``map`` (an
-            attention-pooling probe, SigLIP-style: a learnt query attending to every token).
-        weights: what the readout takes from each token [B, N]: one-hot at the class token; 1 / patches
-            on each patch token; half of each of those; the probe's attention averaged over its heads.
-    """
-
-    kind: Literal["token", "avg", "token_avg", "map"]
-    weights: Tensor
-
-
-@dataclass
 class Recording:
     """Everything one instrumented pass over a batch recorded.
 
@@ -147,33 +123,20 @@ class Recording:
             the target is a score function or an embedding direction rather than a class.
         scores: the target score that was back-propagated, one per image [B].
         blocks: one :class:`BlockRecord` per Transformer block, input to output.
-        grid: patch grid (h, w) of this batch ((T,) for text); for a hierarchical model, its first stage's
-            token grid, which every map is returned on.
-        num_prefix_tokens: number of non-patch tokens at the start of the sequence.
-        class_token_index: position of the class token, or None for models without one.
-        readout: how the output reads the last block's tokens (:class:`Readout`).
+        geometry: where the tokens sit: grid, prefix tokens, class token, readout, stages, window layouts
+            (:class:`~.geometry.TokenGeometry`); maps, readout rows and block matrices are read through it.
         input_grad: gradient of the scores with respect to the images, when asked for.
         target: the resolved target (:class:`~vitexplain.instrumentation.targets.Target`), to score other
             forwards of the same inputs by.
-        token_mask: for text, True at real tokens [B, T]; maps are then zero at padding and at the prefix.
-        stages: the token grids of a hierarchical model's stages, first first (``(grid,)`` otherwise).
     """
 
     logits: Tensor
     targets: Tensor
     scores: Tensor
     blocks: list[BlockRecord]
-    grid: tuple[int, ...]
-    num_prefix_tokens: int
-    class_token_index: int | None
-    readout: Readout | None = None
+    geometry: TokenGeometry
     input_grad: Tensor | None = None
     target: Any = None
-    token_mask: Tensor | None = None
-    stages: tuple[Grid, ...] = ()
-
-    def __post_init__(self) -> None:
-        self.stages = self.stages or (tuple(self.grid),)
 
     @property
     def embeddings(self) -> Tensor:
@@ -183,43 +146,6 @@ class Recording:
     @property
     def batch_size(self) -> int:
         return self.logits.shape[0]
-
-    def patch_grid(self, per_patch: Tensor) -> Tensor:
-        """Per-patch values [..., h*w] on the patch grid [..., h, w]; for text, per-token values after the
-        prefix [B, T - prefix] as [B, T], with the prefix and padding 0.
-
-        Values over a later stage's tokens of a hierarchical model come to the first stage's grid through
-        the patch merges, each merged token's value shared equally among its inputs.
-        """
-        if self.token_mask is not None:
-            prefix = per_patch.new_zeros(per_patch.shape[0], self.num_prefix_tokens)
-            return torch.cat([prefix, per_patch], 1).masked_fill(~self.token_mask, 0)
-        per_patch = to_tokens(per_patch, math.prod(self.grid), self.stages)
-        return per_patch.reshape(*per_patch.shape[:-1], *self.grid)
-
-    def grid_of(self, patches: int) -> Grid:
-        """The grid of the stage with ``patches`` patch tokens."""
-        return next(grid for grid in self.stages if math.prod(grid) == patches)
-
-    def readout_rows(self, matrices: Tensor | WindowedMatrix) -> Tensor:
-        """The readout's row of token-by-token matrices [B, ..., N, N] (or a block's windowed ones, see
-        :meth:`BlockRecord.mixing`) -> [B, ..., N]; the readout weights reach an earlier stage's block
-        through the patch merges."""
-        weights = to_tokens(self.readout.weights, tokens_in(matrices), self.stages)
-        return mix_rows(weights, matrices)
-
-    def readout_row(self, matrix: Tensor | WindowedMatrix) -> Tensor:
-        """The readout's row of a token-by-token matrix [B, N, N] (or a block's windowed one) over the
-        patch tokens -> [B, h, w].
-
-        For a class-token model, the class token's row; for average pooling, the mean of the patch
-        tokens' rows; for an attention-pooling probe, the rows weighted by the probe's attention.
-        """
-        if self.readout.kind == "token":
-            row = matrix[:, self.class_token_index]
-        else:
-            row = self.readout_rows(matrix)
-        return self.patch_grid(row[:, self.num_prefix_tokens:])
 
 
 class Recorder(Sink):
@@ -253,6 +179,9 @@ class Recorder(Sink):
         self.tokens: list[int] = [0 for _ in everything]
         #: the attention of an attention-pooling head [B, H, latents, N], when the model has one
         self.readout_attn: Tensor | None = None
+        #: a max-pooling head's selection of the tokens it pools, averaged over the channels [B, N'] (see
+        #: :func:`~vitexplain.instrumentation.families.base.max_selection`)
+        self.readout_selection: Tensor | None = None
         #: each windowed block's layout in this forward (None for global attention)
         self.layouts: list[WindowLayout | None] = [None for _ in everything]
         self.anchor_leaf = anchor

@@ -32,6 +32,6 @@ def attention_aware_map(adapter: ModelAdapter, images: Tensor, target, *, consta
     found = relevance(adapter, images, target, rules, at=(at,))
     if at == "pixels":
         return found.pixels.sum(1)
-    per_patch = found.patches.sum(-1).reshape(images.shape[0], 1, *found.grid)
+    per_patch = found.patches.sum(-1).reshape(images.shape[0], 1, *found.geometry.grid)
     spread = F.interpolate(per_patch, size=images.shape[-2:], mode="nearest")[:, 0]
     return spread * (per_patch.shape[-2] * per_patch.shape[-1] / spread[0].numel())

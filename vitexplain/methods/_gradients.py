@@ -8,7 +8,6 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Target
 from ..options import Range, block_index
-from ._products import readout_rows
 
 #: Depth of ViT-B/16, the model the authors of TAM and Beyond Intuition chose their start layers for.
 REFERENCE_DEPTH = 12
@@ -49,6 +48,6 @@ def integrated_gradient_weights(adapter: ModelAdapter, images: Tensor, target: T
         scaled = images[index % batch] * alphas[index // batch, None, None, None]
         record = adapter.record(scaled, target.select(index % batch), fields=(), grads={"attn": (-1,)})
         last = record.blocks[-1]
-        rows.append(readout_rows(record, last.mixing(last.grads["attn"])))
+        rows.append(record.geometry.readout_rows(last.mixing(last.grads["attn"])))
     integrated = torch.cat(rows).reshape(n_steps, batch, *rows[0].shape[1:]).mean(0)
     return integrated.clamp(min=0).mean(1)

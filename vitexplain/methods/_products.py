@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..instrumentation import Recording
+from ..instrumentation import TokenGeometry
 from ..instrumentation.windows import Grid, to_tokens, tokens_in
 
 
@@ -54,7 +54,7 @@ def push_rows(rows: Tensor, layers: Sequence[Any], *, residual: bool = True, nor
         rows: [B, N] or [B, R, N] row vectors (e.g. the readout weights, or one per head).
         layers: per-block matrices M_b (first block first); each factor is I + M_b with ``residual``, else M_b.
         normalise: each factor is row-normalised, (M_b + I) / rowsum (attention rollout).
-        stages: a hierarchical model's stage grids (``record.stages``), for the patch merges between
+        stages: a hierarchical model's stage grids (``record.geometry.stages``), for the patch merges between
             layers of different stages.
 
     Returns:
@@ -81,23 +81,14 @@ def push_columns(columns: Tensor, layers: Sequence[Any], *, residual: bool = Tru
     return columns[..., 0] if single else columns
 
 
-def readout_map(record: Recording, layers: Sequence[Any], *, residual: bool = True, normalise: bool = False) -> Tensor:
+def readout_map(geometry: TokenGeometry, layers: Sequence[Any], *, residual: bool = True,
+                normalise: bool = False) -> Tensor:
     """The readout's row of the product of per-block layers, over the patch tokens on the grid [B, h, w].
 
     For a class-token model this is the class token's row of L_last ⋯ L_first (Chefer et al.'s and
-    Abnar & Zuidema's read-out); for pooled readouts the readout weights' row.
+    Abnar & Zuidema's read-out); for pooled readouts the readout weights' row. ``geometry``: the
+    recording's or the relevance's (:class:`~vitexplain.instrumentation.TokenGeometry`).
     """
-    rows = push_rows(readout_weights(record, layers[-1]), layers, residual=residual, normalise=normalise,
-                     stages=record.stages)
-    return record.patch_grid(rows[:, record.num_prefix_tokens:])
-
-
-def readout_weights(record: Recording, like: Any = None) -> Tensor:
-    """The readout weights [B, N] in the dtype of ``like`` (see :class:`~vitexplain.instrumentation.Readout`)."""
-    weights = record.readout.weights
-    return weights if like is None else weights.to(like.dtype)
-
-
-def readout_rows(record: Recording, matrices: Any) -> Tensor:
-    """The readout's row of token-by-token matrices [B, ..., N, N] (or a block's windowed ones) -> [B, ..., N]."""
-    return record.readout_rows(matrices)
+    rows = push_rows(geometry.readout_weights(layers[-1]), layers, residual=residual, normalise=normalise,
+                     stages=geometry.stages)
+    return geometry.patch_map(rows)

@@ -9,7 +9,6 @@ from torch import Tensor
 from ..instrumentation import BlockRecord, ModelAdapter, Recording
 from ..registry import register_method
 from ._fusion import Fusion, fuse
-from ._products import readout_rows
 
 
 @register_method("agcam", modalities=("image", "text"))
@@ -42,7 +41,7 @@ def agcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, head_fusion: Fu
     """
     def block_map(record: Recording, block: BlockRecord) -> Tensor:  # Σ_h α_h ⊙ F_h of one block [B, h, w]
         weighted = block.mixing(block.grads[gradient_of].clamp(min=0) * block.attn_logits.sigmoid())
-        return record.patch_grid(fuse(readout_rows(record, weighted)[..., record.num_prefix_tokens:], 1, head_fusion))
+        return record.geometry.patch_map(fuse(record.geometry.readout_rows(weighted), 1, head_fusion))
 
     record = adapter.record(inputs, target, fields=("attn_logits",), grads=(gradient_of,), reduce=block_map,
                             stop_gradient=("attn_input",) if detach_attention_input else ())

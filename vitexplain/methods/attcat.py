@@ -9,7 +9,6 @@ from torch import Tensor
 from ..instrumentation import BlockRecord, ModelAdapter, Recording
 from ..instrumentation.windows import mix_rows
 from ..registry import register_method
-from ._products import readout_rows
 
 
 @register_method("attcat", modalities=("image", "text"))
@@ -41,7 +40,7 @@ def attcat(adapter: ModelAdapter, inputs: Tensor, target=None, *, attention_row:
     def attentive(record: Recording, block: BlockRecord) -> Tensor:  # α of one block [B, N]
         heads = block.mixing(block.attn.mean(1))
         if attention_row == "class":
-            return readout_rows(record, heads)
+            return record.geometry.readout_rows(heads)
         every_query = torch.full_like(block.residual[..., 0], 1 / block.residual.shape[1])
         return mix_rows(every_query, heads)
 
@@ -54,5 +53,5 @@ def attcat(adapter: ModelAdapter, inputs: Tensor, target=None, *, attention_row:
     for block in record.blocks:
         features = block.output if tokens == "output" else getattr(block, gradient_of)
         cat = (block.grads[gradient_of] * features).sum(-1)  # [B, N]
-        relevance = relevance + record.patch_grid((block.reduced * cat)[:, record.num_prefix_tokens:])
+        relevance = relevance + record.geometry.patch_map(block.reduced * cat)
     return relevance

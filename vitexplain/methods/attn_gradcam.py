@@ -5,11 +5,12 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..registry import register_method
-from ._products import readout_rows
 
 
 @register_method("attn_gradcam", modalities=("image", "text"),
-                 precision_caveats={"bfloat16 weights": 0.986})
+                 precision_caveats={"bfloat16 weights": 0.986},
+                 zero_map_reason="its ReLU (as in the reference code) removed every token's relevance: the "
+                                 "gradient-weighted attention, averaged over the heads, was negative on every patch")
 def attn_gradcam(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """Gradient-weighted last-block attention ("GradCAM" baseline of Chefer et al., CVPR 2021).
 
@@ -20,7 +21,8 @@ def attn_gradcam(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """
     record = adapter.record(inputs, target, fields=("attn",), blocks=(-1,), grads={"attn": (-1,)})
     block = record.blocks[-1]
-    prefix = record.num_prefix_tokens
-    cam = readout_rows(record, block.mixing(block.attn))[..., prefix:]  # [B, H, patches]
-    weights = readout_rows(record, block.mixing(block.grads["attn"]))[..., prefix:].mean(-1, keepdim=True)
-    return record.patch_grid((cam * weights).mean(1).clamp(min=0))
+    geometry = record.geometry
+    prefix = geometry.num_prefix_tokens
+    cam = geometry.readout_rows(block.mixing(block.attn))[..., prefix:]  # [B, H, patches]
+    weights = geometry.readout_rows(block.mixing(block.grads["attn"]))[..., prefix:].mean(-1, keepdim=True)
+    return geometry.patch_grid((cam * weights).mean(1).clamp(min=0))

@@ -56,7 +56,7 @@ def bt_head(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
         # (a block whose attention does not reach the output, e.g. a zero-initialised res-post norm: no weight)
         importance = importance / importance.sum(1, keepdim=True).clamp_min(torch.finfo(importance.dtype).tiny)
         fused.append(block.mixing(torch.einsum("bh,bh...->b...", importance, attn)))
-    perception = push_rows(record.readout.weights.to(fused[0].dtype), fused, stages=record.stages)
+    geometry = record.geometry
+    perception = push_rows(geometry.readout_weights(fused[0]), fused, stages=geometry.stages)
     feedback = integrated_gradient_weights(adapter, images, record.target, n_steps=n_steps, batch_size=batch_size)
-    prefix = record.num_prefix_tokens
-    return record.patch_grid(perception[:, prefix:]) * record.patch_grid(feedback[:, prefix:])
+    return geometry.patch_map(perception) * geometry.patch_map(feedback)

@@ -59,7 +59,7 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
         projected = torch.einsum("bhnd,hdc->bnc", block.v, block.head_projection)
         lengths = projected.norm(dim=-1) / block.residual.norm(dim=-1)  # [B, N]
         scaled.append(block.mixing(block.attn.mean(1) * block.per_key(lengths)))
-    perception = push_rows(record.readout.weights.to(scaled[0].dtype), scaled, stages=record.stages)
+    geometry = record.geometry
+    perception = push_rows(geometry.readout_weights(scaled[0]), scaled, stages=geometry.stages)
     feedback = integrated_gradient_weights(adapter, images, record.target, n_steps=n_steps, batch_size=batch_size)
-    prefix = record.num_prefix_tokens
-    return record.patch_grid(perception[:, prefix:].abs()) * record.patch_grid(feedback[:, prefix:])
+    return geometry.patch_map(perception.abs()) * geometry.patch_map(feedback)

@@ -23,4 +23,4 @@ def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tens
     tokens' relevance, summed over channels, on the patch grid.
     """
     relevances = relevance(adapter, images, target, rules="conservative", at=("residuals",))
-    return relevances.patch_map(relevances.tokens.sum(-1))
+    return relevances.geometry.patch_map(relevances.tokens.sum(-1))

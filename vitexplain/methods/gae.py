@@ -19,7 +19,7 @@ def gae(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     Gradients are of the target logit, as in hila-chefer/Transformer-MM-Explainability.
     """
     record = adapter.record(inputs, target, fields=("attn",), grads=("attn",), reduce=_cam)
-    return readout_map(record, [block.reduced for block in record.blocks])
+    return readout_map(record.geometry, [block.reduced for block in record.blocks])
 
 
 def _cam(record: Recording, block: BlockRecord):

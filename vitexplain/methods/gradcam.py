@@ -8,7 +8,9 @@ from ..options import block_index
 from ..registry import register_method
 
 
-@register_method("gradcam", modalities=("image", "text"), reads="tokens")
+@register_method("gradcam", modalities=("image", "text"), reads="tokens",
+                 zero_map_reason="Grad-CAM's ReLU removed every token's relevance: the gradient-weighted "
+                                 "features were negative on every patch")
 def gradcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, layer: int = -1) -> Tensor:
     """Grad-CAM with the patch tokens of a block's first LayerNorm output as the feature map.
 
@@ -29,7 +31,7 @@ def gradcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, layer: int = 
     record = adapter.record(inputs, target, fields=("attn_input",), blocks=(chosen_index,),
                             grads={"attn_input": (chosen_index,)})
     chosen = record.blocks[chosen_index]
-    prefix = record.num_prefix_tokens
+    prefix = record.geometry.num_prefix_tokens
     features = chosen.attn_input[:, prefix:]  # [B, patches, C]
     weights = chosen.grads["attn_input"][:, prefix:].mean(1, keepdim=True)  # [B, 1, C]
-    return record.patch_grid((features * weights).sum(-1).clamp(min=0))
+    return record.geometry.patch_grid((features * weights).sum(-1).clamp(min=0))

@@ -90,8 +90,9 @@ def gradtoken(adapter: ModelAdapter, inputs: Tensor, target=None, *,
     # the lower blocks' attention, the last block's keys and its query gradient (its attention stays fused)
     record = adapter.record(inputs, target, fields={"attn": range(lowest, num_blocks - 1), "k": (-1,)},
                             grads={"q": (-1,)}, score=score)
-    last, prefix = record.blocks[-1], record.num_prefix_tokens
-    reads = (record.readout.weights > 0).to(last.grads["q"].dtype)  # the positions the output reads
+    last, geometry = record.blocks[-1], record.geometry
+    prefix = geometry.num_prefix_tokens
+    reads = (geometry.readout.weights > 0).to(last.grads["q"].dtype)  # the positions the output reads
     query_grad = last.grads["q"] * reads[:, None, :, None]  # Eq. (6)-(7): the read queries' gradients
     # M_h, Eq. (8): each key against the summed gradients of the read queries that attend to it
     relevance = (last.k * last.attended_by(query_grad)).sum(-1)[:, :, prefix:]
@@ -103,8 +104,8 @@ def gradtoken(adapter: ModelAdapter, inputs: Tensor, target=None, *,
                 "but here they belong to stages with different tokens (patch merging between them), so there is "
                 "no average; use aggregation='rollout' (a product, which crosses the merges), propagation='none', "
                 "or a start_layer within the last stage")
-        relevance = propagate(relevance, record.readout.weights, fused, aggregation, propagation, transpose, prefix,
-                              record.stages)
+        relevance = propagate(relevance, geometry.readout.weights, fused, aggregation, propagation, transpose, prefix,
+                              geometry.stages)
     if heads == "relu_mean":
         relevance = relevance.clamp(min=0)
-    return record.patch_grid(relevance.mean(1))
+    return geometry.patch_grid(relevance.mean(1))

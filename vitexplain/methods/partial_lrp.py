@@ -29,4 +29,5 @@ def partial_lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
             as for :func:`~vitexplain.methods.lrp.lrp`.
     """
     relevances = relevance(adapter, images, target, rules=lrp_baseline(linear_rule), at=("attn",), blocks=(-1,))
-    return relevances.readout_row(relevances.mixing(-1, relevances.attn[-1].clamp(min=0).mean(1)))
+    geometry = relevances.geometry
+    return geometry.readout_row(geometry.mixing(-1, relevances.attn[-1].clamp(min=0).mean(1)))

@@ -18,4 +18,4 @@ def raw_attention(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """
     record = adapter.record(inputs, target, fields=("attn",), blocks=(-1,))
     last = record.blocks[-1]
-    return record.readout_row(last.mixing(last.attn.mean(1)))
+    return record.geometry.readout_row(last.mixing(last.attn.mean(1)))

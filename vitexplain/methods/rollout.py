@@ -51,4 +51,4 @@ def rollout(adapter: ModelAdapter, inputs: Tensor, target=None, *, start_layer: 
     keep = adapter.class_token_index if adapter.class_token_index is not None else -1
     layers = [block.mixing(discard_lowest(fuse(block.attn, 1, head_fusion), discard_ratio, keep))
               for block in record.blocks[start:]]
-    return readout_map(record, layers, normalise=True)
+    return readout_map(record.geometry, layers, normalise=True)

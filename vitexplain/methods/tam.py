@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..options import PositiveInt
 from ..registry import register_method
 from ._gradients import IntegrationSteps, integrated_gradient_weights, resolve_start_layer
-from ._products import push_rows, readout_rows
+from ._products import push_rows
 
 #: First block of the transition chain in the authors' code (``start_layer=4``) for 12-block ViT-B.
 AUTHORS_START_LAYER = 4
@@ -45,12 +45,12 @@ def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int 
     start = resolve_start_layer(start_layer, AUTHORS_START_LAYER, adapter.num_blocks)
     record = adapter.record(images, target, fields=("attn",), blocks=range(start, adapter.num_blocks),
                             grads={} if integrated else {"attn": (-1,)})
-    last, prefix = record.blocks[-1], record.num_prefix_tokens
+    last, geometry = record.blocks[-1], record.geometry
     lower = [block.mixing(block.attn.mean(1)) for block in record.blocks[start:-1]]
-    states = push_rows(readout_rows(record, last.mixing(last.attn.mean(1))), lower, stages=record.stages)
+    states = push_rows(geometry.readout_rows(last.mixing(last.attn.mean(1))), lower, stages=geometry.stages)
     if integrated:
         weights = integrated_gradient_weights(adapter, images, record.target, n_steps=n_steps, batch_size=batch_size)
     else:
-        weights = readout_rows(record, last.mixing(last.grads["attn"])).clamp(min=0).mean(1)
+        weights = geometry.readout_rows(last.mixing(last.grads["attn"])).clamp(min=0).mean(1)
     # on a hierarchical model the two factors lie on different stages: they meet on the map's grid
-    return record.patch_grid(states[:, prefix:]) * record.patch_grid(weights[:, prefix:])
+    return geometry.patch_map(states) * geometry.patch_map(weights)

@@ -25,8 +25,9 @@ def activation_columns(record: Recording) -> Tensor:
     hierarchical model's later stages are brought to the first stage's tokens, each merged token's
     features copied to its inputs (docs/decisions/families.md).
     """
-    prefix = record.num_prefix_tokens
-    outputs = [to_tokens(block.output[:, prefix:], math.prod(record.grid), record.stages, dim=1, share=False)
+    geometry = record.geometry
+    outputs = [to_tokens(block.output[:, geometry.num_prefix_tokens:], math.prod(geometry.grid), geometry.stages,
+                         dim=1, share=False)
                for block in record.blocks]
     return torch.cat(outputs, dim=-1).transpose(1, 2)
 
@@ -115,12 +116,12 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
     if not input_space:
         adapter.require_token_subsets("tis (input_space=False)")
     record = adapter.record(images, target, fields=("residual", "attn_branch", "mlp_branch"))  # the block outputs
-    num_patches = math.prod(record.grid)
+    num_patches = math.prod(record.geometry.grid)
     masks, scores = [], []
     for keep in kept_tokens(record, n_masks, ratios, seed):
         ratio_masks = binary_masks(keep, num_patches)
         if input_space:
-            logits = pixel_masked_logits(adapter, images, ratio_masks, record.grid, batch_size)
+            logits = pixel_masked_logits(adapter, images, ratio_masks, record.geometry.grid, batch_size)
         else:
             logits = adapter.logits_on_tokens(images, keep, batch_size=batch_size)
         flat = logits.float().flatten(0, 1)
@@ -128,4 +129,4 @@ def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: Positive
         masks.append(ratio_masks)
         scores.append(record.target.select(rows).score(flat, score)
                       .reshape(logits.shape[:2]))
-    return record.patch_grid(coverage_normalised_sum(torch.cat(masks, 1), torch.cat(scores, 1)))
+    return record.geometry.patch_grid(coverage_normalised_sum(torch.cat(masks, 1), torch.cat(scores, 1)))

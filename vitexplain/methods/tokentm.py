@@ -112,7 +112,7 @@ def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: b
 
     record = adapter.record(inputs, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
     if not aggregate:
-        return readout_map(record, [record.blocks[0].reduced])
+        return readout_map(record.geometry, [record.blocks[0].reduced])
 
     updates = []  # per sublayer, first to last: MHSA U = I + cam (Eq. 15), FFN U = I + diag(W) (Eq. 17)
     for block in record.blocks[:len(chosen)]:
@@ -123,4 +123,4 @@ def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: b
         updates += [block.reduced, mlp_weights]
     embeddings = record.embeddings  # C⁰ = diag(L(E⁰)) (Eq. 18), on the right of the product
     initial = embeddings.norm(dim=-1) if use_length else torch.ones_like(embeddings[..., 0])
-    return readout_map(record, [initial - 1, *updates])
+    return readout_map(record.geometry, [initial - 1, *updates])

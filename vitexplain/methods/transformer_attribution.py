@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp import relevance
 from ..options import block_index
 from ..registry import register_method
-from ._products import push_rows
+from ._products import readout_map
 
 
 @register_method("transformer_attribution", cost=6, score_targets=False,
@@ -32,6 +32,7 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     start = block_index("start_layer", start_layer, adapter.num_blocks)
     chosen = range(start, adapter.num_blocks)
     relevances = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=chosen, gradients=True)
-    cams = [relevances.mixing(block, (relevances.attn_grads[block] * relevances.attn[block]).clamp(min=0).mean(1))
+    geometry = relevances.geometry
+    cams = [geometry.mixing(block, (relevances.attn_grads[block] * relevances.attn[block]).clamp(min=0).mean(1))
             for block in chosen]
-    return relevances.patch_map(push_rows(relevances.readout.to(cams[0].dtype), cams, stages=relevances.stages))
+    return readout_map(geometry, cams)

@@ -18,8 +18,9 @@ def patch_feature_maps(record: Recording, layer: int, features: str) -> Tensor:
     """The frontal slices of the patch-embedding tensor: one map per embedding dimension [B, D, h, w] (on
     the block's own stage grid for a hierarchical model)."""
     block = record.blocks[block_index("layer", layer, len(record.blocks))]
-    tokens = (block.attn_input if features == "attn_input" else block.output)[:, record.num_prefix_tokens:]
-    return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], *record.grid_of(tokens.shape[1])).float()
+    geometry = record.geometry
+    tokens = (block.attn_input if features == "attn_input" else block.output)[:, geometry.num_prefix_tokens:]
+    return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], *geometry.grid_of(tokens.shape[1])).float()
 
 
 def upsampled_ranges(maps: Tensor, rows: Tensor, cols: Tensor, chunk: int) -> tuple[Tensor, Tensor]:

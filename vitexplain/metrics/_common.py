@@ -4,7 +4,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -38,27 +37,6 @@ def check_targets(targets: Tensor, images: Tensor, what: str = "targets") -> Ten
     if targets.numel() != images.shape[0]:
         raise ValueError(f"got {targets.numel()} {what} for {images.shape[0]} images")
     return targets
-
-
-def upsample(maps: Tensor, size: tuple[int, int]) -> Tensor:
-    """Maps [B, h, w] resized bilinearly (``align_corners=False``) to ``size``; unchanged if already there.
-
-    This is ``interpolate(..., scale_factor=16, mode="bilinear")`` of Chefer et al.'s evaluation code
-    and torchvision's ``Resize`` of the TIS code (identical when enlarging).
-    """
-    size = tuple(int(s) for s in size)
-    if tuple(maps.shape[-2:]) == size:
-        return maps
-    return F.interpolate(maps[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
-
-
-def minmax(maps: Tensor) -> Tensor:
-    """Per-image (m - min) / (max - min) over all pixels; NaN everywhere for a constant map (0 / 0),
-    exactly what Chefer et al.'s code computes (callers decide what a constant map scores)."""
-    flat = maps.flatten(1)
-    low = flat.min(1, keepdim=True).values
-    high = flat.max(1, keepdim=True).values
-    return ((flat - low) / (high - low)).view_as(maps)
 
 
 def removal_rank(maps: Tensor, most_relevant_first: bool = True) -> Tensor:

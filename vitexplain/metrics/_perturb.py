@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ._common import minmax, removal_rank, upsample
+from ..maps import min_max, resize
+from ._common import removal_rank
 
 #: makes the replacement of a chunk of (image, step) mixes: (image index [n], taken [n, 1, H, W]) -> [n, C, H, W]
 Replacement = Callable[[Tensor, Tensor], Tensor]
@@ -52,7 +53,7 @@ def removal_counts(pixels: int, steps: int, device: torch.device) -> Tensor:
 
 def ranked_by_relevance(maps: Tensor, images: Tensor, most_relevant_first: bool) -> Tensor:
     """Removal rank [B, H*W] of the pixels of the upsampled, min-max normalised maps."""
-    relevance = torch.nan_to_num(minmax(upsample(maps, images.shape[-2:])), nan=0.0)
+    relevance = min_max(resize(maps, images.shape[-2:]), constant=0.0)
     return removal_rank(relevance, most_relevant_first)
 
 

@@ -27,10 +27,10 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
+from ..options import PositiveInt, Range
 from ._common import check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
-from ..options import PositiveInt, Range
-from .base import EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, Metric, even_steps, register_metric
 
 
 def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
@@ -73,4 +73,9 @@ register_metric(Metric(
     reduce=reduce_aopc,
     higher_is_better={"aopc": True, "log_odds": False},
     cost=lambda options, method: options["n_steps"],
+    group="faithfulness",
+    curves=Curves(lambda options, points: even_steps(0, points, options["n_steps"]),
+                  "share of the most relevant pixels set to black (0 = the image itself)",
+                  {"probability_drop": "drop of the explained class's probability",
+                   "log_odds": "log(p / p of the image itself), explained class"}),
 ))

@@ -62,6 +62,39 @@ class EvalBatch:
             raise ValueError(f"explanation map of {', '.join(names)} contains NaN or infinite values")
 
 
+#: the kinds of protocol, each with what it rewards (one line, shown beside its leaders in the reports); a
+#: bench summarises each kind on its own, as their numbers measure different things
+GROUPS = {
+    "faithfulness": "maps whose top-ranked pixels the model's score depends on: removing them first lowers it most, "
+                    "keeping them keeps it",
+    "localisation": "maps that agree with the annotated object (masks, boxes, rationales), whether or not the model "
+                    "used it",
+    "robustness": "maps that change little when the image changes a little (a map that never changes wins)",
+    "complexity": "peaky maps, relevance on few pixels (a faithful map of a large object can score low)",
+    "class sensitivity": "maps that follow the class asked for: on two-object images, each class's map on its own object",
+    "other": "protocols registered without a group",
+}
+
+
+@dataclass(frozen=True)
+class Curves:
+    """What a metric's per-image curves ([B, S] values) plot, so the reports draw them at the true x.
+
+    ``x(options, points)`` gives, for the effective options, the x of each of the ``points`` (a share of
+    the pixels removed, inserted or grouped: the steps the metric really took, not ``linspace(0, 1)``);
+    ``xlabel`` says what x is, ``ylabels`` per value key what is plotted.
+    """
+
+    x: Callable[[dict[str, Any], int], list[float]]
+    xlabel: str
+    ylabels: dict[str, str]
+
+
+def even_steps(first: int, points: int, steps: int) -> list[float]:
+    """``k / steps`` for k = first ... first + points - 1: the shares of evenly spaced steps."""
+    return [k / steps for k in range(first, first + points)]
+
+
 @dataclass(frozen=True)
 class Metric:
     """A registered evaluation protocol.
@@ -78,6 +111,10 @@ class Metric:
         cost: model passes per image given the effective options and the explanation method's own passes
             per image (a metric that re-explains, such as max-sensitivity, pays the method again), for
             planning (``vitexplain reproduce --list``).
+        group: what kind of protocol it is, a key of :data:`GROUPS` (the reports compare methods within
+            a group, never across).
+        curves: what its per-image curves plot (:class:`Curves`; None: it has none, or the reports draw
+            them over their step numbers).
     """
 
     name: str
@@ -86,6 +123,12 @@ class Metric:
     requires: tuple[str, ...] = ()
     higher_is_better: dict[str, bool] = field(default_factory=dict)
     cost: Callable[[dict[str, Any], float], float] = lambda options, method_passes: 0.0
+    group: str = "other"
+    curves: Curves | None = None
+
+    def __post_init__(self) -> None:
+        if self.group not in GROUPS:
+            raise ValueError(f"metric {self.name!r}: group must be one of {', '.join(GROUPS)}, got {self.group!r}")
 
     @property
     def options(self) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import check_maps, minmax, upsample
+from ..maps import min_max, resize
+from ._common import check_maps
 from .base import EvalBatch, Metric, register_metric
 
 
@@ -51,7 +52,7 @@ def class_sensitivity(first_maps: Tensor, second_maps: Tensor, first_masks: Tens
 
     def normalised(maps: Tensor, what: str) -> Tensor:
         maps = check_maps(maps.to(first_masks.device), batch, what=what)
-        return torch.nan_to_num(minmax(upsample(maps, size)), nan=0.0).flatten(1)
+        return min_max(resize(maps, size), constant=0.0).flatten(1)
 
     own_a, own_b = first_masks.flatten(1).float(), second_masks.flatten(1).float()
     first = _own_share(normalised(first_maps, "explanation map of the first object"), own_a, own_b)
@@ -78,4 +79,5 @@ register_metric(Metric(
     requires=("masks", "second"),
     higher_is_better={"class_sensitivity": True, "first_share": True, "second_share": True},
     cost=lambda options, method: method,
+    group="class sensitivity",
 ))

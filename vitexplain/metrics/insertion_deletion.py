@@ -32,13 +32,12 @@ import torch
 from torch import Tensor
 from torchvision.transforms.functional import gaussian_blur
 
-from ._common import (
-    check_choice, check_images, check_maps, check_targets, removal_rank, upsample,
-)
-from ._perturb import check_batch_size, mixed_logits
+from ..maps import resize
 from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
-from .base import EvalBatch, Metric, register_metric
+from ._common import check_choice, check_images, check_maps, check_targets, removal_rank
+from ._perturb import check_batch_size, mixed_logits
+from .base import Curves, EvalBatch, Metric, even_steps, register_metric
 
 BASELINES = ("blur", "black", "mean", "random")
 
@@ -84,7 +83,7 @@ def insertion_deletion(forward: Callable[[Tensor], Tensor], images: Tensor, maps
     pixels = images.shape[-2] * images.shape[-1]
     per_step = math.ceil(pixels / n_steps)
     counts = (torch.arange(1, n_steps + 1, device=images.device) * per_step).clamp(max=pixels)
-    rank = removal_rank(upsample(maps, images.shape[-2:]), most_relevant_first=True)
+    rank = removal_rank(resize(maps, images.shape[-2:]), most_relevant_first=True)
     substitute = baseline_images(images, baseline, seed)
     index = targets[:, None, None].expand(-1, n_steps, 1)
 
@@ -119,4 +118,10 @@ register_metric(Metric(
     reduce=reduce_insertion_deletion,
     higher_is_better={"insertion": True, "deletion": False, "insertion_minus_deletion": True},
     cost=lambda options, method: 2 * options["n_steps"],
+    group="faithfulness",
+    # s / n_steps: exact when n_steps divides the pixels, as TIS's 224 steps at 224 px (else the last step is shorter)
+    curves=Curves(lambda options, points: even_steps(1, points, options["n_steps"]),
+                  "share of the pixels replaced, most relevant first (no point at 0, as in TIS's code)",
+                  {"insertion": "probability of the explained class, pixels inserted into the baseline",
+                   "deletion": "probability of the explained class, pixels replaced by the baseline"}),
 ))

@@ -27,10 +27,10 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
+from ..options import PositiveInt, Range
 from ._common import check_choice, check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
-from ..options import PositiveInt, Range
-from .base import EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, Metric, even_steps, register_metric
 
 DIRECTIONS = ("both", "positive", "negative")
 
@@ -96,4 +96,9 @@ register_metric(Metric(
     requires=("labels",),
     higher_is_better={"positive_auc": False, "negative_auc": True},
     cost=lambda options, method: options["n_steps"] * (2 if options["direction"] == "both" else 1),
+    group="faithfulness",
+    curves=Curves(lambda options, points: even_steps(0, points, options["n_steps"]),
+                  "share of the pixels set to black (0 = the image itself)",
+                  {"positive": "top-1 accuracy, most relevant pixels removed first",
+                   "negative": "top-1 accuracy, least relevant pixels removed first"}),
 ))

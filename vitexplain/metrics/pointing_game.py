@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import check_maps, upsample
+from ..maps import resize
 from ..options import Share
+from ._common import check_maps
 from .base import EvalBatch, Metric, register_metric
 
 
@@ -60,7 +61,7 @@ def pointing_game(maps: Tensor, boxes: list[Tensor], image_size: tuple[int, int]
     if not 0 < max_coverage <= 1:
         raise ValueError(f"max_coverage must be in (0, 1], got {max_coverage}")
     covered = box_masks(boxes, image_size, maps.device).flatten(1)
-    peak = upsample(maps, image_size).flatten(1).argmax(1)
+    peak = resize(maps, image_size).flatten(1).argmax(1)
     hit = covered.gather(1, peak[:, None])[:, 0]
     excluded = covered.float().mean(1) >= max_coverage
     return {"hit": hit.float(), "excluded": excluded.float()}
@@ -84,4 +85,5 @@ register_metric(Metric(
     reduce=reduce_pointing_game,
     requires=("boxes",),
     higher_is_better={"accuracy": True},
+    group="localisation",
 ))

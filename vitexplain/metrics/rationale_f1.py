@@ -116,4 +116,5 @@ register_metric(Metric(
     reduce=reduce_rationale_f1,
     requires=("masks", "boxes"),
     higher_is_better={**{f"f1@{k}": True for k in DEFAULT_KS}, "mean_f1": True},
+    group="localisation",
 ))

@@ -43,11 +43,11 @@ from scipy.sparse import csc_matrix
 from scipy.sparse.linalg import splu
 from torch import Tensor
 
-from ._common import check_images, check_maps, check_targets
-from ._perturb import mixed_logits, normalisation, ranked_by_relevance
 from ..options import NonNegative, OpenShare, PositiveInt
 from ..seeding import seeded_draw
-from .base import EvalBatch, Metric, register_metric
+from ._common import check_images, check_maps, check_targets
+from ._perturb import mixed_logits, normalisation, ranked_by_relevance
+from .base import Curves, EvalBatch, Metric, register_metric
 
 #: the removal fractions of the authors' runs (``noretrain_params.json``, RoadBenchmarkDemo.ipynb)
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.9)
@@ -163,4 +163,9 @@ register_metric(Metric(
     reduce=reduce_road,
     higher_is_better={"morf": False, "lerf": True, "lerf_minus_morf": True},
     cost=lambda options, method: 2 * len(options["fractions"]),
+    group="faithfulness",
+    curves=Curves(lambda options, points: [float(f) for f in options["fractions"]],
+                  "share of the pixels imputed (noisy linear imputation)",
+                  {"morf": "probability of the explained class, most relevant imputed first (MoRF)",
+                   "lerf": "probability of the explained class, least relevant imputed first (LeRF)"}),
 ))

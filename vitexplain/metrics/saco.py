@@ -30,11 +30,12 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from ._common import check_images, check_maps, check_targets, removal_rank, upsample
-from ._perturb import mixed_logits, removal_counts
-from .insertion_deletion import baseline_images
+from ..maps import resize
 from ..options import PositiveInt, Range
-from .base import EvalBatch, Metric, register_metric
+from ._common import check_images, check_maps, check_targets, removal_rank
+from ._perturb import mixed_logits, removal_counts
+from .base import Curves, EvalBatch, Metric, register_metric
+from .insertion_deletion import baseline_images
 
 
 def saco(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *, n_groups: int = 10,
@@ -56,7 +57,7 @@ def saco(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     if not isinstance(n_groups, int) or not 2 <= n_groups <= pixels:
         raise ValueError(f"n_groups must be an integer from 2 to the number of pixels ({pixels}), got {n_groups!r}")
     bounds = torch.cat([removal_counts(pixels, n_groups, images.device), torch.tensor([pixels], device=images.device)])
-    salience = upsample(maps, images.shape[-2:]).flatten(1).to(torch.float64)
+    salience = resize(maps, images.shape[-2:]).flatten(1).to(torch.float64)
     rank = removal_rank(salience, most_relevant_first=True)
     group = torch.bucketize(rank, bounds[1:-1], right=True)
     sizes = torch.bincount(group[0], minlength=n_groups)
@@ -94,4 +95,8 @@ register_metric(Metric(
     reduce=reduce_saco,
     higher_is_better={"saco": True},
     cost=lambda options, method: options["n_groups"] + 1,
+    group="faithfulness",
+    curves=Curves(lambda options, points: [(k + 0.5) / options["n_groups"] for k in range(points)],
+                  "salience group, at its middle as a share of the pixels ranked most salient first",
+                  {"group_drop": "probability drop when that group alone is replaced by the image's mean"}),
 ))

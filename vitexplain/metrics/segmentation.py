@@ -31,19 +31,21 @@ thresholds used are reported (``pixel_accuracy_threshold``, ``miou_threshold``; 
 PASCAL VOC (GradToken Table 1, right; the paper gives no further detail): each ground-truth class
 present in an image is one item (map explaining that class, mask = that class's pixels), evaluated
 with ``threshold="best"``; its table reads ``pixel_accuracy`` and ``miou``. VOC's void pixels are
-left out through ``ignore`` (``EvalBatch.ignore``, which the bench fills from a dataset's ``void``
-pixels) as Chefer et al.'s code does with label -1.
+left out through ``ignore`` (``EvalBatch.ignore``, which the bench fills from a dataset's ``ignore``
+samples) as Chefer et al.'s code does with label -1.
 
 Numbers are reported in percent, as in both papers' tables.
 """
 from __future__ import annotations
 
 from typing import Literal
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from ._common import check_choice, check_maps, minmax, upsample
+from ..maps import min_max, resize
+from ._common import check_choice, check_maps
 from .base import EvalBatch, Metric, register_metric
 
 THRESHOLDS = ("mean", "best", "best_per_metric")
@@ -96,7 +98,7 @@ def segmentation(maps: Tensor, masks: Tensor, *, threshold: str = "mean",
     if ignore is not None and ignore.shape != masks.shape:
         raise ValueError(f"ignore must have the masks' shape {tuple(masks.shape)}, got {tuple(ignore.shape)}")
     maps = check_maps(maps.to(masks.device), masks.shape[0])
-    relevance = minmax(upsample(maps, masks.shape[-2:])).flatten(1)
+    relevance = min_max(resize(maps, masks.shape[-2:]), constant=float("nan")).flatten(1)
     truth = masks.flatten(1).bool()
     valid = torch.ones_like(truth) if ignore is None else ~ignore.to(truth.device).flatten(1).bool()
     if threshold == "mean":
@@ -167,4 +169,5 @@ register_metric(Metric(
     reduce=reduce_segmentation,
     requires=("masks",),
     higher_is_better={"pixel_accuracy": True, "miou": True, "map": True},
+    group="localisation",
 ))

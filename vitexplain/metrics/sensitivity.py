@@ -35,9 +35,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..maps import min_max
 from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
-from ._common import check_choice, check_images, check_maps, minmax
+from ._common import check_choice, check_images, check_maps
 from .base import EvalBatch, Metric, register_metric
 
 NORMALISATIONS = ("none", "minmax", "max")
@@ -72,7 +73,7 @@ def normalise_maps(maps: Tensor, normalise: str) -> Tensor:
     if normalise == "none":
         return maps
     if normalise == "minmax":
-        return torch.nan_to_num(minmax(maps), nan=0.0)
+        return min_max(maps, constant=0.0)
     high = maps.flatten(1).max(1).values.view(-1, 1, 1)
     return maps / torch.where(high == 0, torch.ones_like(high), high)
 
@@ -134,4 +135,5 @@ register_metric(Metric(
     reduce=reduce_max_sensitivity,
     higher_is_better={"max_sensitivity": False},
     cost=lambda options, method: options["n_samples"] * method,
+    group="robustness",
 ))

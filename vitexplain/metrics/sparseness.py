@@ -22,10 +22,12 @@ rather than a ranking.
 from __future__ import annotations
 
 from typing import Literal
+
 import torch
 from torch import Tensor
 
-from ._common import check_choice, check_maps, upsample
+from ..maps import resize
+from ._common import check_choice, check_maps
 from .base import EvalBatch, Metric, register_metric
 
 SHIFTS = ("always", "negative")
@@ -36,7 +38,7 @@ def gini_sparseness(maps: Tensor, image_size: tuple[int, int] | None = None, *, 
     check_choice("shift", shift, SHIFTS)
     maps = check_maps(maps)
     if image_size is not None:
-        maps = upsample(maps, image_size)
+        maps = resize(maps, image_size)
     values = maps.flatten(1).to(torch.float64)
     lowest = values.min(1, keepdim=True).values
     values = values - (lowest if shift == "always" else lowest.clamp(max=0))
@@ -59,4 +61,5 @@ register_metric(Metric(
     compute=_compute,
     reduce=reduce_sparseness,
     higher_is_better={"sparseness": True},
+    group="complexity",
 ))

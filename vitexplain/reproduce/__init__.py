@@ -14,5 +14,6 @@ from .recipe import DATA_INPUTS, MODELS, RECIPES, TableRecipe, available_recipes
 from .runner import RecipeInputError, plan_recipe, run_recipe
 from .table import Cell, ReproducedTable
 
-__all__ = ["Cell", "DATA_INPUTS", "MODELS", "PublishedTable", "RECIPES", "RecipeInputError", "ReproducedTable", "TableRecipe",
-           "available_recipes", "estimate_gpu_hours", "get_recipe", "load_published", "plan_recipe", "run_recipe"]
+__all__ = ["Cell", "DATA_INPUTS", "MODELS", "PublishedTable", "RECIPES", "RecipeInputError", "ReproducedTable",
+           "TableRecipe", "available_recipes", "estimate_gpu_hours", "get_recipe", "load_published", "plan_recipe",
+           "run_recipe"]

@@ -27,8 +27,9 @@ def preprocess_for(protocol: str, data_config: dict[str, Any], source: str) -> P
     if protocol == "chefer":
         return Preprocess.from_data_config(data_config, crop_mode="squash", crop_pct=1.0, interpolation="bilinear")
     if protocol == "tis":
-        return Preprocess.from_data_config(data_config, crop_mode="squash", crop_pct=224 / 256, interpolation="bilinear",
-                                           mean=IMAGENET_MEAN, std=IMAGENET_STD, antialias=False)
+        return Preprocess.from_data_config(data_config, crop_mode="squash", crop_pct=224 / 256,
+                                           interpolation="bilinear", mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                                           antialias=False)
     if protocol == "tokenizer":
         return source
     raise ValueError(f"unknown preprocessing protocol {protocol!r}; choose one of {PROTOCOLS}")
@@ -51,8 +52,8 @@ class PerClassItems(Dataset):
     def __getitem__(self, position: int) -> dict[str, Any]:
         index, cls = self.items[position]
         sample = self.dataset[index]
-        return {"image": sample["image"], "label": cls, "id": f"{sample['id']}#{cls}", "mask": sample["class_mask"] == cls + 1,
-                "void": sample["void"]}
+        return {"image": sample["image"], "label": cls, "id": f"{sample['id']}#{cls}",
+                "mask": sample["class_mask"] == cls + 1, "ignore": sample["ignore"]}
 
 
 def _options(spec: DataSpec, indices: str | Path | None) -> dict[str, Any]:

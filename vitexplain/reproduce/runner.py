@@ -136,7 +136,8 @@ def _load(key: str, override: nn.Module | str | None) -> Loaded:
     spec = MODELS[key]
     if isinstance(override, nn.Module):
         if spec.text:
-            raise ModelLoadError("a text model is given as its local model directory (with its tokenizer), not an object")
+            raise ModelLoadError("a text model is given as its local model directory (with its tokenizer), "
+                                 "not an object")
         return Loaded(override.eval(), data_config(override), f"substitute {type(override).__name__} object")
     source = override if override is not None else spec.source
     if source is None:
@@ -167,8 +168,10 @@ def _data_problem(key: str, error: str | None) -> str:
     return head if error is None else f"{head}\n" + "\n".join(f"      {line}" for line in error.splitlines())
 
 
-def prepare(recipe: TableRecipe, plans: list[SettingPlan], data: dict[str, Any], models: dict[str, Any]) -> dict[str, Loaded]:
-    """Load the models of the runnable settings and check their datasets; raise RecipeInputError listing every problem."""
+def prepare(recipe: TableRecipe, plans: list[SettingPlan], data: dict[str, Any],
+            models: dict[str, Any]) -> dict[str, Loaded]:
+    """Load the models of the runnable settings and check their datasets; raise RecipeInputError listing every
+    problem."""
     problems, loaded = [], {}
     runnable = [plan.setting for plan in plans if plan.runnable]
     unknown = sorted(set(models) - set(MODELS))
@@ -205,7 +208,8 @@ def _describe_options(options: dict[str, Any]) -> str:
 
 def _setup_line(plan: SettingPlan, source: str, root: Any, result: BenchResult | None) -> str:
     setting = plan.setting
-    counts = [n for per_metric in (result.images.get(setting.model, {}) if result else {}).values() for n in per_metric.values()]
+    per_model = result.images.get(setting.model, {}) if result else {}
+    counts = [n for per_metric in per_model.values() for n in per_metric.values()]
     metrics = "; ".join(f"{entry.name}({_describe_options(entry.options)})" for entry in plan.metrics.values())
     return (f"{setting.key}: model {setting.model} = {source}; data {setting.data.dataset} from {root} "
             f"({max(counts, default=0)} images evaluated, the paper: {setting.data.size:,}); "
@@ -293,7 +297,8 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
         subset = None if indices is not None else setting.data.subset
         chosen = [n for n in (subset, limit) if n]
         results[setting.key] = run_benchmark(BenchConfig(
-            models={setting.model: model.model}, methods=list(plan.methods.values()), metrics=list(plan.metrics.values()),
+            models={setting.model: model.model}, methods=list(plan.methods.values()),
+            metrics=list(plan.metrics.values()),
             dataset=bench_dataset(setting.data, root, indices, model.data_config, model.source), batch_size=batch_size,
             output_dir=output_dir / "bench", device=str(device), precision=precision, seed=recipe.seed,
             limit=min(chosen) if chosen else None,
@@ -311,7 +316,8 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
     deviations += [f"metric {n} options {_describe_options(o)}" for n, o in (metric_options or {}).items()]
     deviations += [f"model {key} ({MODELS[key].source}) replaced by {loaded[key].source}"
                    for key in models if key in loaded and MODELS[key].source is not None]
-    table = ReproducedTable(recipe.name, recipe.paper, recipe.title, published.decimals, [row.label for row in recipe.rows],
+    table = ReproducedTable(recipe.name, recipe.paper, recipe.title, published.decimals,
+                            [row.label for row in recipe.rows],
                             [(column.key, column.header) for column in recipe.columns], cells, setup,
                             list(recipe.notes), deviations, [e for r in results.values() for e in r.errors])
     table.write(output_dir / recipe.name)

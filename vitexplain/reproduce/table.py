@@ -151,7 +151,8 @@ class ReproducedTable:
             for key, header in self.columns:
                 cell = self.cells[row, key]
                 writer.writerow([self.recipe, row, key, " · ".join(header),
-                                 *("" if v is None else repr(v) for v in (cell.reproduced, cell.published, cell.difference)),
+                                 *("" if v is None else repr(v)
+                                   for v in (cell.reproduced, cell.published, cell.difference)),
                                  cell.images, cell.failed, cell.reason or "", cell.source, cell.note or ""])
         return buffer.getvalue()
 
@@ -200,7 +201,8 @@ class ReproducedTable:
             parts.append("<ol>" + "".join(f"<li>{esc(note)}</li>" for note in notes) + "</ol>")
         for title, items in self._sections():
             if items:
-                parts.append(f"<h2>{esc(title)}</h2><ul>" + "".join(f"<li>{esc(item)}</li>" for item in items) + "</ul>")
+                listed = "".join(f"<li>{esc(item)}</li>" for item in items)
+                parts.append(f"<h2>{esc(title)}</h2><ul>{listed}</ul>")
         parts.append("</body></html>")
         return "\n".join(parts)
 

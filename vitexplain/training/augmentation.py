@@ -27,7 +27,8 @@ def jitter(images: Tensor, dataset: Digits, indices: Tensor, rotation: float, sh
     # output -> input map in normalised (x, y) coordinates: rotation @ shear, about the digit's centre
     matrix = torch.stack([torch.stack([cos, cos * slant - sin], 1), torch.stack([sin, sin * slant + cos], 1)], 1)
     sizes = dataset.layout["sizes"][indices, 0].float()
-    centre = torch.stack([(dataset.layout[axis][indices, 0].float() + sizes / 2) * 2 / CANVAS - 1 for axis in ("x", "y")], 1)
+    centre = torch.stack([(dataset.layout[axis][indices, 0].float() + sizes / 2) * 2 / CANVAS - 1
+                          for axis in ("x", "y")], 1)
     offset = centre - (matrix @ centre[:, :, None])[:, :, 0]
     theta = torch.cat([matrix, offset[:, :, None]], 2).to(images.dtype)
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)

@@ -59,6 +59,8 @@ def _digits_settings() -> dict[str, Any]:
 def _summary(model: nn.Module, kwargs: dict[str, Any], parameters: int, distilled: bool) -> str:
     grid = CANVAS // kwargs["patch_size"]
     tokens = "a class token and a distillation token" if distilled else "a class token"
+    if getattr(model, "global_pool", "token") == "avg":
+        tokens += ", the head reading the average of the patch tokens"
     return (f"{type(model).__module__}.{type(model).__name__}: {CANVAS}x{CANVAS} input, {kwargs['patch_size']}x"
             f"{kwargs['patch_size']} patches ({grid}x{grid} tokens) plus {tokens}, width {model.embed_dim}, "
             f"depth {len(model.blocks)}, {model.blocks[0].attn.num_heads} heads, MLP ratio "
@@ -72,8 +74,8 @@ def _device_name(device: torch.device) -> str:
 
 
 def model_card(model: nn.Module, *, model_kwargs: dict[str, Any], recipe: TrainingRecipe, teacher: str | None,
-               init: dict[str, Any] | None, command: str | None, accuracy: float, history: list[dict[str, Any]], run: dict[str, Any],
-               threads: int, train_canvases: int, device: torch.device) -> dict[str, Any]:
+               init: dict[str, Any] | None, command: str | None, accuracy: float, history: list[dict[str, Any]],
+               run: dict[str, Any], threads: int, train_canvases: int, device: torch.device) -> dict[str, Any]:
     """The model card's fields after ``arch``, ``model_kwargs`` and ``class_names``: what the model is,
     the recipe that trained it, its test accuracy, training time, machine and device, data and versions."""
     distilled = hasattr(model, "set_distilled_training")
@@ -93,7 +95,8 @@ def model_card(model: nn.Module, *, model_kwargs: dict[str, Any], recipe: Traini
 
 
 def checkpoint_path(out: str | Path) -> Path:
-    """``out`` as a checkpoint path; one not ending in ``.safetensors`` is a ValueError (checked before training too)."""
+    """``out`` as a checkpoint path; one not ending in ``.safetensors`` is a ValueError (checked before
+    training too)."""
     out = Path(out)
     if out.suffix != ".safetensors":
         raise ValueError(f"the checkpoint is written as safetensors: give a path ending in .safetensors, got {out}")

@@ -103,7 +103,9 @@ def _resolve_teacher(teacher: nn.Module | str | None, device: torch.device) -> t
     from ..models import load_model
 
     model, config = load_model(teacher, device=device)
-    if tuple(config["input_size"][1:]) != (CANVAS, CANVAS) or tuple(config["mean"]) != MEAN or tuple(config["std"]) != STD:
+    digits_canvases = (tuple(config["input_size"][1:]) == (CANVAS, CANVAS) and tuple(config["mean"]) == MEAN
+                       and tuple(config["std"]) == STD)
+    if not digits_canvases:
         raise ValueError(f"teacher {teacher!r} expects {config['input_size']} images normalised with "
                          f"{config['mean']} / {config['std']}, not digits canvases")
     return model, teacher
@@ -139,10 +141,22 @@ def _with_distillation_token(model: nn.Module, weights: dict[str, Tensor]) -> di
     return {**weights, **extra, "pos_embed": positions}
 
 
+def _with_pooled_readout(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A class-token ViT's weights made to fit the same ViT with an average-pooled readout (timm's
+    ``global_pool='avg'``), so that a pooled model can be fine-tuned from a trained class-token one: timm then
+    normalises the pooled token (``fc_norm``) instead of every token (``norm``, an identity), so the final
+    norm's weights move to ``fc_norm``; everything else (the class token included, which the pool skips) is
+    copied. Weights that already fit (or fit nothing) are returned as they are."""
+    own = model.state_dict()
+    if "fc_norm.weight" not in own or "norm.weight" in own or "fc_norm.weight" in weights or "norm.weight" not in weights:
+        return weights
+    return {("fc_" + key if key.startswith("norm.") else key): value for key, value in weights.items()}
+
+
 def _load_initial_weights(model: nn.Module, weights: dict[str, Tensor], init: str | Path) -> None:
     from ..models import state_dict_mismatch
 
-    weights = _with_distillation_token(model, weights)
+    weights = _with_pooled_readout(model, _with_distillation_token(model, weights))
     mismatch = state_dict_mismatch(model, weights)
     if mismatch:
         raise ValueError(f"init {str(init)!r} does not fit this architecture and shape: {mismatch}")
@@ -161,8 +175,8 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
     scans only), augments them as the recipe asks (:mod:`.augmentation`) and takes one AdamW step on
     cross-entropy with label smoothing. With a ``teacher`` the model must have a distillation token
     (e.g. ``deit_tiny_distilled_patch16_224``) and learns DeiT's :func:`distillation_loss`; the
-    teacher sees exactly what the model sees (in the focus steps, the same tokens). The reported accuracy is that of timm's inference output (for DeiT the
-    mean of both heads, as in DeiT).
+    teacher sees exactly what the model sees (in the focus steps, the same tokens). The reported accuracy
+    is that of timm's inference output (for DeiT the mean of both heads, as in DeiT).
 
     Deterministic given the recipe's ``seed`` and the thread count: the initialisation is drawn under
     ``seed`` inside :func:`torch.random.fork_rng` (the caller's global RNG state is left as it was),
@@ -177,7 +191,8 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
         teacher: a trained digits model, or its short name / checkpoint path (:func:`vitexplain.models.load_model`).
         init: start from this digits model's weights (short name or checkpoint of the same architecture and
             shape) instead of timm's initialisation: fine-tuning. A distilled model (DeiT) may also start from a
-            plain ViT of its shape: everything but the distillation token, its position and its head is copied.
+            plain ViT of its shape: everything but the distillation token, its position and its head is copied;
+            an average-pooled model (``global_pool='avg'``) from a class-token one: the final norm becomes ``fc_norm``.
             The card records it with its own card's command, recipe and accuracy, so a run in stages keeps its history.
         threads: torch intra-op threads during training (None: torch's current setting).
         device: where the model trains (:func:`vitexplain.models.resolve_device`; default: CUDA when
@@ -231,8 +246,9 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
         distilled = hasattr(model, "set_distilled_training")
         if distilled != (teacher_model is not None):
             raise ValueError(f"{arch} {'has' if distilled else 'has no'} distillation token but "
-                             f"{'a' if teacher_model is not None else 'no'} teacher was given: a model with a distillation "
-                             "token (deit_*_distilled_*) trains with a teacher, a model without one trains without")
+                             f"{'a' if teacher_model is not None else 'no'} teacher was given: a model with a "
+                             "distillation token (deit_*_distilled_*) trains with a teacher, a model without one "
+                             "trains without")
         if distilled:
             model.set_distilled_training(True)
         run = _fit(model, teacher_model, recipe, train_set, test_set, eval_every=eval_every, progress=progress,
@@ -247,8 +263,8 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
               "wall_seconds": run["wall_seconds"], "cpu_seconds": run["cpu_seconds"], "threads": used_threads,
               "device": device, "model": model}
     if out is not None:
-        card = model_card(model, model_kwargs=kwargs, recipe=recipe, teacher=teacher_name, init=initial, command=command,
-                          accuracy=accuracy, history=history, run=run, threads=used_threads,
+        card = model_card(model, model_kwargs=kwargs, recipe=recipe, teacher=teacher_name, init=initial,
+                          command=command, accuracy=accuracy, history=history, run=run, threads=used_threads,
                           train_canvases=len(train_set), device=device)
         result.update(save_checkpoint(model, out, arch=arch, model_kwargs=kwargs, card=card))
     return result
@@ -318,7 +334,8 @@ def _fit(model: nn.Module, teacher: nn.Module | None, recipe: TrainingRecipe, tr
                 keep(None)  # whole canvases
                 run["history"].append({"step": step + 1, "test_accuracy": evaluate(model, test_set)})
                 bar.write(f"step {step + 1}: test accuracy {run['history'][-1]['test_accuracy']:.4f}")
-            run.update(step=step + 1, wall_seconds=time.perf_counter() - clock[0], cpu_seconds=time.process_time() - clock[1])
+            run.update(step=step + 1, wall_seconds=time.perf_counter() - clock[0],
+                       cpu_seconds=time.process_time() - clock[1])
             if snapshot is not None and (step + 1) % snapshot_every == 0 and step + 1 < recipe.steps:
                 save_snapshot(snapshot, identity, run, model, optimizer, generator)
     if snapshot is not None:

@@ -83,12 +83,15 @@ class TrainingRecipe:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         checks = {"lr": self.lr > 0, "min_lr": 0 <= self.min_lr <= self.lr, "weight_decay": self.weight_decay >= 0,
-                  "warmup_steps": 0 <= self.warmup_steps <= self.steps, "label_smoothing": 0 <= self.label_smoothing < 1,
+                  "warmup_steps": 0 <= self.warmup_steps <= self.steps,
+                  "label_smoothing": 0 <= self.label_smoothing < 1,
                   "clip_grad": self.clip_grad is None or self.clip_grad > 0, "focus": 0 <= self.focus <= 1,
                   "tau": self.tau > 0, "rotation": 0 <= self.rotation <= 45, "shear": 0 <= self.shear <= 0.5,
                   "nearest": 0 <= self.nearest <= 1,
-                  "stroke": isinstance(self.stroke, int) and not isinstance(self.stroke, bool) and 0 <= self.stroke <= 3,
-                  "contrast": 0 <= self.contrast < 1, "gradient": 0 <= self.gradient <= 1, "noise": 0 <= self.noise <= 0.5}
+                  "stroke": (isinstance(self.stroke, int) and not isinstance(self.stroke, bool)
+                             and 0 <= self.stroke <= 3),
+                  "contrast": 0 <= self.contrast < 1, "gradient": 0 <= self.gradient <= 1,
+                  "noise": 0 <= self.noise <= 0.5}
         wanted = {"min_lr": "in [0, lr]", "warmup_steps": "in [0, steps]", "label_smoothing": "in [0, 1)",
                   "focus": "in [0, 1]",
                   "rotation": "in [0, 45] degrees", "shear": "in [0, 0.5]", "nearest": "in [0, 1]",

@@ -10,6 +10,8 @@ LRP rules all read it; adding a family is writing one of these in a module of th
 """
 from __future__ import annotations
 
+import importlib
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -102,11 +104,13 @@ class Family(ABC):
     #: what the family's models read
     modality: ClassVar[Literal["image", "text"]] = "image"
     #: how the output reads the last block's tokens (per model; see :class:`Readout`)
-    readout: Literal["token", "avg", "token_avg", "map"] = "token"
+    readout: Literal["token", "avg", "token_avg", "avgmax", "max", "map"] = "token"
     #: the attention-pooling head, for ``readout == "map"``
     probe: ProbeParts | None = None
     #: the caller's word on whether the outputs are class logits (None: decided from the model, :attr:`head_reason`)
     classes: bool | None = None
+    #: the blocks take and return tokens sequence first, [N, B, C] (their ``inputs`` / ``output`` convert)
+    sequence_first: bool = False
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -217,6 +221,11 @@ class Family(ABC):
         raise UnsupportedModelError(f"the head of {self.name} models is not described, so no block's output can "
                                     "be read through it")
 
+    def observe_pooling(self, patch: Any, hand_over: Callable[[Tensor], None]) -> None:
+        """For a head that pools by a per-channel maximum (``readout`` ``"avgmax"`` or ``"max"``): make the model, within
+        ``patch`` (a :class:`~vitexplain.instrumentation.patching.ModelPatch`), hand each pooling's
+        :func:`max_selection` of the tokens it pools to ``hand_over``. Other readouts need nothing."""
+
     # -- for LRP ---------------------------------------------------------------------------------
     def embedding(self) -> EmbeddingParts:
         """Where the patch and position embeddings are."""
@@ -237,19 +246,58 @@ class Family(ABC):
         raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models")
 
 
+class ClassTokenFirst:
+    """Mixin of a :class:`Family` whose sequences are one class token, then the patch tokens."""
+
+    num_prefix_tokens = 1
+    class_token_index = 0
+
+
+class PatchTokensOnly:
+    """Mixin of a :class:`Family` whose sequences hold no token before the patch tokens (no class token)."""
+
+    num_prefix_tokens = 0
+    class_token_index = None
+
+
 #: the size of the support matrix's tiny timm models (32 px images, 8 px patches, two blocks)
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
 
 
-def timm_example(architecture: str, settings: dict[str, Any] = TINY, **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
-    """A builder of a tiny timm model (``settings``, with ``arguments`` over them) and one 32 px input image."""
+def example(make: Callable[[], nn.Module]) -> Callable[[], tuple[nn.Module, Tensor]]:
+    """A builder of the tiny model ``make`` builds (seeded, in eval mode) and one 32 px input image."""
     def build() -> tuple[nn.Module, Tensor]:
-        import timm
-
-        model = timm.create_model(architecture, pretrained=False, **{**settings, **arguments}).eval()
-        return model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        torch.manual_seed(0)
+        return make().eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 
     return build
+
+
+def timm_example(architecture: str, settings: dict[str, Any] = TINY, **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
+    """A builder of a tiny timm model (``settings``, with ``arguments`` over them) and one 32 px input image."""
+    def make() -> nn.Module:
+        import timm
+
+        return timm.create_model(architecture, pretrained=False, **{**settings, **arguments})
+
+    return example(make)
+
+
+def max_selection(tokens: Tensor) -> Tensor:
+    """What a per-channel maximum over ``tokens`` [B, N, C] takes from each token, averaged over the channels -> [B, N]:
+    the mean over channels c of ∂ max_i x_ic / ∂ x_jc (1 at the channel's maximum, shared equally among ties, as
+    autograd's ``amax`` backward shares it); each row sums to one."""
+    tokens = tokens.detach()
+    at_peak = (tokens == tokens.amax(1, keepdim=True)).to(torch.float32)
+    return (at_peak / at_peak.sum(1, keepdim=True)).mean(-1)
+
+
+def loaded_class(module: str, name: str) -> type | None:
+    """Class ``name`` of ``module``, or None when its package is not imported (a model of the class has imported it,
+    so no other model makes vitexplain import the package)."""
+    if module.split(".")[0] not in sys.modules:
+        return None
+    return getattr(importlib.import_module(module), name)
 
 
 def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int | None = None) -> Tensor:
@@ -333,8 +381,8 @@ def optional(module: nn.Module | None) -> nn.Module | None:
     return None if module is None or isinstance(module, nn.Identity) else module
 
 
-__all__ = ["AttentionInput", "EmbeddingParts", "Family", "ProbeParts", "TokenContext", "UnsupportedModelError",
-           "check_images", "layer_scale", "missing", "optional", "projection_head", "wrong_channels"]
+__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "PatchTokensOnly", "ProbeParts", "TokenContext", "UnsupportedModelError",
+           "check_images", "example", "layer_scale", "loaded_class", "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
 
 
 #: the families a model is described by, registered by their modules (see :func:`served_families`)

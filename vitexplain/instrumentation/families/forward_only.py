@@ -11,10 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import Family, UnsupportedModelError, wrong_channels
+from .base import Family, PatchTokensOnly, UnsupportedModelError, wrong_channels
 
 
-class ForwardOnly(Family):
+class ForwardOnly(PatchTokensOnly, Family):
     """A model described by its forward alone (see the module docstring); ``unreachable`` says why nothing
     inside it can be read (the reason a family that knows its kind gives, or that no family knows it)."""
 
@@ -48,14 +48,6 @@ class ForwardOnly(Family):
 
     def block(self, module: nn.Module) -> BlockParts:
         raise UnsupportedModelError(self.unreachable)
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return 0
-
-    @property
-    def class_token_index(self) -> None:
-        return None
 
     @property
     def patch_size(self) -> tuple[int, int]:

@@ -9,7 +9,10 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from ..attention import AttentionParts
-from .base import EmbeddingParts, Family, ProbeParts, optional
+from .base import EmbeddingParts, Family, ProbeParts, max_selection, optional
+
+#: ``global_pool`` values that take a per-channel maximum over the tokens
+MAXIMUM_POOLINGS = ("avgmax", "max")
 
 
 def attention_pool(pool: nn.Module) -> ProbeParts:
@@ -60,8 +63,10 @@ def block_type_reason(blocks: nn.Module, accepted: Collection[str], described: s
 class TimmSequenceFamily(Family):
     """A timm ViT whose blocks see one flat token sequence; its readout is its ``global_pool``."""
 
-    #: the ``global_pool`` values that weight the tokens (``"map"``: timm's attention pool)
-    readouts: ClassVar[tuple[str, ...]] = ("token", "avg", "map")
+    #: the ``global_pool`` values described (``"map"``: timm's attention pool; ``"avgmax"`` and ``"max"``: half the mean
+    #: plus half the per-channel maximum of the tokens, or the maximum alone, read through the maximum's selection,
+    #: docs/decisions/readouts.md)
+    readouts: ClassVar[tuple[str, ...]] = ("token", "avg", "avgmax", "max", "map")
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -71,11 +76,34 @@ class TimmSequenceFamily(Family):
 
     @classmethod
     def pooling_reason(cls, model: nn.Module) -> str | None:
-        if model.global_pool in cls.readouts:
+        pooling = model.global_pool
+        if pooling in MAXIMUM_POOLINGS and pooling in cls.readouts and not callable(getattr(model, "pool", None)):
+            return f"its head pools with global_pool={pooling!r} inside forward_head (no pool method to observe)"
+        if pooling in cls.readouts:
             return None
         supported = ", ".join(repr(name) for name in cls.readouts)
-        return (f"its head pools with global_pool={model.global_pool!r}, which is not a weighting of the tokens "
-                f"(supported: {supported})")
+        if not pooling:
+            return f"its head returns every token (global_pool=''), not one vector (supported: {supported})"
+        return f"its head pools with global_pool={pooling!r}, which vitexplain does not describe (supported: {supported})"
+
+    @property
+    def readout_includes_prefix(self) -> bool:
+        """Whether the pooling reads the prefix tokens too (timm's ``pool_include_prefix``)."""
+        return bool(getattr(self.model, "pool_include_prefix", False))
+
+    def observe_pooling(self, patch, hand_over) -> None:
+        """timm's ``pool`` (``global_pool_nlc``) with the maximum's selection of the pooled tokens handed over."""
+        if self.readout not in MAXIMUM_POOLINGS:
+            return
+        own = self.model.pool
+        first = 0 if self.readout_includes_prefix else self.num_prefix_tokens
+
+        def pool(x: Tensor, pool_type: str | None = None) -> Tensor:
+            if pool_type is None:
+                hand_over(max_selection(x[:, first:]))
+            return own(x, pool_type)
+
+        patch.set_attribute(self.model, "pool", pool)
 
     def block_modules(self):
         return self.model.blocks

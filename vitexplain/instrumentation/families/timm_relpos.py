@@ -53,8 +53,9 @@ class TimmBeit(TimmSequenceFamily):
             attn_drop=attn.attn_drop, proj_drop=attn.proj_drop)
         return BlockParts(
             module=module, attention=attention, norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
-            activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), gamma1=layer_scale(module.gamma_1),
-            gamma2=layer_scale(module.gamma_2), inputs=lambda x, shared_rel_pos_bias=None: (x, AttentionInput(bias=shared_rel_pos_bias)))
+            activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp),
+            gamma1=layer_scale(module.gamma_1), gamma2=layer_scale(module.gamma_2),
+            inputs=lambda x, shared_rel_pos_bias=None: (x, AttentionInput(bias=shared_rel_pos_bias)))
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
 from ..windows import Windows
-from .base import EmbeddingParts, Family, register_family, timm_example
+from .base import EmbeddingParts, Family, PatchTokensOnly, register_family, timm_example
 from .timm_common import timm_head
 
 #: timm block classes and the layout their forward computes
@@ -23,6 +23,11 @@ TINY_SWIN = dict(img_size=32, patch_size=4, embed_dim=24, depths=(2, 2), num_hea
                  num_classes=10)
 
 
+#: why a Swin Transformer cannot run on token subsets
+SWIN_TOKEN_SUBSETS = ("a Swin Transformer's windows and patch merging need the whole token grid, so dropping tokens "
+                      "has no meaning (mask the image instead, e.g. tis with input_space=True)")
+
+
 def _swin_classes() -> tuple[type, type]:
     from timm.models.swin_transformer import SwinTransformer
     from timm.models.swin_transformer_v2 import SwinTransformerV2
@@ -30,12 +35,12 @@ def _swin_classes() -> tuple[type, type]:
     return SwinTransformer, SwinTransformerV2
 
 
-def _tokens(x: Tensor) -> tuple[Tensor, AttentionInput]:
+def grid_tokens(x: Tensor) -> tuple[Tensor, AttentionInput]:
     """A Swin block's input [B, h, w, C] as tokens [B, h·w, C] on the grid (h, w)."""
     return x.flatten(1, 2), AttentionInput(grid=tuple(x.shape[1:3]))
 
 
-def _grid_back(tokens: Tensor, given: Tensor) -> Tensor:
+def grid_back(tokens: Tensor, given: Tensor) -> Tensor:
     return tokens.reshape(*given.shape[:-1], tokens.shape[-1])
 
 
@@ -83,7 +88,7 @@ def _v2_attention(attn: nn.Module) -> AttentionParts:
 
 
 @register_family
-class TimmSwin(Family):
+class TimmSwin(PatchTokensOnly, Family):
     """Where timm's ``SwinTransformer`` and ``SwinTransformerV2`` keep their parts.
 
     The blocks of all stages, in order, are the model's blocks (block indices count across stages);
@@ -124,24 +129,15 @@ class TimmSwin(Family):
         attention = _v1_attention(module.attn) if layout == "pre_norm" else _v2_attention(module.attn)
         return BlockParts(
             module=module, attention=attention, norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
-            activation=getattr(module.mlp, "act", None), layout=layout, inputs=_tokens, output=_grid_back,
+            activation=getattr(module.mlp, "act", None), layout=layout, inputs=grid_tokens, output=grid_back,
             windows=Windows(tuple(module.window_size), tuple(module.shift_size), _shift_mask(module)))
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return 0
-
-    @property
-    def class_token_index(self) -> int | None:
-        return None
 
     def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
         """``tokens`` as a last-stage block returns them, a grid [B, h, w, C]."""
         return timm_head(self.model, tokens, final_norm)
 
     def token_subsets_reason(self) -> str | None:
-        return ("a Swin Transformer's windows and patch merging need the whole token grid, so dropping tokens "
-                "has no meaning (mask the image instead, e.g. tis with input_space=True)")
+        return SWIN_TOKEN_SUBSETS
 
     def embedding(self) -> EmbeddingParts:
         return EmbeddingParts(self.model.patch_embed, self.model.patch_embed.proj, None)

@@ -1,6 +1,6 @@
 """timm's ``VisionTransformer``: ViT, DeiT (distilled too), DINOv2, CLIP / SigLIP image towers, DeiT III,
-FlexiViT, register tokens, parallel blocks (``ParallelScalingBlock``, ``vit_pwee``), with class-token, average or
-attention-pool (MAP) readout."""
+FlexiViT, register tokens, parallel blocks (``ParallelScalingBlock``, ``vit_pwee``), with class-token, average,
+average-and-maximum (``avgmax``) or attention-pool (MAP) readout."""
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -114,6 +114,7 @@ class TimmViT(TimmSequenceFamily):
         return {"ViT (class token)": timm_example("vit_base_patch16_224"),
                 "DeiT distilled (class + distillation token)": timm_example("deit_base_distilled_patch16_224"),
                 "ViT, average pooling, registers": timm_example("vit_base_patch16_224", reg_tokens=2, global_pool="avg"),
+                "ViT, avgmax pooling": timm_example("vit_base_patch16_224", class_token=False, global_pool="avgmax"),
                 "SigLIP-style ViT (attention pooling)": timm_example("vit_base_patch16_siglip_224",
                                                                      class_token=False, global_pool="map"),
                 "ViT with parallel blocks (vit_pwee)": timm_example("vit_pwee_patch16_reg1_gap_256")}
@@ -127,10 +128,6 @@ class TimmViT(TimmSequenceFamily):
             mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), layout=layout,
             gamma1=layer_scale(getattr(module, "ls1", None)),
             gamma2=layer_scale(getattr(module, "ls2", None)), inputs=_block_inputs)
-
-    @property
-    def readout_includes_prefix(self) -> bool:
-        return bool(getattr(self.model, "pool_include_prefix", False))
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model
@@ -157,5 +154,6 @@ class TimmViT(TimmSequenceFamily):
             ResPostBlock,
         )
 
-        return (_vit_classes(), Block, ResPostBlock, ParallelScalingBlock, type(self.blocks[0].attention.module), Mlp, GluMlp, SwiGLU,
+        return (_vit_classes(), Block, ResPostBlock, ParallelScalingBlock, type(self.blocks[0].attention.module), Mlp,
+                GluMlp, SwiGLU,
                 PatchEmbed, LayerScale, DropPath, PatchDropout, AttentionPoolLatent)

@@ -12,10 +12,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import AttentionParts
+from .base import UnsupportedModelError
 
 #: why a family whose blocks attend through ``nn.MultiheadAttention`` takes no LRP rules
 LRP_REASON = ("its attention is torch's nn.MultiheadAttention, whose packed input projection (in_proj_weight) is no "
               "Linear module an LRP rule can be placed on")
+
+
+class MultiheadAttentionWithoutLRP:
+    """Mixin of a :class:`~.base.Family` whose blocks attend through ``nn.MultiheadAttention``: LRP refused
+    with :data:`LRP_REASON`."""
+
+    def embedding(self):
+        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models: {LRP_REASON}")
+
+    def lrp_allowed(self) -> tuple[type, ...]:
+        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models: {LRP_REASON}")
 
 
 class InProjectionRows(nn.Module):

@@ -4,24 +4,30 @@ through ``nn.MultiheadAttention``, the final ``encoder.ln`` and ``heads`` (one L
 and a Linear) on the class token. A convolutional stem (``conv_stem_configs``) is part of the patch embedding."""
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import Family, TokenContext, UnsupportedModelError, register_family
-from .torch_attention import LRP_REASON, multihead_attention, multihead_attention_reason
+from .base import (
+    ClassTokenFirst,
+    Family,
+    TokenContext,
+    example,
+    loaded_class,
+    register_family,
+)
+from .torch_attention import (
+    MultiheadAttentionWithoutLRP,
+    multihead_attention,
+    multihead_attention_reason,
+)
 
-
-def _classes() -> tuple[type, type]:
-    from torchvision.models.vision_transformer import EncoderBlock, VisionTransformer
-
-    return VisionTransformer, EncoderBlock
+#: where torchvision keeps the classes described
+MODULE = "torchvision.models.vision_transformer"
 
 
 @register_family
-class TorchvisionViT(Family):
+class TorchvisionViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
     """Where torchvision's ``VisionTransformer`` keeps its parts."""
 
     name = "torchvision VisionTransformer"
@@ -30,12 +36,12 @@ class TorchvisionViT(Family):
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
         """A torchvision VisionTransformer (without importing torchvision for any other model)."""
-        return "torchvision" in sys.modules and isinstance(model, _classes()[0])
+        return isinstance(model, loaded_class(MODULE, "VisionTransformer") or ())
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
         for i, block in enumerate(model.encoder.layers):
-            if type(block) is not _classes()[1]:
+            if type(block) is not loaded_class(MODULE, "EncoderBlock"):
                 return f"block {i} is a {type(block).__name__}, not torchvision's EncoderBlock"
             if reason := multihead_attention_reason(block.self_attention):
                 return f"block {i}: {reason}"
@@ -45,18 +51,17 @@ class TorchvisionViT(Family):
 
     @classmethod
     def examples(cls):
-        def build():
+        def make() -> nn.Module:
             from torchvision.models.vision_transformer import VisionTransformer
 
-            torch.manual_seed(0)
             model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48, mlp_dim=96,
                                       num_classes=10)
             with torch.no_grad():  # torchvision starts the head and class token at zero
                 model.heads.head.weight.normal_(0, 0.5)
                 model.class_token.normal_(0, 0.2)
-            return model.eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+            return model
 
-        return {"torchvision ViT": build}
+        return {"torchvision ViT": example(make)}
 
     def block_modules(self):
         return list(self.model.encoder.layers)
@@ -65,14 +70,6 @@ class TorchvisionViT(Family):
         mlp = module.mlp  # Linear, GELU, Dropout, Linear, Dropout
         return BlockParts(module=module, attention=multihead_attention(module.self_attention), norm1=module.ln_1,
                           norm2=module.ln_2, mlp=mlp, activation=mlp[1], drop1=module.dropout)
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return 1
-
-    @property
-    def class_token_index(self) -> int:
-        return 0
 
     @property
     def patch_size(self) -> tuple[int, int]:
@@ -103,9 +100,3 @@ class TorchvisionViT(Family):
         """``encoder.ln``, then ``heads`` on the class token."""
         tokens = self.model.encoder.ln(tokens) if final_norm else tokens
         return self.model.heads(tokens[:, 0])
-
-    def embedding(self):
-        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models: {LRP_REASON}")
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models: {LRP_REASON}")

@@ -373,7 +373,8 @@ class Gamma(ModuleRule):
 
 
 class PassUnchanged(ModuleRule):
-    """Relevance passes unchanged from output to input (Chefer et al.'s LayerNorm and activations; an RMSNorm likewise)."""
+    """Relevance passes unchanged from output to input (Chefer et al.'s LayerNorm and activations; an RMSNorm
+    likewise)."""
 
     def output(self, module: nn.Module, x: Tensor, output: Tensor) -> Tensor:
         return passes_unchanged(output, x)
@@ -386,7 +387,8 @@ def norm_types() -> tuple[type, ...]:
     each rule treats it as the LayerNorm it would be without them."""
     import timm.layers
 
-    rms = (getattr(nn, "RMSNorm", None), getattr(timm.layers, "RmsNorm", None), getattr(timm.layers, "RmsNormFp32", None))
+    rms = (getattr(nn, "RMSNorm", None), getattr(timm.layers, "RmsNorm", None),
+           getattr(timm.layers, "RmsNormFp32", None))
     return (nn.LayerNorm, *(kind for kind in rms if kind is not None))
 
 
@@ -401,7 +403,10 @@ def _spread(norm: nn.Module, t: Tensor) -> Tensor:
     """The norm's divisor for input ``t``, as a constant: √(variance + ε) for a LayerNorm, √(mean square + ε) for an
     RMSNorm (torch's ``eps=None``: the dtype's machine epsilon, as ``F.rms_norm``)."""
     dims = tuple(range(-len(norm.normalized_shape), 0))
-    second = t.var(dims, unbiased=False, keepdim=True) if isinstance(norm, nn.LayerNorm) else t.pow(2).mean(dims, keepdim=True)
+    if isinstance(norm, nn.LayerNorm):
+        second = t.var(dims, unbiased=False, keepdim=True)
+    else:
+        second = t.pow(2).mean(dims, keepdim=True)
     eps = torch.finfo(t.dtype).eps if norm.eps is None else norm.eps
     return (second + eps).sqrt().detach()
 

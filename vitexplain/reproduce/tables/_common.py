@@ -27,7 +27,8 @@ CHEFER_NOTES = (
 )
 
 
-def perturbation_settings(model: str, data: DataSpec, rows_with_label: tuple[str, ...] | None = None) -> tuple[Setting, ...]:
+def perturbation_settings(model: str, data: DataSpec,
+                          rows_with_label: tuple[str, ...] | None = None) -> tuple[Setting, ...]:
     """Chefer et al.'s perturbation test on the predicted class and on the label (rows_with_label: the rows the
     paper reports with the label; None: all)."""
     return (Setting("predicted", "predicted", model, data, "predicted", PERTURBATION),

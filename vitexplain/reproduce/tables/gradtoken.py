@@ -60,7 +60,8 @@ GRADTOKEN_SEG_NOTE = ("Segmentation with GradToken's protocol (Sec. 4.2.1): pred
                       "reported at it (a footnote names it); metric_options={'segmentation': {'threshold': "
                       "'best_per_metric'}} picks PAcc's own best threshold instead.")
 IMAGENET_SEG_COLUMNS = (
-    Column("imagenet_seg/pixel_accuracy", ("ImageNet-Segmentation", "PAcc"), "imagenet_seg", "segmentation", "pixel_accuracy"),
+    Column("imagenet_seg/pixel_accuracy", ("ImageNet-Segmentation", "PAcc"), "imagenet_seg", "segmentation",
+           "pixel_accuracy"),
     Column("imagenet_seg/map", ("ImageNet-Segmentation", "mAP"), "imagenet_seg", "segmentation", "map"),
     Column("imagenet_seg/miou", ("ImageNet-Segmentation", "mIoU"), "imagenet_seg", "segmentation", "miou"),
 )
@@ -89,7 +90,8 @@ GRADTOKEN_RECIPES = (
                "threshold. The paper names no VOC classifier: give a ViT-B/16 fine-tuned on VOC as a "
                "checkpoint. VOC's void border pixels are left out of every count, as Chefer et al.'s VOC code "
                "does.")),
-    TableRecipe("gradtoken-table2", GRADTOKEN, "Table 2: AUC scores (%) in the perturbation experiments on the ImageNet "
+    TableRecipe("gradtoken-table2", GRADTOKEN,
+                "Table 2: AUC scores (%) in the perturbation experiments on the ImageNet "
            "validation set",
            tuple(row for row in GRADTOKEN_ROWS if row.label not in ("absLRP", "AGCAM")),
            tuple(Column(f"{direction}/{group}", (title, name), group, "perturbation", f"{direction}_auc")
@@ -108,7 +110,8 @@ GRADTOKEN_RECIPES = (
                              Row("GradCAM", "attn_gradcam"), Row("LRP", "lrp", CHEFER_LRP),
                              Row("PLRP", "partial_lrp", CHEFER_LRP),
                              Row("TransAttrib", "transformer_attribution"))),
-           tuple(Column(f"k={k}", (f"k = {k}",), "movie_reviews", "rationale_f1", f"f1@{k}") for k in range(10, 90, 10)),
+           tuple(Column(f"k={k}", (f"k = {k}",), "movie_reviews", "rationale_f1", f"f1@{k}")
+                 for k in range(10, 90, 10)),
            (Setting("movie_reviews", "movie_reviews", "bert_movies", MOVIE_REVIEWS, "predicted",
                     (MetricUse("rationale_f1", "rationale_f1", {"ks": tuple(range(10, 90, 10))}),)),),
            notes=(
@@ -139,7 +142,8 @@ GRADTOKEN_RECIPES = (
     TableRecipe("gradtoken-fig11", GRADTOKEN, "Fig. 11: The effect of class relevance back-propagation depths on "
            "segmentation performances",
            (Row("12", "gradtoken", {"start_layer": 11}),)    # no propagation: nothing to transpose
-           + _with_transposed(tuple(Row(str(layer), "gradtoken", {"start_layer": layer - 1}) for layer in range(11, 0, -1))),
+           + _with_transposed(tuple(Row(str(layer), "gradtoken", {"start_layer": layer - 1})
+                                    for layer in range(11, 0, -1))),
            ABLATION_SEG_COLUMNS, ABLATION_SEG_SETTING,
            notes=ABLATION_NOTES + (
                "Rows are the paper's 1-based layer numbers: relevance propagated down to layer n = start_layer n - 1; "

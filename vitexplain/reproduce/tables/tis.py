@@ -58,11 +58,13 @@ def _insertion_deletion_recipe(number: int, model: str, name: str) -> TableRecip
     baselines = (("mean", "Mean"), ("blur", "Blur"), ("black", "Black"), ("random", "Rand"))
     metrics = tuple(MetricUse(f"insertion_deletion[{baseline}]", "insertion_deletion",
                               {"baseline": baseline, "n_steps": 224}) for baseline, _ in baselines)
-    columns = tuple(Column(f"{number_key}/{baseline}", (title, header), "all", f"insertion_deletion[{baseline}]", number_key)
+    columns = tuple(Column(f"{number_key}/{baseline}", (title, header), "all", f"insertion_deletion[{baseline}]",
+                           number_key)
                     for number_key, title in (("insertion", "Insertion ↑"), ("deletion", "Deletion ↓"),
                                               ("insertion_minus_deletion", "Insertion - Deletion ↑"))
                     for baseline, header in baselines)
-    return TableRecipe(f"tis-table{number}", TIS, f"Table {number}: Results of the Insertion and Deletion metrics and their "
+    return TableRecipe(f"tis-table{number}", TIS,
+                       f"Table {number}: Results of the Insertion and Deletion metrics and their "
                   f"difference (Insertion - Deletion) for {name}", TIS_ROWS, columns,
                   (Setting(model, "all", model, IMAGENET_TIS, "label", metrics),), seed=12345,
                   notes=TIS_NOTES + ("Insertion / deletion as the TIS code: 224 steps, softmax probability, "
@@ -73,13 +75,16 @@ def _insertion_deletion_recipe(number: int, model: str, name: str) -> TableRecip
 TIS_RECIPES = (
     _insertion_deletion_recipe(1, "vit_base", "ViT-Base"),
     _insertion_deletion_recipe(2, "deit_base", "DeiT-Base"),
-    TableRecipe("tis-table3", TIS, "Table 3: Results of the Pointing Game metric for the ViT and DeiT model", TIS_ROWS_LONG,
+    TableRecipe("tis-table3", TIS,
+                "Table 3: Results of the Pointing Game metric for the ViT and DeiT model", TIS_ROWS_LONG,
            (Column("deit", ("DeiT",), "deit_base", "pointing_game", "accuracy"),
             Column("vit", ("ViT",), "vit_base", "pointing_game", "accuracy")),
-           _tis_model_settings((MetricUse("pointing_game", "pointing_game", {"max_coverage": 0.5}),), IMAGENET_TIS_BOXES),
+           _tis_model_settings((MetricUse("pointing_game", "pointing_game", {"max_coverage": 0.5}),),
+                               IMAGENET_TIS_BOXES),
            seed=12345, notes=TIS_NOTES + ("Pointing game: images whose boxes cover 50 % or more of the image are "
                                           "excluded (the paper: 2,892 excluded, 2,108 kept).",)),
-    TableRecipe("tis-table4", TIS, "Table 4: Results of the Max Sensitivity metric for the ViT and DeiT model", TIS_ROWS_LONG,
+    TableRecipe("tis-table4", TIS,
+                "Table 4: Results of the Max Sensitivity metric for the ViT and DeiT model", TIS_ROWS_LONG,
            (Column("deit", ("DeiT",), "deit_base", "max_sensitivity", "max_sensitivity"),
             Column("vit", ("ViT",), "vit_base", "max_sensitivity", "max_sensitivity")),
            tuple(Setting(f"{model}{suffix}", model, model, IMAGENET_TIS, "label",

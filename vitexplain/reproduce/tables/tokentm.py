@@ -66,12 +66,14 @@ TOKENTM_RECIPES = (
     _tokentm_perturbation(4, "ImageNet", "deit_base", IMAGENET_CHEFER,
                           "DeiT-B/16 on all 50,000 ImageNet validation images (the paper names neither a size nor "
                           "a subset; Chefer et al.'s code runs the whole validation set)."),
-    TableRecipe("tokentm-table5", TOKENTM, "Table 5: Results of Impact on Probability on more Vision Transformer models.",
+    TableRecipe("tokentm-table5", TOKENTM,
+                "Table 5: Results of Impact on Probability on more Vision Transformer models.",
            TOKENTM_ROWS,
            tuple(Column(f"{number}/{model}", (title, name), model, "aopc", number)
                  for number, title in (("aopc", "AOPC ↑"), ("log_odds", "LOdds ↓"))
                  for model, name in (("vit_base", "ViT-B"), ("vit_large", "ViT-L"))),
-           tuple(Setting(model, model, model, IMAGENET_CHEFER, "predicted", (MetricUse("aopc", "aopc", {"n_steps": 10}),))
+           tuple(Setting(model, model, model, IMAGENET_CHEFER, "predicted",
+                         (MetricUse("aopc", "aopc", {"n_steps": 10}),))
                  for model in ("vit_base", "vit_large")),
            notes=CHEFER_NOTES + (
                "AOPC and LOdds w.r.t. the predicted label (Sec. 5.2); the paper gives no removal schedule: the "
@@ -111,8 +113,8 @@ TOKENTM_RECIPES += (
     TableRecipe("tokentm-table7", TOKENTM, "Table 7: Results of ablation study on the aggregation depth",
            tuple(Row(f"{n} layers", "tokentm", {"end_layer": n - 1}) for n in (3, 6, 9, 12)),
            TOKENTM_ABLATION_COLUMNS, TOKENTM_ABLATION_SETTINGS,
-           notes=TOKENTM_ABLATION_NOTES + ("'n layers' aggregates the first n blocks, end_layer = n - 1 (each its MHSA and FFN "
-                                           "update); 12 layers is the full ViT-B.",)),
+           notes=TOKENTM_ABLATION_NOTES + ("'n layers' aggregates the first n blocks, end_layer = n - 1 "
+                                           "(each its MHSA and FFN update); 12 layers is the full ViT-B.",)),
 )
 
 register_recipes(*TOKENTM_RECIPES)

@@ -20,12 +20,21 @@ Here (decisions in docs/decisions/default-bench.md):
 * Similarity = Spearman rank correlation of the raw maps (no absolute value; ``absolute=True``
   compares |map| as Adebayo et al.'s second variant), ties ranked by their average rank. Two
   constant maps correlate 1 (nothing changed), a constant and a non-constant map 0.
-* A method is flagged when its correlation, averaged over the images, stays above ``threshold``
-  (default 0.9) at the last level, where the whole model is random.
+* The verdict compares the correlation with a noise floor, the correlation the method's maps keep for
+  a reason that is not the model: for a randomised method, its map of the same image by the trained
+  model with another seed (seed-to-seed: a map dominated by its own sampling, such as RISE with few
+  masks, is closer to the random model's map with the same seed than to the trained model's with
+  another); for a deterministic method, the trained model's map of another image of the check
+  (image-to-image: what unrelated maps of the method share, whatever the image). A map that depends
+  on the model falls to about its floor once the whole model is random; one that does not stays above
+  it. So a method is flagged when, with the whole model random, the 95 % bootstrap interval over the
+  images of the mean of (correlation - floor) lies above 0, or when its maps did not change at all
+  (correlation 1 on every image: the constant map, whose floor is 1 too) (:data:`VERDICT_RULE`).
+  The controls are flagged.
 
 Which parameters form a level is read from timm's parameter names (``blocks.<i>.``, ``head``,
 ``norm``, ``fc_norm``, ``attn_pool``); the instrumentation adapter does not expose the blocks'
-modules. Running it inside a benchmark (caching, errors, timing) is :mod:`vitexplain.bench.sanity_check`.
+modules. Running it inside a benchmark (caching, errors, timing) is :mod:`vitexplain.bench.randomisation_run`.
 """
 from __future__ import annotations
 
@@ -37,8 +46,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .uncertainty import CONFIDENCE, bootstrap, interval
+
 TOP_PREFIXES = ("head", "norm.", "fc_norm.", "attn_pool.")
 INIT_STD = 0.02
+#: the verdict, as the reports state it (``images``: how many images the check ran on)
+VERDICT_RULE = ("Verdict: a method is flagged when, with the whole model random, its maps are clearly more like the "
+                "trained model's maps than its noise floor explains: the {images} images' mean of (correlation - floor) "
+                f"has a {CONFIDENCE:.0%} bootstrap interval above 0, or its maps did not change at all (correlation 1 on "
+                "every image). Floor: for a randomised method, the trained model's map of the same image with another "
+                "seed; for a deterministic one, the trained model's map of another image.")
 
 
 def average_ranks(values: Tensor) -> Tensor:
@@ -155,7 +172,19 @@ def cascading_randomisation(model: nn.Module, images: Tensor, targets: Tensor, o
     return result
 
 
-def flagged(mean_correlations: list[float], threshold: float) -> bool:
-    """Whether a method's maps still match the original once the whole model is random."""
-    return mean_correlations[-1] > threshold
+def image_to_image(maps: Tensor) -> Tensor:
+    """Spearman correlation of each image's map with the previous image's (the first with the last) [B]:
+    what a deterministic method's maps share whatever the image."""
+    if maps.shape[0] < 2:
+        raise ValueError("the image-to-image floor needs maps of at least two images")
+    return spearman(maps, maps.roll(1, 0))
 
+
+def verdict(correlations: Tensor, floor: Tensor, seed: int) -> dict[str, object]:
+    """``excess``: the mean over images of the last level's correlation less the floor, with its bootstrap
+    interval (value, low, high); ``flagged`` when that interval lies above 0 or the last level's maps equal
+    the trained model's on every image (see the module docstring)."""
+    excess = {"excess": (correlations[:, -1] - floor).double()}
+    low, high = interval(bootstrap(excess, lambda values: {"excess": values["excess"].mean()}, seed)["excess"])
+    unchanged = bool((correlations[:, -1] >= 1 - 1e-9).all())
+    return {"excess": [excess["excess"].mean().item(), low, high], "flagged": low > 0 or unchanged}

@@ -23,7 +23,7 @@ def add_seconds(into: Seconds, model: str, method: str, spent: dict[str, float])
 
 
 @dataclass
-class Work:
+class Findings:
     """One process's findings, gathered on rank 0 to build the result."""
 
     shares: list[Share] = field(default_factory=list)

@@ -1,0 +1,190 @@
+"""Every number with its uncertainty: intervals checked against a bootstrap written here in plain numpy on the
+per-image values the cache holds; best and tied from paired intervals; protocols summarised per kind."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_vit
+from safetensors import safe_open
+from test_bench_fakes import RandomImages
+
+from vitexplain.bench import BenchConfig, run_benchmark
+from vitexplain.bench.tables import Estimate, column_decimals, format_estimate
+from vitexplain.bench.uncertainty import Sample, bootstrap, leaders
+from vitexplain.metrics import Metric, available_metrics, get_metric
+from vitexplain.metrics.base import GROUPS
+
+SEED = 5
+STEPS = 4
+METRICS = ["segmentation", {"name": "perturbation", "options": {"n_steps": STEPS}}, "bench_stats"]
+
+
+def stored_values(out: Path, method: str, metric: str) -> dict[str, np.ndarray]:
+    """A method's per-image values of one metric as the cache holds them, rows in dataset order."""
+    folder = next(out.glob(f"cache/*/*/target-predicted/{method}-*/metrics/{metric}-*"))
+    indices, parts = [], {}
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), "np") as handle:
+            indices += json.loads(handle.metadata()["indices"])
+            for key in handle.keys():
+                parts.setdefault(key, []).append(handle.get_tensor(key).astype(np.float64))
+    order = np.argsort(indices)
+    return {key: np.concatenate(chunks)[order] for key, chunks in parts.items()}
+
+
+def numpy_bootstrap(values: dict[str, np.ndarray], statistic, seed: int, resamples: int = 1000) -> np.ndarray:
+    """The statistic on resamples of the images, drawn one after the other by numpy's default_rng(seed)."""
+    generator = np.random.default_rng(seed)
+    count = len(next(iter(values.values())))
+    found = []
+    for _ in range(resamples):
+        rows = generator.integers(0, count, count)
+        found.append(statistic({key: value[rows] for key, value in values.items()}))
+    return np.array(found)
+
+
+def miou(v):          # accumulated counts: a ratio of sums over the images, not a mean of per-image values
+    return 100 * (v["intersection_background"].sum() / v["union_background"].sum()
+                  + v["intersection_foreground"].sum() / v["union_foreground"].sum()) / 2
+
+
+def positive_auc(v):  # the area under the mean curve (Chefer et al.'s trapezoid rule over the steps)
+    curve = v["positive"].mean(0)
+    return 100 * np.trapezoid(curve, dx=1 / curve.size)
+
+
+def probability(v):
+    return v["probability"].mean()
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uncertainty") / "out"
+    config = BenchConfig(models={"tiny": make_vit(depth=2)}, methods=["gae", "rollout", "random_baseline"],
+                         metrics=METRICS, dataset=RandomImages(9, masks=True), batch_size=4, output_dir=out,
+                         progress=False, device="cpu", gallery=0, seed=SEED)
+    result = run_benchmark(config)
+    assert not result.errors
+    return config, result
+
+
+@pytest.mark.parametrize("metric, number, statistic", [("segmentation", "miou", miou),
+                                                       ("perturbation", "positive_auc", positive_auc),
+                                                       ("bench_stats", "probability", probability)])
+def test_intervals_are_a_bootstrap_of_the_stored_per_image_values(bench, metric, number, statistic):
+    config, result = bench
+    for method in ("gae", "rollout", "random_baseline"):
+        values = stored_values(config.output_dir, method, metric)
+        assert statistic(values) == pytest.approx(result.scores["tiny"][method][metric][number], rel=1e-6)   # float32 reductions
+        expected = np.percentile(numpy_bootstrap(values, statistic, SEED), [2.5, 97.5])
+        assert result.intervals["tiny"][method][metric][number] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+        assert expected[1] > expected[0]                                   # the images differ: a real interval
+        replicates = {seed: numpy_bootstrap(values, statistic, seed, 50) for seed in (SEED, SEED + 1)}
+        assert not np.allclose(replicates[SEED], replicates[SEED + 1])     # the seed matters: it is the run's
+        assert result.images["tiny"][method][metric] == 9
+
+
+def test_reports_carry_every_interval_and_a_rerun_in_other_batches_gives_the_same(bench):
+    config, result = bench
+    out = config.output_dir
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["intervals"] == json.loads(json.dumps(result.intervals)) and saved["settings"]["bootstrap"]["seed"] == SEED
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    for row in rows:
+        low, high = result.intervals["tiny"][row["method"]][row["metric"]][row["number"]]
+        assert (float(row["low"]), float(row["high"]), int(row["images"])) == (low, high, 9)
+    table = result.table("tiny")
+    column = table.numbers.index("miou")
+    decimals = column_decimals([row[column] for row in table.values])
+    shown = format_estimate(Estimate(result.scores["tiny"]["gae"]["segmentation"]["miou"],
+                                     *result.intervals["tiny"]["gae"]["segmentation"]["miou"], 9), decimals)
+    assert shown in (out / "results.md").read_text() and shown in (out / "report.html").read_text()
+    assert shown in result.text() and shown == table.cells(column)[0]
+    again = run_benchmark(BenchConfig(**{**vars(config), "batch_size": 2}))     # all cached: reduced again
+    assert again.intervals == result.intervals and again.leaders == result.leaders
+
+
+def test_one_format_per_column_from_its_median_interval():
+    assert format_estimate(Estimate(0.87412, 0.81234, 0.92101, 20)) == "0.87 [0.81, 0.92] (20)"
+    assert format_estimate(Estimate(68.43, 65.21, 71.02, 20)) == "68.4 [65.2, 71.0] (20)"
+    assert format_estimate(Estimate(-0.0031, -0.0102, 0.0033, 8)) == "-0.003 [-0.010, 0.003] (8)"   # width 0.0135
+    column = [Estimate(0.95, 0.91, 0.99, 20), Estimate(1.0, 1.0, 1.0, 20), None, Estimate(1.984e-17, -1e-9, 2e-9, 20)]
+    assert column_decimals(column) == 3                     # the median width (0.08 and 3e-9): 0.04
+    assert column_decimals([Estimate(0.5, 0.3, 0.7, 20)]) == 2   # width 0.4: 0.40
+    column[3] = Estimate(1.984e-17, -0.004, 0.021, 20)
+    decimals = column_decimals(column)
+    assert decimals == 3
+    assert [format_estimate(e, decimals) for e in column if e] == [
+        "0.950 [0.910, 0.990] (20)", "1.000 [1.000, 1.000] (20)", "0.000 [-0.004, 0.021] (20)"]   # no "1", no "1.984e-17"
+    assert format_estimate(Estimate(-0.0, 0.0, -0.0, 2)) == "0.00 [0.00, 0.00] (2)"            # no width, no sign on 0
+    assert column_decimals([Estimate(123.4, 123.4, 123.4, 2)]) == 0
+
+
+def _sample(values: np.ndarray, seed: int) -> Sample:
+    found = {"score": torch.from_numpy(values)}
+    return Sample(list(range(len(values))), found, bootstrap(found, _mean, seed))
+
+
+def _mean(values):
+    return {"score": values["score"].mean()}
+
+
+def test_best_needs_a_paired_interval_that_excludes_zero_and_the_rest_are_tied():
+    generator = np.random.default_rng(0)
+    base = generator.normal(0.5, 0.2, 12)
+    noise = generator.normal(0, 0.2, 12)
+    per_image = {"steady": base + 0.02, "plain": base, "noisy": base + 0.04 + noise - noise.mean(),   # ahead on average
+                 "control": base + 0.5}
+    samples = {name: _sample(values, SEED) for name, values in per_image.items()}
+    scores = {name: values.mean() for name, values in per_image.items()}
+
+    def told_apart(first: str, second: str) -> bool:
+        """By hand: the paired 95 % interval of the difference of the means excludes 0."""
+        difference = numpy_bootstrap({"a": per_image[first], "b": per_image[second]},
+                                     lambda v: v["a"].mean() - v["b"].mean(), SEED)
+        low, high = np.percentile(difference, [2.5, 97.5])
+        return low > 0 or high < 0
+
+    ahead = max(("steady", "plain", "noisy"), key=scores.get)
+    assert ahead == "noisy" and told_apart("steady", "plain") and not told_apart("noisy", "steady")
+    unpaired = [np.percentile(samples[name].replicates["score"], [2.5, 97.5]) for name in ("steady", "plain")]
+    assert unpaired[0][0] < unpaired[1][1]                   # each on its own, their intervals overlap: pairing decides
+    two = leaders({k: samples[k] for k in ("steady", "plain")}, scores, True, set(), "score", _mean, SEED)
+    assert two == {"methods": ["steady"], "controls": []}
+    three = leaders(samples, scores, True, {"control"}, "score", _mean, SEED)
+    assert three["methods"] == ["noisy", "steady"] + (["plain"] if not told_apart("noisy", "plain") else [])
+    assert three["controls"] == ["control"]                  # above them all: no leader is better than it
+    lower = leaders({k: samples[k] for k in ("steady", "plain")}, scores, False, set(), "score", _mean, SEED)
+    assert lower["methods"] == ["plain"]                     # lower is better: plain, clearly
+
+
+def test_every_protocol_declares_its_kind_and_the_summary_never_mixes_kinds(bench):
+    library = [name for name in available_metrics() if get_metric(name).compute.__module__.startswith("vitexplain.metrics")]
+    assert {name: get_metric(name).group for name in library} == {
+        "aopc": "faithfulness", "insertion_deletion": "faithfulness", "perturbation": "faithfulness", "road": "faithfulness",
+        "saco": "faithfulness", "segmentation": "localisation", "pointing_game": "localisation",
+        "rationale_f1": "localisation", "max_sensitivity": "robustness", "sparseness": "complexity",
+        "class_sensitivity": "class sensitivity"}
+    with pytest.raises(ValueError, match="group must be one of faithfulness, localisation"):
+        Metric("bench_ungrouped", lambda batch: {}, lambda values: {}, group="accuracy")
+    _, result = bench
+    leads = result.summary("tiny")
+    assert [(lead.group, lead.metric, lead.number) for lead in leads] == [
+        ("localisation", "segmentation", n) for n in ("pixel_accuracy", "miou", "map")] + [
+        ("faithfulness", "perturbation", n) for n in ("positive_auc", "negative_auc")] + [
+        ("other", "bench_stats", n) for n in ("probability", "auc")]
+    text = result.text()
+    assert "mean rank" not in text and "mean rank" not in result.markdown()
+    for group in ("localisation", "faithfulness"):
+        assert f"{group}: rewards {GROUPS[group]}"[:90] in text.replace("\n    ", " ")
+    for lead in leads:
+        assert lead.images == "9" and "random_baseline" not in lead.methods
+        table = result.table("tiny")
+        column = [j for j, (m, n) in enumerate(zip(table.metrics, table.numbers)) if (m, n) == (lead.metric, lead.number)][0]
+        marked = [method for method, marks in zip(table.methods, table.marks) if marks[column]]
+        assert marked == sorted(lead.methods, key=table.methods.index)       # the table marks what the summary says

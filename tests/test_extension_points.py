@@ -1,0 +1,151 @@
+"""A metric, a dataset and a model family added from a module of their own reach `explain`, the bench and
+`vitexplain methods` with no project file edited (a method does too: tests/test_plugin_method.py), and a
+bench config that says `all` takes every registered method and metric, new ones included."""
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+import torch
+from cli import run_python_many
+
+from vitexplain import explain
+from vitexplain.bench import BenchConfig, run_benchmark
+from vitexplain.datasets.base import DATASETS
+from vitexplain.instrumentation import family_of
+from vitexplain.instrumentation.families.base import FAMILY_REGISTRY
+from vitexplain.metrics.base import METRICS
+from vitexplain.registry import METHODS, available_methods
+
+EXTENSION = '''
+"""Throwaway extensions: a metric, a dataset, a model family and a method, each registered where it is defined."""
+import timm
+import torch
+from torch.utils.data import Dataset
+
+from vitexplain import register_method
+from vitexplain.datasets import register_dataset
+from vitexplain.instrumentation.families import register_family
+from vitexplain.instrumentation.families.timm_vit import TimmViT
+from vitexplain.metrics import Metric, register_metric
+
+
+def share_inside(batch):
+    """Per image, the share of the map's positive mass inside the mask (a toy protocol)."""
+    maps = torch.nn.functional.interpolate(batch.maps[:, None].float(), size=batch.masks.shape[-2:])[:, 0].clamp(min=0)
+    return {"share": (maps * batch.masks).flatten(1).sum(1) / maps.flatten(1).sum(1).clamp(min=1e-12)}
+
+
+register_metric(Metric("throwaway_share", share_inside, lambda values: {"share": values["share"].mean().item()},
+                       requires=("masks",), higher_is_better={"share": True}))
+
+
+@register_dataset("throwaway_squares")
+class Squares(Dataset):
+    """Bright squares on noise, the square as the mask and its corner as the label."""
+
+    splits = ("test",)
+
+    def __init__(self, split: str = "test", n: int = 4, preprocess=None):  # made at the model's size
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        image = 0.1 * torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(index))
+        mask = torch.zeros(32, 32, dtype=torch.bool)
+        row, col = divmod(index % 4, 2)
+        mask[16 * row:16 * row + 16, 16 * col:16 * col + 16] = True
+        image[:, mask] += 1.0
+        return {"image": image, "label": index % 4, "mask": mask, "id": f"square-{index}"}
+
+
+class ThrowawayViT(timm.models.vision_transformer.VisionTransformer):
+    """A model class of its own, described by the family below."""
+
+
+@register_family
+class ThrowawayFamily(TimmViT):
+    """ThrowawayViT, read as timm's ViT is."""
+
+    name = "throwaway ViT"
+    listing_order = 0
+
+    @classmethod
+    def recognises(cls, model):
+        return isinstance(model, ThrowawayViT)
+
+
+@register_method("throwaway_first_row", class_specific=False, cost=1)
+def throwaway_first_row(adapter, images, target=None):
+    """The readout's row of the first block's head-averaged attention."""
+    record = adapter.record(images, target, fields=("attn",), blocks=(0,))
+    return record.geometry.readout_row(record.blocks[0].attn.mean(1))
+'''
+
+
+@pytest.fixture(scope="module")
+def extension(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("extension")
+    (folder / "my_extension.py").write_text(textwrap.dedent(EXTENSION))
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module("my_extension"), folder
+    finally:
+        METRICS.remove("throwaway_share")
+        DATASETS.remove("throwaway_squares")
+        FAMILY_REGISTRY.remove("throwaway ViT")
+        METHODS.remove("throwaway_first_row")
+        sys.path.remove(str(folder))
+        sys.modules.pop("my_extension", None)
+
+
+def tiny(module):
+    torch.manual_seed(0)
+    return module.ThrowawayViT(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, num_classes=4).eval()
+
+
+def test_the_family_describes_its_models_and_explain_runs_on_them(extension):
+    module, _ = extension
+    model = tiny(module)
+    assert family_of(model).name == "throwaway ViT"
+    images = torch.randn(2, 3, 32, 32)
+    maps = explain(model, images, "gae")
+    assert maps.shape == (2, 4, 4) and torch.isfinite(maps).all()
+
+
+def test_all_in_a_bench_config_takes_new_methods_and_metrics_and_exclude_leaves_them_out(extension):
+    common = dict(models={"tiny": torch.nn.Identity()}, dataset={"name": "throwaway_squares"}, progress=False)
+    config = BenchConfig(methods=["all"], metrics=["all"], **common)
+    assert [entry.name for entry in config.methods] == available_methods("image")
+    assert "throwaway_first_row" in [entry.name for entry in config.methods]
+    assert "throwaway_share" in [entry.name for entry in config.metrics]
+    fewer = BenchConfig(methods=["gae", "all"], metrics=["all"], exclude_methods=["throwaway_first_row"],
+                        exclude_metrics=["throwaway_share"], **common)
+    assert [entry.name for entry in fewer.methods][0] == "gae"
+    assert "throwaway_first_row" not in [entry.name for entry in fewer.methods]
+    assert "throwaway_share" not in [entry.name for entry in fewer.metrics]
+    with pytest.raises(ValueError, match="exclude_methods names 'no_such_method', which are not registered methods"):
+        BenchConfig(methods=["all"], metrics=["all"], exclude_methods=["no_such_method"], **common)
+
+
+def test_the_bench_runs_the_new_method_metric_dataset_and_family_together(extension, tmp_path):
+    module, _ = extension
+    config = BenchConfig(models={"tiny": tiny(module)}, methods=["throwaway_first_row", "gae"],
+                         metrics=["throwaway_share"], dataset={"name": "throwaway_squares", "options": {"n": 4}},
+                         batch_size=4, output_dir=tmp_path, progress=False, device="cpu", gallery=0)
+    result = run_benchmark(config)
+    assert not result.errors
+    shares = {method: result.scores["tiny"][method]["throwaway_share"]["share"] for method in ("throwaway_first_row", "gae")}
+    assert all(0.0 <= share <= 1.0 for share in shares.values())
+
+
+def test_vitexplain_methods_lists_the_new_method_and_family(extension):
+    _, folder = extension
+    (result,) = run_python_many(["-c", "import sys, my_extension; from vitexplain.cli.main import main; "
+                                       "sys.exit(main(['methods']))"], cwd=folder)
+    assert result.returncode == 0, result.stderr
+    assert any(line.startswith("throwaway_first_row") for line in result.stdout.splitlines())

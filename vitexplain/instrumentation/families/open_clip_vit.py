@@ -1,0 +1,152 @@
+"""open_clip's image tower ``VisionTransformer`` (``model.visual`` of every ``ViT-*`` CLIP, EVA-free): a class token
+and learnt (or fixed sin-cos) positions, ``ln_pre``, pre-norm ``ResidualAttentionBlock``\\ s attending through
+``nn.MultiheadAttention`` (optional LayerScale), ``ln_post`` before or after the pooling (class token ``'tok'``
+or patch mean ``'avg'``), and the image-text projection ``proj``. Its output is an embedding, not class scores.
+
+The blocks take tokens sequence first ([N, B, C]) in open_clip up to 2.23 and batch first where the attention is
+built ``batch_first``; the layout is read from each model's attention. Refused: the attentional pooler (CoCa),
+``pool_type='none'`` (every token returned), cross-attention blocks."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import AttentionInput
+from ..blocks import BlockParts
+from .base import (
+    ClassTokenFirst,
+    Family,
+    TokenContext,
+    UnsupportedModelError,
+    example,
+    layer_scale,
+    loaded_class,
+    register_family,
+)
+from .torch_attention import (
+    MultiheadAttentionWithoutLRP,
+    multihead_attention,
+    multihead_attention_reason,
+)
+
+#: where open_clip keeps the classes described
+MODULE = "open_clip.transformer"
+
+
+@register_family
+class OpenClipViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
+    """Where open_clip's ``VisionTransformer`` keeps its parts."""
+
+    name = "open_clip VisionTransformer"
+    listing_order = 35
+
+    def __init__(self, model: nn.Module):
+        #: the blocks take and return tokens [N, B, C] (the attention is not batch-first)
+        self.sequence_first = not model.transformer.resblocks[0].attn.batch_first
+        super().__init__(model)
+        self.readout = "token" if model.pool_type == "tok" else "avg"
+
+    @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        """An open_clip VisionTransformer (without importing open_clip for any other model)."""
+        return isinstance(model, loaded_class(MODULE, "VisionTransformer") or ())
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
+        if model.attn_pool is not None:
+            queries = model.attn_pool.query.shape[0]
+            return (f"its tokens are read by an attentional pooler (CoCa, attentional_pool, {queries} learnt queries) whose "
+                    "outputs are pooled again, not one weighting of the tokens")
+        if model.pool_type not in ("tok", "avg"):
+            return f"its pool_type={model.pool_type!r} returns every token, not one embedding"
+        for i, block in enumerate(model.transformer.resblocks):
+            if type(block) is not loaded_class(MODULE, "ResidualAttentionBlock"):
+                return f"block {i} is a {type(block).__name__}, not open_clip's ResidualAttentionBlock"
+            if hasattr(block, "ln_1_kv"):
+                return f"block {i} is a cross-attention block (ln_1_kv)"
+            if reason := multihead_attention_reason(block.attn):
+                return f"block {i}: {reason}"
+        return None
+
+    @classmethod
+    def examples(cls):
+        def make() -> nn.Module:
+            from open_clip.transformer import VisionTransformer
+
+            return VisionTransformer(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0, output_dim=16)
+
+        return {"open_clip ViT image tower": example(make)}
+
+    @property
+    def head_reason(self) -> str | None:
+        if self.classes is not None:
+            return super().head_reason
+        return "its output is open_clip's image-text embedding (give a text embedding or a direction as the target)"
+
+    def block_modules(self):
+        return list(self.model.transformer.resblocks)
+
+    def block(self, module: nn.Module) -> BlockParts:
+        mlp = module.mlp  # c_fc, gelu, c_proj
+        return BlockParts(module=module, attention=multihead_attention(module.attn), norm1=module.ln_1,
+                          norm2=module.ln_2, mlp=mlp, activation=mlp.gelu, gamma1=layer_scale(module.ls_1),
+                          gamma2=layer_scale(module.ls_2), inputs=self._block_inputs, output=self._block_output)
+
+    def _block_inputs(self, q_x: Tensor, k_x: Tensor | None = None, v_x: Tensor | None = None,
+                      attn_mask: Tensor | None = None) -> tuple[Tensor, AttentionInput]:
+        if k_x is not None or v_x is not None or attn_mask is not None:
+            raise UnsupportedModelError("an open_clip image block was called with keys, values or an attention mask "
+                                        "(cross-attention or masked attention), which the description does not cover")
+        return self._batch_first(q_x), AttentionInput()
+
+    def _block_output(self, tokens: Tensor, given: Tensor) -> Tensor:
+        return self._batch_first(tokens)
+
+    def _batch_first(self, tokens: Tensor) -> Tensor:
+        """Tokens as the blocks lay them out <-> batch first (a transpose when the blocks are sequence first)."""
+        return tokens.transpose(0, 1) if self.sequence_first else tokens
+
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        return tuple(self.model.patch_size)
+
+    @property
+    def in_channels(self) -> int:
+        return self.model.conv1.in_channels
+
+    def grid_size(self, images: Tensor) -> tuple[int, int]:
+        size, given = tuple(self.model.image_size), tuple(images.shape[-2:])
+        if given != size:
+            raise ValueError(f"this model takes {size[0]}x{size[1]} images, got {given[0]}x{given[1]}; resize them")
+        return tuple(self.model.grid_size)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """The image embedding (the pooled output, without the tokens ``output_tokens=True`` adds)."""
+        output = self.model(inputs)
+        return output[0] if self.model.output_tokens else output
+
+    def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
+        """Tokens before the first block, batch first: patches after the class token, positions added, ``ln_pre``, as
+        ``VisionTransformer.forward`` computes them (patch dropout is the identity in eval mode)."""
+        model = self.model
+        patches = model.conv1(images).flatten(2).transpose(1, 2)
+        first = model.class_embedding.to(patches.dtype).expand(patches.shape[0], 1, -1)
+        tokens = torch.cat([first, patches], dim=1) + model.positional_embedding.to(patches.dtype)
+        return model.ln_pre(model.patch_dropout(tokens)), TokenContext()
+
+    def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
+        x = self._batch_first(tokens)
+        for block in self.model.transformer.resblocks:
+            x = block(x)
+        return self.head(x)
+
+    def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
+        """``ln_post`` (before the pooling, or after it with ``final_ln_after_pool``), the pooling, ``proj``."""
+        model = self.model
+        norm = model.ln_post if final_norm else nn.Identity()
+        tokens = self._batch_first(tokens)
+        if model.final_ln_after_pool:
+            pooled = norm(model._global_pool(tokens)[0])
+        else:
+            pooled = model._global_pool(norm(tokens))[0]
+        return pooled if model.proj is None else pooled @ model.proj

@@ -1,0 +1,193 @@
+"""torchvision's Swin Transformers (``swin_t`` / ``swin_s`` / ``swin_b`` and ``swin_v2_t`` / ``_s`` / ``_b``, and models
+built from ``SwinTransformer`` with any size): a patch convolution with a LayerNorm, stages of windowed blocks with
+shifted windows and patch merging between them (NHWC token grids), the final norm, average pooling, a Linear.
+
+What differs from timm's Swin (``timm_swin.py``): each attention pads its grid to whole windows *before* the cyclic
+shift (timm shifts, then pads), and drops the shift on a side whose padded length is no longer than the window;
+V2's attention leaves the key third of the qkv bias out (the module zeroes it in every call)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import AttentionParts
+from ..blocks import BlockParts
+from ..windows import Grid, WindowLayout, Windows
+from .base import (
+    Family,
+    PatchTokensOnly,
+    UnsupportedModelError,
+    example,
+    loaded_class,
+    register_family,
+)
+from .timm_swin import SWIN_TOKEN_SUBSETS, grid_back, grid_tokens
+
+#: where torchvision keeps the classes described
+MODULE = "torchvision.models.swin_transformer"
+#: block class -> (the attention class it holds, the layout its forward computes)
+BLOCKS = {"SwinTransformerBlock": ("ShiftedWindowAttention", "pre_norm"),
+          "SwinTransformerBlockV2": ("ShiftedWindowAttentionV2", "res_post_norm")}
+#: why the LRP methods are refused
+LRP_REASON = ("LRP rules are not placed on torchvision Swin models (their patch embedding, patch merging and head "
+              "modules are not described to the rule sets)")
+
+
+def _effective_shift(window: Grid, shift: Grid, padded: Grid) -> Grid:
+    """torchvision's shift on a padded grid: none on a side whose padded length is no longer than the window."""
+    return tuple(0 if size >= side else step for step, size, side in zip(shift, window, padded))
+
+
+def _padded(grid: Grid, window: Grid) -> Grid:
+    return tuple(math.ceil(side / size) * size for side, size in zip(grid, window))
+
+
+def _shift_mask(window: Grid, shift: Grid, padded: Grid, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """torchvision's additive mask of a shifted block's windows [windows, T, T]: -100 between tokens of different
+    regions of the rolled, padded grid (its slices, taken with the effective shift as the module takes them)."""
+    regions = torch.zeros(padded, device=device)
+    count = 0
+    for rows in ((0, -window[0]), (-window[0], -shift[0]), (-shift[0], None)):
+        for cols in ((0, -window[1]), (-window[1], -shift[1]), (-shift[1], None)):
+            regions[rows[0]:rows[1], cols[0]:cols[1]] = count
+            count += 1
+    regions = regions.view(padded[0] // window[0], window[0], padded[1] // window[1], window[1])
+    regions = regions.permute(0, 2, 1, 3).reshape(-1, window[0] * window[1])
+    different = (regions[:, None, :] - regions[:, :, None]) != 0
+    return torch.zeros(different.shape, device=device, dtype=dtype).masked_fill(different, -100.0)
+
+
+@dataclass(frozen=True)
+class PaddedThenShifted(Windows):
+    """torchvision's windows: the grid padded to whole windows at the bottom / right, then rolled by the shift."""
+
+    def layout(self, grid: Grid, device: torch.device, dtype: torch.dtype) -> WindowLayout:
+        padded = _padded(grid, self.window)
+        shift = _effective_shift(self.window, self.shift, padded)
+        i = torch.arange(padded[0], device=device)[:, None]
+        j = torch.arange(padded[1], device=device)[None, :]
+        rows, cols = (i + shift[0]) % padded[0], (j + shift[1]) % padded[1]
+        tokens = torch.where((rows < grid[0]) & (cols < grid[1]), rows * grid[1] + cols, -1)
+        slots = tokens.reshape(padded[0] // self.window[0], self.window[0], padded[1] // self.window[1], self.window[1])
+        slots = slots.permute(0, 2, 1, 3).reshape(-1, self.window[0] * self.window[1])
+        mask = _shift_mask(self.window, shift, padded, device, dtype) if any(shift) else None
+        return WindowLayout(tuple(grid), tuple(self.window), shift, slots, mask)
+
+
+class _KeyBiasLeftOut(nn.Module):
+    """V2's qkv Linear as its attention calls it: the key third of the bias left out."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self._linear = [linear]  # not a submodule: the model owns it
+
+    def forward(self, x: Tensor) -> Tensor:
+        linear = self._linear[0]
+        bias = linear.bias
+        if bias is not None:
+            third = bias.numel() // 3
+            bias = torch.cat([bias[:third], torch.zeros_like(bias[third:2 * third]), bias[2 * third:]])
+        return F.linear(x, linear.weight, bias)
+
+
+def _attention(attn: nn.Module, version: str) -> AttentionParts:
+    head_dim = attn.qkv.out_features // (3 * attn.num_heads)
+    if version == "pre_norm":
+        return AttentionParts(module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5,
+                              proj=attn.proj, qkv=attn.qkv, position_bias=attn.get_relative_position_bias)
+    return AttentionParts(module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5,
+                          proj=attn.proj, qkv=_KeyBiasLeftOut(attn.qkv), position_bias=attn.get_relative_position_bias,
+                          logit_scale=lambda: torch.clamp(attn.logit_scale, max=math.log(100.0)).exp())
+
+
+@register_family
+class TorchvisionSwin(PatchTokensOnly, Family):
+    """Where torchvision's ``SwinTransformer`` (V1 and V2 blocks) keeps its parts; blocks of all stages in order."""
+
+    name = "torchvision Swin Transformer (V1, V2)"
+    listing_order = 32
+    readout = "avg"
+
+    @classmethod
+    def recognises(cls, model: nn.Module) -> bool:
+        return isinstance(model, loaded_class(MODULE, "SwinTransformer") or ())
+
+    @classmethod
+    def unsupported_reason(cls, model: nn.Module) -> str | None:
+        if not isinstance(model.avgpool, nn.AdaptiveAvgPool2d) or model.avgpool.output_size not in (1, (1, 1)):
+            return f"its head pools with a {type(model.avgpool).__name__}, not an average over the tokens"
+        for i, block in enumerate(cls._blocks(model)):
+            attention, _ = BLOCKS.get(type(block).__name__, (None, None))
+            if attention is None:
+                return f"block {i} is a {type(block).__name__}, not torchvision's SwinTransformerBlock(V2)"
+            if type(block.attn).__name__ != attention:
+                return f"block {i}: its attention is a {type(block.attn).__name__}, not torchvision's {attention}"
+        return None
+
+    @classmethod
+    def examples(cls):
+        def make(version: int):
+            def build() -> nn.Module:
+                from torchvision.models import swin_transformer as swin
+
+                v2 = dict(block=swin.SwinTransformerBlockV2, downsample_layer=swin.PatchMergingV2) if version == 2 else {}
+                return swin.SwinTransformer(patch_size=[4, 4], embed_dim=24, depths=[2, 2], num_heads=[2, 4],
+                                            window_size=[2, 2], num_classes=10, **v2)
+            return build
+
+        return {"torchvision Swin (swin_t style)": example(make(1)),
+                "torchvision Swin V2 (swin_v2_t style)": example(make(2))}
+
+    @staticmethod
+    def _blocks(model: nn.Module) -> list[nn.Module]:
+        """The blocks of every stage, in order (the ``features`` entries that are stages of blocks)."""
+        return [block for stage in model.features[1:] if isinstance(stage, nn.Sequential) for block in stage]
+
+    def block_modules(self):
+        return self._blocks(self.model)
+
+    def block(self, module: nn.Module) -> BlockParts:
+        _, layout = BLOCKS[type(module).__name__]
+        mlp = module.mlp  # Linear, GELU, Dropout, Linear, Dropout
+        return BlockParts(module=module, attention=_attention(module.attn, layout), norm1=module.norm1,
+                          norm2=module.norm2, mlp=mlp, activation=mlp[1], layout=layout, inputs=grid_tokens,
+                          output=grid_back, windows=PaddedThenShifted(tuple(module.attn.window_size),
+                                                                      tuple(module.attn.shift_size)))
+
+    @property
+    def _convolution(self) -> nn.Conv2d:
+        return self.model.features[0][0]
+
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        return tuple(self._convolution.kernel_size)
+
+    @property
+    def in_channels(self) -> int:
+        return self._convolution.in_channels
+
+    def grid_size(self, images: Tensor) -> tuple[int, int]:
+        size, patch = tuple(images.shape[-2:]), self.patch_size
+        if any(side % step for side, step in zip(size, patch)):
+            raise ValueError(f"this model cuts images into {patch[0]}x{patch[1]} patches, which do not tile a "
+                             f"{size[0]}x{size[1]} image; resize or crop it to a multiple")
+        return size[0] // patch[0], size[1] // patch[1]
+
+    def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
+        """``norm`` (the final norm), the average over the grid [B, h, w, C], ``head``."""
+        model = self.model
+        tokens = model.norm(tokens) if final_norm else tokens
+        return model.head(model.flatten(model.avgpool(model.permute(tokens))))
+
+    def token_subsets_reason(self) -> str | None:
+        return SWIN_TOKEN_SUBSETS
+
+    def embedding(self):
+        raise UnsupportedModelError(LRP_REASON)
+
+    def lrp_allowed(self) -> tuple[type, ...]:
+        raise UnsupportedModelError(LRP_REASON)

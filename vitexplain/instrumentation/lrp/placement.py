@@ -1,0 +1,170 @@
+"""Placement: a rule set put on a model, from its family description, for the length of a ``with`` block.
+
+Where the parts are comes from the model's family description: the rule set's module rules go on the
+model's modules by type (a Linear's also by its role and block), its operation rules are the arithmetic
+of the written-out blocks and attention (:class:`RuleArithmetic`, run by
+:meth:`~vitexplain.instrumentation.ModelAdapter.instrumented`). :func:`lrp_rules` refuses a model holding
+a module no rule covers, places everything, and removes it all on exit (also after an exception).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..adapter import ModelAdapter
+from ..attention import Arithmetic
+from ..families.base import UnsupportedModelError
+from ..patching import ModelPatch
+from ..precision import float32_scope
+from . import rules as r
+from .composites import RuleSet, resolve_rules
+from .trace import Trace, TraceSink
+
+
+class RuleArithmetic(Arithmetic):
+    """The written-out blocks' operations under a rule set."""
+
+    def __init__(self, rules: RuleSet):
+        self.rules = rules
+
+    @property
+    def explicit(self) -> bool:
+        """The attention is written out wherever a gradient will pass it (the rules act on its parts)."""
+        return torch.is_grad_enabled()
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.rules.residual(a, b)
+
+    def scale(self, x: Tensor, gamma: Tensor) -> Tensor:
+        return self.rules.scale(x, gamma)
+
+    def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
+        return self.rules.attention.scores(q, k, constant_query)
+
+    def offset(self, x: Tensor, constant: Tensor) -> Tensor:
+        return self.rules.attention.offset(x, constant)
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        return self.rules.attention.softmax(scores)
+
+    def mix(self, attn: Tensor, v: Tensor) -> Tensor:
+        return self.rules.attention.mix(attn, v)
+
+    def normalize(self, t: Tensor) -> Tensor:
+        return self.rules.attention.normalize(t)
+
+    def gate(self, value: Tensor, gate: Tensor) -> Tensor:
+        return self.rules.gate(value, gate)
+
+    def attention_input(self, x: Tensor) -> Tensor:
+        return self.rules.attention.input(x)
+
+    def dropout(self, t: Tensor, module: nn.Module | None) -> Tensor:
+        """A dropout of the forward; where timm's ViT has one and the family none, the rule set's dropout rule."""
+        if module is not None:
+            return module(t)
+        return r.absolute_passthrough(t) if self.rules.dropout is not None else t
+
+
+def _activations(family) -> list[nn.Module]:
+    """The feed-forwards' element-wise activations (blocks and pooling head)."""
+    found = [parts.activation for parts in family.blocks] + [family.probe and family.probe.activation]
+    return [activation for activation in found if activation is not None]
+
+
+def _check_covered(adapter: ModelAdapter) -> None:
+    """Refuse a model holding a module the written-out blocks and the rules do not cover, naming it."""
+    family = adapter.family
+    allowed = (*family.lrp_allowed(), nn.Linear, *r.norm_types(), nn.Identity, nn.Dropout, nn.Sequential, nn.ModuleList)
+    exempt = {id(activation) for activation in _activations(family)}
+    convolution = family.embedding().convolution
+    if convolution is not None:
+        exempt.add(id(convolution))
+    for name, module in adapter.model.named_modules():
+        gated = any(parts.attention.module is module and parts.attention.gate is not None for parts in family.blocks)
+        if id(module) in exempt or (isinstance(module, allowed) and not gated):
+            continue
+        reason = "its attention has a gate" if gated else "has no LRP rule here"
+        raise UnsupportedModelError(f"cannot propagate LRP through this {type(adapter.model).__name__}: its module "
+                                    f"{name} ({type(module).__name__}) {reason}")
+
+
+def _linear_places(family) -> dict[int, tuple[str, int | None]]:
+    """Each Linear of the blocks and of a pooling head, by id: its role and block (:data:`.composites.LinearRules`);
+    Linears not listed are ``("head", None)``."""
+    attentions = [(parts.attention, index) for index, parts in enumerate(family.blocks)]
+    attentions += [(family.probe.attention, None)] if family.probe is not None else []
+    places = {id(linear): ("mlp", index) for index, parts in enumerate(family.blocks)
+              for linear in parts.module.modules() if isinstance(linear, nn.Linear)}
+    for attention, index in attentions:
+        for linear in (*attention.projections, attention.query, attention.proj):
+            if isinstance(linear, nn.Linear):
+                places[id(linear)] = ("attention", index)
+    return places
+
+
+def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatch, pixels: bool) -> None:
+    """Put the rule set's module rules on the model's modules, from its family description."""
+    family, model = adapter.family, adapter.model
+    embedding = family.embedding()
+    projections = {id(linear) for parts in family.blocks for linear in parts.attention.projections}
+    if family.probe is not None:
+        projections |= {id(linear) for linear in family.probe.attention.projections}
+    activations = {id(activation) for activation in _activations(family)}
+    places = _linear_places(family)
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            rule = rules.linear_rule(*places.get(id(module), ("head", None)))
+            rule.place(module, patch, renormalise_input=id(module) not in projections)
+        elif isinstance(module, r.norm_types()):
+            rules.norm().place(module, patch)
+        elif id(module) in activations:
+            rules.activation().place(module, patch)
+            if rules.dropout is not None and module in family.missing_dropouts():
+                patch.hook(module.register_forward_hook(lambda module, args, output: r.absolute_passthrough(output)))
+        elif isinstance(module, nn.Dropout) and module is not embedding.position_module and rules.dropout is not None:
+            rules.dropout().place(module, patch)
+    if rules.dropout is not None:
+        for head in family.head_without_dropout():
+            patch.hook(head.register_forward_pre_hook(lambda module, args: (r.absolute_passthrough(args[0]),)))
+    patch.hook(embedding.patch_embedding.register_forward_hook(
+        lambda module, args, output: setattr(trace, "patches", output)))
+    if rules.position is not None and embedding.position_module is not None:
+        prefix = adapter.num_prefix_tokens
+        patch.hook(embedding.position_module.register_forward_pre_hook(
+            lambda module, args: (r.normalise_relevance(args[0]),)))
+        patch.hook(embedding.position_module.register_forward_hook(
+            lambda module, args, output: rules.position(output, trace.patches, prefix)))
+    if pixels and embedding.convolution is not None:
+        trace.pixel_rule = rules.pixels()
+        trace.pixel_rule.place(embedding.convolution, patch)
+    last = family.blocks[-1].module
+    patch.hook(last.register_forward_hook(lambda module, args, output: trace.residuals.__setitem__(
+        len(family.blocks), output[0] if isinstance(output, tuple) else output)))
+
+
+@contextlib.contextmanager
+def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels: bool = True,
+              gradient_from: int | None = None) -> Iterator[Trace]:
+    """Within the block, the model's backward propagates relevance under ``rules``; yields the :class:`Trace`.
+
+    Forward values are unchanged (up to rounding in the attention, which is computed unfused). The model
+    comes back exactly as it was — hooks removed, patched ``forward`` methods restored — also when an
+    exception is raised inside. ``pixels=False`` leaves the patch convolution's rule out (for callers
+    that do not read the pixels' relevance). ``gradient_from``: blocks below this index run plainly
+    without gradients and this block's input starts the graph (the backward stops there; the trace
+    holds the attention and residuals from there on).
+    """
+    if not isinstance(adapter, ModelAdapter):
+        raise TypeError(f"lrp_rules takes a ModelAdapter (vitexplain.adapter_for(model)), got {type(adapter).__name__}")
+    rules = resolve_rules(rules)
+    _check_covered(adapter)
+    trace = Trace()
+    sink = TraceSink(trace, gradient_from or 0)
+    with float32_scope(adapter.model), \
+            adapter.instrumented(arithmetic=RuleArithmetic(rules), sink=sink, gradient_from=gradient_from) as patch:
+        _place(adapter, rules, trace, patch, pixels)
+        yield trace

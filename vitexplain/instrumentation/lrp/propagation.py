@@ -1,0 +1,187 @@
+"""One forward and one backward under a rule set: :func:`relevance`, and the :class:`Relevance` it returns.
+
+The rules are placed for the forward (:func:`~.placement.lrp_rules`), the rule set's start puts relevance
+on the target logits, and one ordinary backward from there carries it to every tensor asked for (a
+tensor's relevance is the tensor times its gradient under the rules). Optionally a second backward
+through the same forward takes the plain gradient at the attention (:func:`~.rules.both_gradients`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..adapter import ModelAdapter, evaluation_mode
+from ..geometry import TokenGeometry
+from ..precision import float32_scope
+from ..targets import resolve_target
+from ..windows import WindowLayout
+from . import rules as r
+from .composites import RuleSet, one_on_target, resolve_rules
+from .placement import lrp_rules
+from .trace import Trace
+
+#: what :func:`relevance` can return
+STAGES = ("attn", "residuals", "patches", "pixels")
+
+
+@dataclass
+class Relevance:
+    """Relevance of one batch under one rule set, for the target class of each image.
+
+    Attributes:
+        logits: model output [B, classes].
+        targets: the class explained for each image [B].
+        output: relevance put on each image's target logit [B] (1, the logit, or 0 when starting from the others).
+        attn: relevance of every block's attention probabilities [B, H, N, N] (zero where the rules hold
+            attention constant; None for blocks not asked for); windowed blocks: [B, H, windows, T, T].
+        residuals: relevance of every block's input, then of the last block's output [B, N, C] (a
+            hierarchical model's later stages have fewer tokens).
+        patches: relevance of the patch embeddings (before position embedding) [B, h*w, C]; under
+            the absolute rule not renormalised.
+        pixels: relevance of the input pixels [B, C, H, W].
+        geometry: where the tokens sit: grid, prefix tokens, class token, readout, stages and each block's
+            window layout (:class:`~vitexplain.instrumentation.geometry.TokenGeometry`), through which maps,
+            readout rows and block matrices are read.
+        attn_grads: with ``gradients=True``, the plain gradient of the target logit at the attention
+            probabilities of the blocks asked for, shaped as ``attn`` (None elsewhere).
+    """
+
+    logits: Tensor
+    targets: Tensor
+    output: Tensor
+    attn: list[Tensor | None]
+    residuals: list[Tensor | None]
+    patches: Tensor | None
+    pixels: Tensor | None
+    geometry: TokenGeometry
+    attn_grads: list[Tensor | None] | None = None
+
+    @property
+    def tokens(self) -> Tensor:
+        """Relevance of the token embeddings fed to the first block [B, N, C]."""
+        return self.residuals[0]
+
+
+def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | RuleSet = "chefer", *,
+              at: Collection[str] = STAGES, blocks: Collection[int] | None = None,
+              gradients: bool = False) -> Relevance:
+    """One forward and one backward under ``rules``; the relevance at the stages asked for.
+
+    Args:
+        adapter: the model's adapter (``vitexplain.adapter_for(model)``).
+        images: preprocessed batch [B, 3, H, W].
+        targets: None (each image's predicted class), an int, or one class per image.
+        rules: a name from :data:`~.composites.RULE_SETS` or a :class:`~.composites.RuleSet`.
+        at: which of ``attn``, ``residuals``, ``patches``, ``pixels`` to return; the backward stops
+            at the lowest one asked for, and the blocks below it run plainly, without gradients.
+        blocks: for ``attn``, the blocks whose attention relevance is wanted (None: all).
+        gradients: also the plain gradient of the target logit at that attention (``attn_grads``), taken
+            by a second backward through the same forward (:func:`~.rules.both_gradients`).
+    """
+    if not isinstance(adapter, ModelAdapter):
+        raise TypeError(f"relevance takes a ModelAdapter (vitexplain.adapter_for(model)), got {type(adapter).__name__}")
+    unknown = set(at) - set(STAGES)
+    if unknown:
+        raise ValueError(f"cannot return relevance at {sorted(unknown)}; choose from {STAGES}")
+    if gradients and "attn" not in at:
+        raise ValueError("gradients are taken at the attention: ask for relevance at 'attn' too")
+    with float32_scope(adapter.model):  # the rules' denominators need float32 (precision.py)
+        return _relevance(adapter, images, targets, resolve_rules(rules), at, blocks, gradients)
+
+
+def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, at: Collection[str],
+               blocks: Collection[int] | None, gradients: bool) -> Relevance:
+    below_blocks = "pixels" in at or "patches" in at
+    images = adapter.check_images(images).detach().requires_grad_(below_blocks)
+    num_blocks = adapter.num_blocks
+    chosen = range(num_blocks) if blocks is None else sorted({b % num_blocks for b in blocks})
+    # the graph starts where the lowest relevance asked for is (the images' own gradient is never taken
+    # unless the pixels are asked for: autograd stops at the tensors asked for)
+    gradient_from = None if below_blocks else 0 if "residuals" in at else min(chosen)
+    with evaluation_mode(adapter.model), torch.enable_grad(), \
+            (r.both_gradients() if gradients else contextlib.nullcontext()) as phase:
+        with lrp_rules(adapter, rules, pixels="pixels" in at, gradient_from=gradient_from) as trace:
+            logits = adapter.forward(images)
+        resolved = resolve_target(targets, logits.detach(), has_classes=adapter.family.has_classes)
+        if not resolved.is_class:
+            raise ValueError("LRP starts from relevance on the class logits: give class targets")
+        classes = resolved.classes
+        start = rules.start(logits.detach(), classes)
+        wanted = _wanted(trace, images, at, chosen, num_blocks)
+        plain = _plain_gradients(phase, logits, classes, wanted["attn"]) if gradients else None
+        taken = _propagated(logits, r.safe_divide(start, logits.detach()), wanted)
+    layouts = [trace.layouts.get(block) for block in range(num_blocks)]
+    patches = taken["patches"][0] if taken["patches"] else None
+    return Relevance(
+        logits=logits.detach(), targets=classes, output=start.gather(1, classes[:, None])[:, 0],
+        attn=_per_block(taken["attn"], chosen, layouts),
+        residuals=[value.flatten(1, -2) for value in taken["residuals"]] or [None] * (num_blocks + 1),
+        patches=None if patches is None else patches.reshape(patches.shape[0], -1, patches.shape[-1]),
+        pixels=_pixels(taken["pixels"], images),
+        geometry=adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1], trace.readout_attn,
+                                        trace.readout_selection),
+        attn_grads=None if plain is None else _per_block(plain, chosen, layouts))
+
+
+def _wanted(trace: Trace, images: Tensor, at: Collection[str], chosen: Sequence[int],
+            num_blocks: int) -> dict[str, list[Tensor]]:
+    """The tensors whose relevance is asked for, by stage; the pixels' with the z^B rule's bound terms
+    (:class:`~.rules.ZBox`), whose relevance adds to theirs."""
+    bounds = (trace.pixel_rule.bounds or ()) if isinstance(trace.pixel_rule, r.ZBox) else ()
+    return {
+        "attn": [trace.attn[block] for block in chosen] if "attn" in at else [],
+        "residuals": [trace.residuals[block] for block in range(num_blocks + 1)] if "residuals" in at else [],
+        "patches": [trace.patches] if "patches" in at else [],
+        "pixels": [images, *bounds] if "pixels" in at else [],
+    }
+
+
+def _plain_gradients(phase: r.Phase, logits: Tensor, classes: Tensor, attn: list[Tensor]) -> list[Tensor]:
+    """The plain gradient of the target logit at each attention in ``attn`` (zero where it does not
+    reach), by a backward that keeps the graph for the relevance's."""
+    phase.plain = True
+    try:
+        found = torch.autograd.grad(logits, attn, grad_outputs=one_on_target(logits, classes), retain_graph=True,
+                                    allow_unused=True)
+    finally:
+        phase.plain = False
+    return [torch.zeros_like(tensor) if gradient is None else gradient for tensor, gradient in zip(attn, found)]
+
+
+def _propagated(logits: Tensor, seed: Tensor, wanted: dict[str, list[Tensor]]) -> dict[str, list[Tensor]]:
+    """Each wanted tensor's relevance, by stage: the tensor times its gradient under the rules from
+    ``seed`` at the logits (zero where the backward does not reach it)."""
+    tensors = [tensor for stage in STAGES for tensor in wanted[stage]]
+    differentiable = [tensor for tensor in tensors if tensor.requires_grad]
+    found = iter(torch.autograd.grad(logits, differentiable, grad_outputs=seed, allow_unused=True)
+                 if differentiable else ())
+    gradients = [next(found) if tensor.requires_grad else None for tensor in tensors]
+    values = iter([tensor.detach() * (torch.zeros_like(tensor) if gradient is None else gradient)
+                   for tensor, gradient in zip(tensors, gradients)])
+    return {stage: [next(values) for _ in wanted[stage]] for stage in STAGES}
+
+
+def _per_block(values: list[Tensor], chosen: Sequence[int], layouts: list[WindowLayout | None]) -> list[Tensor | None]:
+    """Attention values of the blocks ``chosen`` (in order) as a per-block list, None elsewhere; a windowed
+    block's in the recording's per-window layout."""
+    found: list[Tensor | None] = [None] * len(layouts)
+    for block, value in zip(chosen, values):
+        layout = layouts[block]
+        found[block] = value if layout is None else layout.recorded({"attn": value})["attn"]
+    return found
+
+
+def _pixels(taken: list[Tensor], images: Tensor) -> Tensor | None:
+    """The pixels' relevance plus the z^B rule's bound terms (cropped in case the patch embedding padded
+    the image); None when not asked for."""
+    if not taken:
+        return None
+    pixels, *bounds = taken
+    height, width = images.shape[-2:]
+    for bound in bounds:
+        pixels = pixels + bound[..., :height, :width]
+    return pixels
