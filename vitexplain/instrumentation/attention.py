@@ -62,7 +62,7 @@ class Arithmetic:
         """A v."""
         return attn @ v
 
-    def normalize(self, t: Tensor) -> Tensor:
+    def normalise(self, t: Tensor) -> Tensor:
         """t / ||t|| over the last axis (cosine attention)."""
         return F.normalize(t, dim=-1)
 
@@ -359,7 +359,7 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
     anchor = sink.anchor(block)
     explicit = arithmetic.explicit or sink.wants(block, "attn_logits") or sink.wants(block, "attn")
     if parts.logit_scale is not None:  # cosine scores: q and k are recorded as projected, not normalised
-        q_scaled, k_scored = arithmetic.normalize(q) * parts.logit_scale(), arithmetic.normalize(k)
+        q_scaled, k_scored = arithmetic.normalise(q) * parts.logit_scale(), arithmetic.normalise(k)
     else:
         q_scaled, k_scored = q * parts.scale, k
     if anchor is not None:

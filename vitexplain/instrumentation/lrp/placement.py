@@ -53,8 +53,8 @@ class RuleArithmetic(Arithmetic):
     def mix(self, attn: Tensor, v: Tensor) -> Tensor:
         return self.rules.attention.mix(attn, v)
 
-    def normalize(self, t: Tensor) -> Tensor:
-        return self.rules.attention.normalize(t)
+    def normalise(self, t: Tensor) -> Tensor:
+        return self.rules.attention.normalise(t)
 
     def gate(self, value: Tensor, gate: Tensor) -> Tensor:
         return self.rules.gate(value, gate)

@@ -547,7 +547,7 @@ class AttentionRule:
     def mix(self, attn: Tensor, v: Tensor) -> Tensor:
         return halved_product(attn, v)
 
-    def normalize(self, t: Tensor) -> Tensor:
+    def normalise(self, t: Tensor) -> Tensor:
         return passes_unchanged(F.normalize(t, dim=-1), t)
 
     def input(self, x: Tensor) -> Tensor:
@@ -570,7 +570,7 @@ class ConstantAttention(AttentionRule):
     def mix(self, attn: Tensor, v: Tensor) -> Tensor:
         return product(attn, v, 0, 1)
 
-    def normalize(self, t: Tensor) -> Tensor:
+    def normalise(self, t: Tensor) -> Tensor:
         return F.normalize(t, dim=-1)
 
 
