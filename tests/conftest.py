@@ -1,6 +1,12 @@
 """Shared fixtures: tiny timm Vision Transformers built in the tests (nothing is downloaded)."""
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 from timm.models.deit import VisionTransformerDistilled
@@ -48,3 +54,15 @@ def family_model(request):
 def images():
     g = torch.Generator().manual_seed(1)
     return torch.randn(4, 3, 32, 32, generator=g)
+
+
+@contextlib.contextmanager
+def module_from_source(folder: Path, name: str, source: str):
+    """``source`` written to ``folder/name.py`` and imported (a user's own module: a plug-in), then forgotten."""
+    (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)

@@ -3,13 +3,8 @@
 bench config that says `all` takes every registered method and metric, new ones included."""
 from __future__ import annotations
 
-import importlib
-import sys
-import textwrap
-
 import pytest
 import torch
-from cli import run_python_many
 
 from vitexplain import explain
 from vitexplain.bench import BenchConfig, run_benchmark
@@ -18,6 +13,9 @@ from vitexplain.instrumentation import family_of
 from vitexplain.instrumentation.families.base import FAMILY_REGISTRY
 from vitexplain.metrics.base import METRICS
 from vitexplain.registry import METHODS, available_methods
+
+from cli import run_python_many
+from conftest import module_from_source
 
 EXTENSION = '''
 """Throwaway extensions: a metric, a dataset, a model family and a method, each registered where it is defined."""
@@ -90,17 +88,14 @@ def throwaway_first_row(adapter, images, target=None):
 @pytest.fixture(scope="module")
 def extension(tmp_path_factory):
     folder = tmp_path_factory.mktemp("extension")
-    (folder / "my_extension.py").write_text(textwrap.dedent(EXTENSION))
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("my_extension"), folder
-    finally:
-        METRICS.remove("throwaway_share")
-        DATASETS.remove("throwaway_squares")
-        FAMILY_REGISTRY.remove("throwaway ViT")
-        METHODS.remove("throwaway_first_row")
-        sys.path.remove(str(folder))
-        sys.modules.pop("my_extension", None)
+    with module_from_source(folder, "my_extension", EXTENSION) as module:
+        try:
+            yield module, folder
+        finally:
+            METRICS.remove("throwaway_share")
+            DATASETS.remove("throwaway_squares")
+            FAMILY_REGISTRY.remove("throwaway ViT")
+            METHODS.remove("throwaway_first_row")
 
 
 def tiny(module):

@@ -2,10 +2,6 @@
 ``explain``, the bench (tables, gallery, sanity check), the reproduce cost estimates and ``vitexplain methods``."""
 from __future__ import annotations
 
-import importlib
-import sys
-import textwrap
-
 import pytest
 import torch
 
@@ -17,7 +13,7 @@ from vitexplain.reproduce.recipe import Column, MetricUse, Row, Setting, TableRe
 from vitexplain.reproduce.tables.tis import TIS_RECIPES
 
 from cli import run_python_many
-from conftest import make_vit
+from conftest import make_vit, module_from_source
 from test_bench_fakes import RandomImages
 
 PLUGIN = '''
@@ -42,14 +38,11 @@ def plugin_first_attention(adapter, images, target=None, *, n_steps: PositiveInt
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plugin")
-    (folder / "my_plugin.py").write_text(textwrap.dedent(PLUGIN))
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("my_plugin"), folder
-    finally:
-        METHODS.remove("plugin_first_attention")
-        sys.path.remove(str(folder))
-        sys.modules.pop("my_plugin", None)
+    with module_from_source(folder, "my_plugin", PLUGIN) as module:
+        try:
+            yield module, folder
+        finally:
+            METHODS.remove("plugin_first_attention")
 
 
 def test_explain_runs_it_with_its_options_checked(plugin):
