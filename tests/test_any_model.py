@@ -10,20 +10,16 @@ import pytest
 import timm
 import torch
 import torchvision
-from test_instrumentation import _assert_same, _snapshot
 from torch import nn
-from zoo import SIZE, build, images
 
 from vitexplain import available_methods, explain, get_method
-from vitexplain.instrumentation import (
-    UnsupportedModelError,
-    adapter_for,
-    family_of,
-    served_families,
-)
+from vitexplain.instrumentation import UnsupportedModelError, adapter_for, family_of, served_families
 from vitexplain.instrumentation.families.base import projection_head
 from vitexplain.methods.rise import grid_masks, random_grids
 from vitexplain.methods.smoothgrad import noise_samples
+
+from test_instrumentation import _assert_same, _snapshot
+from zoo import SIZE, build, images
 
 #: small settings of the sampling methods
 QUICK = {"tis": {"n_masks": 4}, "rise": {"n_masks": 6, "batch_size": 4}, "integrated_gradients": {"n_steps": 3},

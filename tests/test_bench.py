@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_vit
-from test_bench_fakes import STEPS, RandomImages
 
 import vitexplain
 from vitexplain.bench import BenchConfig, BenchResult, MethodEntry, run_benchmark
 from vitexplain.cli import bench as bench_cli
+
+from conftest import make_vit
+from test_bench_fakes import STEPS, RandomImages
 
 METHODS = ["rollout", {"name": "rollout", "options": {"start_layer": 1}, "label": "rollout-1"}]
 

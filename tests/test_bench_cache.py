@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_vit
 from safetensors.torch import load_file, save
-from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, run_benchmark
 from vitexplain.bench.store import CacheWarning, ShardStore, read_record, write_record
+
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 ROOT = Path(__file__).parent.parent
 IMAGES = 6

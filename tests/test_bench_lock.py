@@ -8,10 +8,11 @@ import sys
 import time
 
 import pytest
-from cli import python_env, run_cli
 
 from vitexplain.bench import BenchConfig
 from vitexplain.bench.lock import LOCK_NAME, config_key, folder_lock
+
+from cli import python_env, run_cli
 
 ARGS = ["--model", "digits_vit", "--method", "random_baseline", "--metric", "sparseness", "--dataset", "digits",
         "--dataset-option", "n=2", "--device", "cpu", "--no-progress"]

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from conftest import make_vit
 from safetensors import safe_open
-from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, run_benchmark
+
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 TESTS = Path(__file__).parent
 METHODS = ["rollout", "bench_picky"]

@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_vit
 from safetensors import safe_open
-from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, run_benchmark
 from vitexplain.bench.tables import Estimate, column_decimals, format_estimate
 from vitexplain.bench.uncertainty import Sample, bootstrap, leaders
 from vitexplain.metrics import Metric, available_metrics, get_metric
 from vitexplain.metrics.base import GROUPS
+
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 SEED = 5
 STEPS = 4

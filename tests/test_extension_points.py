@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 import torch
-from cli import run_python_many
 
 from vitexplain import explain
 from vitexplain.bench import BenchConfig, run_benchmark
@@ -18,6 +17,8 @@ from vitexplain.instrumentation import family_of
 from vitexplain.instrumentation.families.base import FAMILY_REGISTRY
 from vitexplain.metrics.base import METRICS
 from vitexplain.registry import METHODS, available_methods
+
+from cli import run_python_many
 
 EXTENSION = '''
 """Throwaway extensions: a metric, a dataset, a model family and a method, each registered where it is defined."""

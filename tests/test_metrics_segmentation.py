@@ -5,9 +5,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 
-from vitexplain.metrics.segmentation import (
-    THRESHOLD_GRID, average_precision, reduce_segmentation, segmentation,
-)
+from vitexplain.metrics.segmentation import THRESHOLD_GRID, average_precision, reduce_segmentation, segmentation
 
 HAND_MAP = torch.tensor([[[0.0, 1.0], [3.0, 4.0]]])       # normalised: 0, .25, .75, 1; mean .5
 

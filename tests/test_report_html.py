@@ -14,13 +14,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from chromium import start_chromium
-from conftest import make_vit
-from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, BenchResult, run_benchmark
 from vitexplain.bench.tables import arrow, groups_of
 from vitexplain.metrics.base import GROUPS
+
+from chromium import start_chromium
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 METHODS = ["gae", "lrp", "random_baseline"]          # lrp: signed maps, drawn grey (not highlighted)
 

@@ -4,13 +4,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import make_vit
 from scipy.stats import spearmanr
 
 import vitexplain
 from vitexplain.bench.randomisation import (
-    cascade_levels, cascading_randomisation, image_to_image, reinitialise, spearman, verdict,
+    cascade_levels,
+    cascading_randomisation,
+    image_to_image,
+    reinitialise,
+    spearman,
+    verdict,
 )
+
+from conftest import make_vit
 
 # ---------------------------------------------------------------------------------------------- controls
 

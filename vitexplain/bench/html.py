@@ -20,12 +20,10 @@ import re
 from datetime import datetime, timezone
 
 from .. import viz
-from .plots import (
-    CurvePlot, cascade_plot, model_styles, png_of,
-)
 from ..metrics.base import GROUPS
-from .result import BenchResult, Gallery
+from .plots import CurvePlot, cascade_plot, model_styles, png_of
 from .randomisation import VERDICT_RULE
+from .result import BenchResult, Gallery
 from .tables import Lead, Table, arrow, groups_of, sanity_cells
 
 STYLE = """

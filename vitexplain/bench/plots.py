@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import viz
 from .result import BenchResult
 
 CONTROL_STYLES = ({"color": "#4d4d4d", "linestyle": "--"}, {"color": "#000000", "linestyle": ":"},

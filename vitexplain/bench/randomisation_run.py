@@ -21,10 +21,9 @@ from ..registry import get_method
 from .cache import MethodCache
 from .config import SanityCheck
 from .data import one_batch
+from .findings import Findings, add_seconds, error_entry
 from .randomisation import cascading_randomisation, image_to_image, spearman, verdict
 from .store import discard, options_key, read_record, write_record
-from .findings import Findings, add_seconds, error_entry
-
 
 #: what a record holds (part of its key: records of an earlier check are not read)
 RECORD = "correlations per image and level, noise floor per image"

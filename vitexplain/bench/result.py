@@ -15,7 +15,15 @@ from ..registry import METHODS
 from .config import DatasetSpec
 from .randomisation import VERDICT_RULE
 from .tables import (
-    Estimate, Lead, Table, sanity_markdown, sanity_text, score_markdown, score_text, summary_markdown, summary_text,
+    Estimate,
+    Lead,
+    Table,
+    sanity_markdown,
+    sanity_text,
+    score_markdown,
+    score_text,
+    summary_markdown,
+    summary_text,
 )
 from .uncertainty import CONFIDENCE, RESAMPLES, Sample, bootstrap, interval, leaders
 

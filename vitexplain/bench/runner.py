@@ -33,12 +33,12 @@ from .cache import MethodCache, model_folder
 from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry
 from .data import Batch, build_dataset, loader, normalisation, select_indices, take
 from .distributed import Place, place
+from .findings import Findings, add_seconds, error_entry
 from .gallery import build_gallery
 from .lock import FolderInUse, config_key, folder_lock
-from .result import BenchResult, Share, build_result
 from .randomisation_run import check_model
+from .result import BenchResult, Share, build_result
 from .store import safe_name
-from .findings import Findings, add_seconds, error_entry
 from .writers import write_reports
 
 Normalisation = tuple[tuple[float, ...], tuple[float, ...]]

@@ -14,8 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .shared import add_method_options, add_precision_option, method_options, output_folder, positive_int, \
-    probability_text
+from .shared import (
+    add_method_options,
+    add_precision_option,
+    method_options,
+    output_folder,
+    positive_int,
+    probability_text,
+)
 
 NAMING = """\
 output names:
