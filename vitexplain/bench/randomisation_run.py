@@ -85,8 +85,8 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
                 add_seconds(work.seconds, model_name, label, {"sanity": time.perf_counter() - started})
 
         targets = next(iter(todo.values()))["targets"]
-        cascade = cascading_randomisation(model, batch.data["images"], targets, {l: m["maps"] for l, m in todo.items()},
-                                          explain_randomised, seed=seed)
+        maps = {label: entry["maps"] for label, entry in todo.items()}
+        cascade = cascading_randomisation(model, batch.data["images"], targets, maps, explain_randomised, seed=seed)
         for label, message in cascade.errors.items():
             work.errors.append(error_entry(model_name, label, "sanity", batch.ids, message))
         for label, correlations in cascade.correlations.items():
