@@ -128,7 +128,8 @@ def test_cached_maps_and_values_are_reused_and_a_new_metric_adds_only_itself(tmp
     assert (_lines(method_log), _lines(metric_log)) == (7, 7)
 
     # another batch size, and a second metric: no map and no bench_stats value is computed again
-    second = run_benchmark(_config(tmp_path, dataset, methods=["bench_picky"], metrics=["bench_stats", "bench_needs_masks"],
+    second = run_benchmark(_config(tmp_path, dataset, methods=["bench_picky"],
+                                   metrics=["bench_stats", "bench_needs_masks"],
                                    batch_size=2))
     assert (_lines(method_log), _lines(metric_log)) == (7, 7)
     assert second.scores["tiny"]["bench_picky"]["bench_stats"] == first.scores["tiny"]["bench_picky"]["bench_stats"]
@@ -150,7 +151,8 @@ def test_cached_maps_and_values_are_reused_and_a_new_metric_adds_only_itself(tmp
 
 def test_a_failing_item_loses_nothing_else(tmp_path):
     dataset = RandomImages(7, broken=[2], poisoned=[5])  # no masks: bench_needs_masks fails on every batch
-    config = _config(tmp_path, dataset, methods=["rollout", "bench_picky"], metrics=["bench_stats", "bench_needs_masks"])
+    config = _config(tmp_path, dataset, methods=["rollout", "bench_picky"],
+                     metrics=["bench_stats", "bench_needs_masks"])
     result = run_benchmark(config)
     # todo [0..6] in batches of 3: [0, 1, (2 unreadable)], [3, 4, 5 (poisoned)], [6]
     assert result.images["tiny"]["rollout"] == {"bench_stats": 6, "bench_needs_masks": 0}
@@ -205,7 +207,8 @@ def test_markdown_marks_the_leaders_of_each_column_and_its_direction():
     lines = result.markdown().splitlines()
     header = lines.index("## m") + 2
     assert lines[header:header + 5] == [
-        "| method | ins/auc ↑ | n | del/auc ↓ |",  # metrics in config order, a shared name qualified, no arrow when unknown
+        # metrics in config order, a shared name qualified, no arrow when unknown
+        "| method | ins/auc ↑ | n | del/auc ↓ |",
         "| --- | ---: | ---: | ---: |",
         "| a | – | – | 0.20 [0.15, 0.25] (4) |",
         "| b | **0.70 [0.65, 0.75] (4)** | 3.00 [3.00, 3.00] (4) | 0.10 [0.05, 0.15] (4) ≈ |",   # best alone: bold
@@ -241,7 +244,8 @@ def test_config_from_yaml_and_its_checks(tmp_path):
         _config(tmp_path, RandomImages(2), methods=[{"name": "rollout", "options": {"depth": 2}}])
     with pytest.raises(TypeError, match="metric 'bench_stats' has no option 'n_steps'; its options are: none"):
         _config(tmp_path, RandomImages(2), metrics=[{"name": "bench_stats", "options": {"n_steps": 2}}])
-    with pytest.raises(ValueError, match="option n_steps of metric 'insertion_deletion' must be an integer >= 2, got 1"):
+    with pytest.raises(ValueError,
+                       match="option n_steps of metric 'insertion_deletion' must be an integer >= 2, got 1"):
         _config(tmp_path, RandomImages(2), metrics=[{"name": "insertion_deletion", "options": {"n_steps": 1}}])
     with pytest.raises(ValueError, match="highlight names method.*'tis'"):
         _config(tmp_path, RandomImages(2), highlight=["rollout", "tis"])
@@ -261,8 +265,8 @@ def test_cli_flags_override_the_yaml_config(tmp_path):
     path.write_text("models: [a]\nmethods: [{name: rollout, label: rollout}, gae]\nmetrics: [bench_stats]\nhighlight: [rollout, gae]\n"
                     "dataset: {name: digits, options: {n: 10}}\nbatch_size: 8\n")
     args = _parse(["--config", str(path), "--model", "ckpt.pth", "--arch", "vit_small_patch16_224",
-                   "--method-option", "rollout.start_layer=1", "--dataset-option", "seed=3", "--batch-size", "2", "--limit", "5",
-                   "--no-progress", "-o", str(tmp_path / "o")])
+                   "--method-option", "rollout.start_layer=1", "--dataset-option", "seed=3", "--batch-size", "2",
+                   "--limit", "5", "--no-progress", "-o", str(tmp_path / "o")])
     config = bench_cli.config_from_args(args)
     assert [(m.name, m.arch) for m in config.models] == [("ckpt.pth", "vit_small_patch16_224")]
     assert [(m.name, m.options) for m in config.methods] == [("rollout", {"start_layer": 1}), ("gae", {})]
@@ -270,7 +274,8 @@ def test_cli_flags_override_the_yaml_config(tmp_path):
     assert (config.batch_size, config.limit, config.progress, config.output_dir) == (2, 5, False, tmp_path / "o")
     with pytest.raises(ValueError, match="names no method"):
         bench_cli.config_from_args(_parse(["--config", str(path), "--method-option", "tis.n_masks=4"]))
-    replaced = bench_cli.config_from_args(_parse(["--config", str(path), "--method", "gae", "--method", "attn_gradcam"]))
+    arguments = ["--config", str(path), "--method", "gae", "--method", "attn_gradcam"]
+    replaced = bench_cli.config_from_args(_parse(arguments))
     assert replaced.highlight == ["gae"]                      # the config's highlight, less what is no longer run
     chosen = bench_cli.config_from_args(_parse(["--config", str(path), "--highlight", "rollout"]))
     assert chosen.highlight == ["rollout"]

@@ -40,8 +40,8 @@ def _corrupt(path: Path, how: str) -> None:
 
 def _config(out: Path) -> BenchConfig:
     return BenchConfig(models={"tiny": make_vit(depth=2)}, methods=["bench_picky"], metrics=["bench_stats"],
-                       dataset=RandomImages(IMAGES), batch_size=3, output_dir=out, progress=False, device="cpu", gallery=0,
-                       sanity={"images": 2})
+                       dataset=RandomImages(IMAGES), batch_size=3, output_dir=out, progress=False, device="cpu",
+                       gallery=0, sanity={"images": 2})
 
 
 def _findings(result) -> dict:
@@ -114,7 +114,8 @@ def test_records_carry_a_checksum(tmp_path):
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "vitexplain.cli.main", "bench", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 

@@ -43,7 +43,8 @@ def test_a_bench_of_the_same_config_waits_for_the_one_running():
 def test_the_second_run_waits_until_the_first_lets_go(tmp_path, capfd):
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom vitexplain.bench.lock import folder_lock\n"
+        [sys.executable, "-c",
+         "import sys, time\nfrom pathlib import Path\nfrom vitexplain.bench.lock import folder_lock\n"
          f"with folder_lock(Path({str(out)!r}), 'same'):\n    print('held', flush=True)\n    time.sleep(1.5)\n"],
         stdout=subprocess.PIPE, text=True, env=python_env())
     try:

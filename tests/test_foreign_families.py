@@ -174,7 +174,8 @@ def open_clip_by_hand(model, x):
     return _open_clip_head(model, tokens), [attn for _, attn in outputs], readout
 
 
-BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand, "hf_vit_model": transformers_vit_model_by_hand,
+BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand,
+           "hf_vit_model": transformers_vit_model_by_hand,
            "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand, "vit_avgmax": max_pooled_by_hand,
            "vit_max": max_pooled_by_hand,
            "open_clip_vit": open_clip_by_hand, "open_clip_vit_avg": open_clip_by_hand}

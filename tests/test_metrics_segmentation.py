@@ -170,7 +170,8 @@ def test_registered_metric_reads_the_batch_ignore_mask():
 
     def batch(ignored):
         return EvalBatch(images=torch.zeros(1, 3, 2, 2), maps=maps, targets=torch.zeros(1, dtype=torch.long),
-                         labels=torch.zeros(1, dtype=torch.long), explain=None, logits=None, ids=["a"], masks=masks, ignore=ignored)
+                         labels=torch.zeros(1, dtype=torch.long), explain=None, logits=None, ids=["a"], masks=masks,
+                         ignore=ignored)
 
     metric = get_metric("segmentation")
     with_ignore = metric.reduce(metric.compute(batch(ignore)))

@@ -64,10 +64,12 @@ def test_the_page_is_self_contained(tiny_report):
     outside = [url for url in parser.urls if not (url.startswith("data:image/png;base64,") or url.startswith("#"))]
     assert outside == []
     assert "link" not in parser.tags and "script" not in parser.tags
-    assert [url for url in re.findall(r"url\(([^)]*)\)", text) if not url.startswith("#")] == []  # nothing fetched by CSS
+    fetched = [url for url in re.findall(r"url\(([^)]*)\)", text) if not url.startswith("#")]
+    assert fetched == []                                                          # nothing fetched by CSS
     # 2 inputs + 2 x 3 overlays + 2 colour scales (sequential, diverging); the plots are inline SVG
     assert len([url for url in parser.urls if url.startswith("data:image/png")]) == 2 + 6 + 2
-    assert len(re.findall(r"<figure[^>]*><svg", text)) == 2 + 1                 # curves (positive, negative), randomisation
+    # curves (positive, negative), randomisation
+    assert len(re.findall(r"<figure[^>]*><svg", text)) == 2 + 1
     assert "http" not in text.split("<h2>Settings</h2>")[0]                       # no URL, not even a namespace
 
 
@@ -93,7 +95,8 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path):
         images = _each(driver, "img", "i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight]")
         figures = _each(driver, "figure",
                         "f => [f.getAttribute('aria-label'), f.querySelector('svg').getBoundingClientRect().width]")
-        tables = _each(driver, "table.scores", "t => Array.from(t.querySelectorAll('tbody td.method')).map(c => c.textContent)")
+        tables = _each(driver, "table.scores",
+                       "t => Array.from(t.querySelectorAll('tbody td.method')).map(c => c.textContent)")
         gallery = _each(driver, "table.gallery img", "i => i.naturalWidth")
         headers = _each(driver, "table.gallery th", "c => c.textContent")
         captions = _each(driver, "table.gallery td.caption", "c => c.textContent")
@@ -121,7 +124,8 @@ def test_summary_per_kind_and_sticky_method_column(tiny_report, tmp_path):
     table, the method column stays in view while the table scrolls."""
     result, page = tiny_report
     with _opened(page, tmp_path, 520) as driver:
-        summary = _each(driver, "table.summary tbody tr", "r => Array.from(r.querySelectorAll('td, th')).map(c => c.textContent)")
+        summary = _each(driver, "table.summary tbody tr",
+                        "r => Array.from(r.querySelectorAll('td, th')).map(c => c.textContent)")
         scrolled = driver.execute_script("""
             const box = document.querySelector('table.scores:not(.summary)').parentElement;
             const cell = box.querySelector('tbody td.method'), number = cell.nextElementSibling;
@@ -215,9 +219,10 @@ def _result(values: dict[str, float], leading: list[str] | None = None) -> Bench
     scores = {"m": {label: {"seg": {"miou": value, "gap": value}} for label, value in values.items()}}
     names = {"a": "gae", "b": "rollout", "c": "random_baseline", "d": "tokentm"}
     settings = {"methods": {label: {"name": names[label], "options": {}} for label in values}}
-    result = BenchResult("digits", scores, {"m": {label: {"seg": 20} for label in values}}, {}, {"seg": {"miou": True}}, [],
-                         settings)
-    result.intervals = {"m": {label: {"seg": {"miou": [value - 0.05, value + 0.05], "gap": [value - 0.05, value + 0.05]}}
+    result = BenchResult("digits", scores, {"m": {label: {"seg": 20} for label in values}}, {}, {"seg": {"miou": True}},
+                         [], settings)
+    result.intervals = {"m": {label: {"seg": {"miou": [value - 0.05, value + 0.05],
+                                              "gap": [value - 0.05, value + 0.05]}}
                               for label, value in values.items()}}
     if leading is not None:
         result.leaders = {"m": {"seg": {"miou": {"methods": leading, "controls": []}}}}
@@ -253,16 +258,18 @@ def test_markdown_and_terminal_tables_show_the_same_numbers():
     assert "| d | **0.75 [0.70, 0.80] (20)** | 0.75 [0.70, 0.80] (20) |" in markdown
     assert "| *c (control)* | 0.90 [0.85, 0.95] (20) | 0.90 [0.85, 0.95] (20) |" in markdown   # one format: 0.90
     text = result.text().splitlines()
-    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in text if line.split()[:1] in (["a"], ["b"], ["c"], ["d"])}
-    assert rows == {"a": "0.50 [0.45, 0.55] (20) 0.50 [0.45, 0.55] (20)", "b": "0.70 [0.65, 0.75] (20) 0.70 [0.65, 0.75] (20)",
+    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in text
+            if line.split()[:1] in (["a"], ["b"], ["c"], ["d"])}
+    assert rows == {"a": "0.50 [0.45, 0.55] (20) 0.50 [0.45, 0.55] (20)",
+                    "b": "0.70 [0.65, 0.75] (20) 0.70 [0.65, 0.75] (20)",
                     "c": "(control) 0.90 [0.85, 0.95] (20) 0.90 [0.85, 0.95] (20)",
                     "d": "0.75 [0.70, 0.80] (20)* 0.75 [0.70, 0.80] (20)"}
 
 
 def test_wide_terminal_tables_wrap_within_the_width():
     numbers = {f"number_{k}": 0.123456 * k for k in range(12)}
-    result = BenchResult("digits", {"m": {"tokentm": {"seg": numbers}}}, {}, {}, {"seg": {n: True for n in numbers}}, [],
-                         {"methods": {"tokentm": {"name": "tokentm", "options": {}}}})
+    result = BenchResult("digits", {"m": {"tokentm": {"seg": numbers}}}, {}, {}, {"seg": {n: True for n in numbers}},
+                         [], {"methods": {"tokentm": {"name": "tokentm", "options": {}}}})
     lines = result.text(width=60).splitlines()
     assert max(len(line) for line in lines) <= 60
     headers = [line for line in lines if line.startswith("method")]

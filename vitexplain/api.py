@@ -104,7 +104,8 @@ def _warn_of_caveats(spec: MethodSpec, modes: list[str]) -> None:
         if mode in spec.precision_caveats and (spec.name, mode) not in _WARNED:
             _WARNED.add((spec.name, mode))
             warnings.warn(f"{spec.name} in {mode}: its maps were measured at r = {spec.precision_caveats[mode]:.3f} to the "
-                          "float32 model's (worst of 64 digits test canvases); see docs/decisions/precision.md", stacklevel=3)
+                          "float32 model's (worst of 64 digits test canvases); see docs/decisions/precision.md",
+                          stacklevel=3)
 
 
 def _notice_zero_maps(spec: MethodSpec, maps: Tensor) -> None:

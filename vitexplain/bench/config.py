@@ -178,7 +178,8 @@ class BenchConfig:
         elif self.sanity is not None and not isinstance(self.sanity, SanityCheck):
             raise TypeError(f"sanity must be a mapping of SanityCheck options or None, got {type(self.sanity).__name__}")
         self.notes = [self.notes] if isinstance(self.notes, str) else [str(line) for line in self.notes]
-        self.highlight = [self.highlight] if isinstance(self.highlight, str) else [str(label) for label in self.highlight]
+        self.highlight = ([self.highlight] if isinstance(self.highlight, str)
+                          else [str(label) for label in self.highlight])
         for what, entries in (("model", self.models), ("method", self.methods), ("metric", self.metrics)):
             names = [entry.name if what == "model" else entry.label for entry in entries]
             duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -195,7 +196,8 @@ class BenchConfig:
         if self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0 or self.gallery < 0:
             raise ValueError("batch_size and limit must be positive, num_workers and gallery not negative")
         labels = [entry.label for entry in self.methods]
-        for what, named in (("sanity", [] if self.sanity is None else self.sanity.methods or []), ("highlight", self.highlight)):
+        for what, named in (("sanity", [] if self.sanity is None else self.sanity.methods or []),
+                            ("highlight", self.highlight)):
             unknown = [label for label in named if label not in labels]
             if unknown:
                 raise ValueError(f"{what} names method(s) {', '.join(map(repr, unknown))} that this run does not have")

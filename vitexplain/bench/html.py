@@ -159,7 +159,8 @@ def _swatch(style: dict) -> str:
             f'stroke-width="{style.get("linewidth", 1.4) + 0.4:g}" stroke-dasharray="{dash}"/></svg>')
 
 
-def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], others: list[str], wide: bool = False) -> str:
+def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], others: list[str],
+                    wide: bool = False) -> str:
     """Plots of one model as inline SVG under one legend: each entry shows / hides its method's line in
     every plot, one more entry the ``others`` (the methods not highlighted) at once; below it, one
     choice per method draws that method's line wide over the others, faded (radio buttons and CSS, no
@@ -202,7 +203,8 @@ def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], o
 def _not_highlighted(result: BenchResult, model: str) -> list[str]:
     """The methods drawn thin and pale (neither highlighted nor controls), when some are highlighted."""
     controls = result.controls(model)
-    return [m for m in result.scores.get(model, {}) if result.highlight and m not in result.highlight and m not in controls]
+    return [m for m in result.scores.get(model, {})
+            if result.highlight and m not in result.highlight and m not in controls]
 
 
 def gallery_table(gallery: Gallery, controls: set[str]) -> str:
@@ -258,8 +260,8 @@ def sanity_section(result: BenchResult, model: str, check: dict, key: str) -> st
     summary = (f"Flagged: <b>{_e(', '.join(flagged)) or 'none'}</b>" + (f"; controls, flagged as they should be: "
                f"{_e(', '.join(caught))}" if caught else "") + f". {_e(VERDICT_RULE.format(images=check['images']))}")
     return (f'<h3 id="{_anchor(model, "sanity")}">{_e(model)}</h3><p>{summary}</p>'
-            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model), _not_highlighted(result, model),
-                              wide=True)
+            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model),
+                              _not_highlighted(result, model), wide=True)
             + f'<div class="scroll"><table class="scores"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 

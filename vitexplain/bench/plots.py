@@ -134,7 +134,8 @@ def cascade_plot(model: str, check: dict) -> CurvePlot:
     passes only where its line ends clearly below 0: :data:`vitexplain.bench.randomisation.VERDICT_RULE`)."""
     curves = {method: [value - found["floor"] for value in found["correlation"]] for method, found in check["methods"].items()}
     return CurvePlot(model, "sanity", "correlation", f"{model}: cascading randomisation ({check['images']} images)",
-                     "re-initialised down to", "Spearman correlation with the trained model's maps, less the noise floor",
+                     "re-initialised down to",
+                     "Spearman correlation with the trained model's maps, less the noise floor",
                      curves, ticks=check["levels"], reference=0.0, size=(10, 4.8))
 
 

@@ -74,7 +74,8 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
             done[label] = record
     found = {label: caches[label].cached_maps(batch) for label in labels if label not in done}
     for label in [label for label, maps in found.items() if maps is None]:
-        work.errors.append(error_entry(model_name, label, "sanity", batch.ids, "no maps of these images to compare with"))
+        work.errors.append(error_entry(model_name, label, "sanity", batch.ids,
+                                       "no maps of these images to compare with"))
     todo = {label: maps for label, maps in found.items() if maps is not None}
     if todo:
         def explain_randomised(label: str, randomised: nn.Module, images: Tensor, targets: Tensor) -> Tensor:
@@ -98,8 +99,8 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
                 continue
             finally:
                 add_seconds(work.seconds, model_name, label, {"sanity": time.perf_counter() - started})
-            done[label] = {"levels": cascade.levels, "correlations": correlations.tolist(), "floor": floor.cpu().tolist(),
-                           "floor_kind": kind}
+            done[label] = {"levels": cascade.levels, "correlations": correlations.tolist(),
+                           "floor": floor.cpu().tolist(), "floor_kind": kind}
             write_record(paths[label], done[label])
     if not done:
         return {}

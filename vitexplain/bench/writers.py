@@ -73,7 +73,8 @@ def write_reports(result: BenchResult, output_dir: Path) -> None:
         atomic_write(path, plot.render(styles[plot.model]))
         files["plots"].append(path)
     atomic_write(files["html"], render_html(result, plots).encode())
-    result.files = {kind: [str(p) for p in path] if isinstance(path, list) else str(path) for kind, path in files.items()}
+    result.files = {kind: [str(p) for p in path] if isinstance(path, list) else str(path)
+                    for kind, path in files.items()}
     atomic_write(files["csv"], csv_text(result).encode())
     atomic_write(files["markdown"], result.markdown().encode())
     atomic_write(files["json"], json.dumps(result.to_dict(), indent=2, default=repr).encode())

@@ -301,7 +301,8 @@ def run(args) -> int:
                 continue
             batch = torch.stack(tensors).to(device)
             if setup.texts:  # --text: one map per image, text and method
-                pages += explain_texts_batch(setup, [given[path] for path in kept], [setup.out / stems[path] for path in kept],
+                pages += explain_texts_batch(setup, [given[path] for path in kept],
+                                             [setup.out / stems[path] for path in kept],
                                              batch, shown, bar, report, args.html)
                 written = written or setup.out.is_dir()       # made by the first map it saved
                 bar.update(len(chunk) * len(setup.methods))
@@ -314,7 +315,8 @@ def run(args) -> int:
             for method in setup.methods:
                 bar.set_postfix_str(method)
                 try:
-                    maps[method] = explain(setup.model, batch, method, target=targets.to(device), **setup.options[method]).cpu()
+                    maps[method] = explain(setup.model, batch, method, target=targets.to(device),
+                                           **setup.options[method]).cpu()
                 except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
                     report(f"method {method} on {', '.join(given[path] for path in kept)}: {error}")
                 bar.update(len(chunk))

@@ -316,7 +316,8 @@ class ModelAdapter:
             for index, parts in enumerate(self.family.blocks):
                 patch.replace_forward(parts.module, functools.partial(_instrumented_block, parts, index, state))
             if self.family.probe is not None:
-                patch.replace_forward(self.family.probe.module, functools.partial(_instrumented_probe, self.family.probe, state))
+                patch.replace_forward(self.family.probe.module,
+                                      functools.partial(_instrumented_probe, self.family.probe, state))
             self.family.observe_pooling(patch, functools.partial(_hand_over_selection, sink))
             yield patch
 
@@ -385,19 +386,22 @@ class ModelAdapter:
             sink = _RecordingSink(recorder, scored)
             with evaluation_mode(self.model), torch.set_grad_enabled(backward), \
                     self.instrumented(sink=sink, gradient_from=gradient_from,
-                                      detach_attention_input="attn_input" in stop_gradient, separate_graphs=bool(scored)):
+                                      detach_attention_input="attn_input" in stop_gradient,
+                                      separate_graphs=bool(scored)):
                 if input_grad:
                     inputs = inputs.detach().requires_grad_(True)
                 outputs = self.forward(inputs)
                 resolved = resolve_target(target, outputs.detach(), has_classes=self.family.has_classes)
                 scores = resolved.score(outputs, score)
-                differentiated = scores if layer_scores is None else self._layer_scores(sink, layer_scores, resolved, score)
+                differentiated = scores if layer_scores is None else self._layer_scores(sink, layer_scores, resolved,
+                                                                                        score)
                 recording = self._recording(recorder, inputs, outputs, resolved, scores)
                 if backward:
                     self._backward(differentiated, recorder, recording, reduce, inputs if input_grad else None)
             return recording
 
-    def _recording(self, recorder: Recorder, inputs: Any, outputs: Tensor, resolved: Target, scores: Tensor) -> Recording:
+    def _recording(self, recorder: Recorder, inputs: Any, outputs: Tensor, resolved: Target,
+                   scores: Tensor) -> Recording:
         """What the forward left in ``recorder``, as a :class:`Recording` (gradients to come)."""
         records = []
         for index, (entry, layout) in enumerate(zip(recorder.entries, recorder.layouts)):

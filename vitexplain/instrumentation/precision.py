@@ -87,7 +87,8 @@ class MatmulFlags:
     @property
     def full_precision(self) -> bool:
         """Whether float32 products and convolutions run in full precision (no TF32, no bf16 on oneDNN)."""
-        legacy_full = all(value in (None, full) for (_, _, full, *_), value in zip(_LEGACY_FLAGS.values(), self.legacy.values()))
+        legacy_full = all(value in (None, full)
+                          for (_, _, full, *_), value in zip(_LEGACY_FLAGS.values(), self.legacy.values()))
         return legacy_full and not any(value in _REDUCED for value in self.precisions.values())
 
     @property

@@ -186,7 +186,8 @@ class Family(ABC):
                 raise ValueError(
                     f"this model takes {embed.img_size[0]}x{embed.img_size[1]} images, got {size[0]}x{size[1]}; "
                     "resize them, or build the model with dynamic_img_size=True")
-        elif not getattr(embed, "dynamic_img_pad", False) and any(side % patch for side, patch in zip(size, self.patch_size)):
+        elif (not getattr(embed, "dynamic_img_pad", False)
+              and any(side % patch for side, patch in zip(size, self.patch_size))):
             raise ValueError(
                 f"this model cuts images into {self.patch_size[0]}x{self.patch_size[1]} patches, which do not tile a "
                 f"{size[0]}x{size[1]} image; resize or crop it to a multiple (or build the model with dynamic_img_pad=True)")
@@ -273,7 +274,8 @@ def example(make: Callable[[], nn.Module]) -> Callable[[], tuple[nn.Module, Tens
     return build
 
 
-def timm_example(architecture: str, settings: dict[str, Any] = TINY, **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
+def timm_example(architecture: str, settings: dict[str, Any] = TINY,
+                 **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
     """A builder of a tiny timm model (``settings``, with ``arguments`` over them) and one 32 px input image."""
     def make() -> nn.Module:
         import timm
@@ -381,8 +383,9 @@ def optional(module: nn.Module | None) -> nn.Module | None:
     return None if module is None or isinstance(module, nn.Identity) else module
 
 
-__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "PatchTokensOnly", "ProbeParts", "TokenContext", "UnsupportedModelError",
-           "check_images", "example", "layer_scale", "loaded_class", "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
+__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "PatchTokensOnly", "ProbeParts",
+           "TokenContext", "UnsupportedModelError", "check_images", "example", "layer_scale", "loaded_class",
+           "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
 
 
 #: the families a model is described by, registered by their modules (see :func:`served_families`)

@@ -49,7 +49,8 @@ def attention_reason(model: nn.Module) -> str | None:
     return None
 
 
-def layer_inputs(hidden_states: Tensor, attention_mask: Tensor | None = None, *args, **kwargs) -> tuple[Tensor, AttentionInput]:
+def layer_inputs(hidden_states: Tensor, attention_mask: Tensor | None = None, *args,
+                 **kwargs) -> tuple[Tensor, AttentionInput]:
     """A transformers encoder layer's call: hidden states and an (additive or boolean) attention mask."""
     return hidden_states, AttentionInput(mask=attention_mask)
 

@@ -73,7 +73,8 @@ class OpenClipViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
         def make() -> nn.Module:
             from open_clip.transformer import VisionTransformer
 
-            return VisionTransformer(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0, output_dim=16)
+            return VisionTransformer(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0,
+                                     output_dim=16)
 
         return {"open_clip ViT image tower": example(make)}
 

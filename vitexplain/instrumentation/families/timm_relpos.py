@@ -53,8 +53,8 @@ class TimmBeit(TimmSequenceFamily):
             attn_drop=attn.attn_drop, proj_drop=attn.proj_drop)
         return BlockParts(
             module=module, attention=attention, norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
-            activation=getattr(module.mlp, "act", None), gamma1=layer_scale(module.gamma_1), gamma2=layer_scale(module.gamma_2),
-            inputs=lambda x, shared_rel_pos_bias=None: (x, AttentionInput(bias=shared_rel_pos_bias)))
+            activation=getattr(module.mlp, "act", None), gamma1=layer_scale(module.gamma_1),
+            gamma2=layer_scale(module.gamma_2), inputs=lambda x, shared_rel_pos_bias=None: (x, AttentionInput(bias=shared_rel_pos_bias)))
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model
@@ -114,7 +114,8 @@ class TimmRelPos(TimmSequenceFamily):
 
         return BlockParts(
             module=module, attention=attention, norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
-            activation=getattr(module.mlp, "act", None), gamma1=layer_scale(module.ls1), gamma2=layer_scale(module.ls2), inputs=inputs)
+            activation=getattr(module.mlp, "act", None), gamma1=layer_scale(module.ls1), gamma2=layer_scale(module.ls2),
+            inputs=inputs)
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model
