@@ -202,7 +202,8 @@ def test_a_clip_tower_refuses_classes_unless_told_and_explains_directions():
     assert tower.num_classes == 512
     for method, target in [("gae", None), ("gae", 3), ("lrp", None), ("rise", None)]:
         with pytest.raises(ValueError, match=r"^its head projects to the 512-d image-text embedding of "
-                                             r"vit_base_patch16_clip_224\.openai .* give target= an embedding direction"):
+                                             r"vit_base_patch16_clip_224\.openai .* "
+                                             r"give target= an embedding direction"):
             explain(tower, x, method, target)
     with torch.no_grad():
         coordinate = tower(x).argmax(-1)
@@ -283,7 +284,8 @@ def test_a_model_known_by_its_outputs_that_fails_on_the_channels_is_told_so(chan
     convnext = timm.create_model("convnext_atto", pretrained=False, num_classes=10).eval()
     for model, first in [(_resnet(), "conv1"), (nn.Sequential(nn.Identity(), convnext), r"1\.stem\.0")]:
         with pytest.raises(ValueError, match=rf"^this model takes 3-channel images \(its first convolution, {first}, "
-                                             rf"does\), got {channels} channel\(s\) in shape \(2, {channels}, 32, 32\)"):
+                                             rf"does\), got {channels} channel\(s\) in shape "
+                                             rf"\(2, {channels}, 32, 32\)"):
             explain(model, torch.randn(2, channels, 32, 32), "rise", n_masks=2)
 
 

@@ -220,7 +220,8 @@ def test_config_from_yaml_and_its_checks(tmp_path):
     path = tmp_path / "bench.yaml"
     path.write_text(
         "models: [deit_tiny_patch16_224, {name: mine, source: ckpt.pth, arch: vit_tiny_patch16_224}]\n"
-        "methods: [rollout, {name: tis, options: {n_masks: 64}, label: TIS}, {name: rollout, options: {start_layer: 1}}]\n"
+        "methods: [rollout, {name: tis, options: {n_masks: 64}, label: TIS}, "
+        "{name: rollout, options: {start_layer: 1}}]\n"
         "metrics: [insertion_deletion]\n"
         "dataset: {name: imagenet, root: /data, options: {split: val}}\n"
         "batch_size: 8\nlimit: 100\ntarget: label\n")
@@ -249,7 +250,8 @@ def test_config_from_yaml_and_its_checks(tmp_path):
         _config(tmp_path, RandomImages(2), metrics=[{"name": "insertion_deletion", "options": {"n_steps": 1}}])
     with pytest.raises(ValueError, match="highlight names method.*'tis'"):
         _config(tmp_path, RandomImages(2), highlight=["rollout", "tis"])
-    path.write_text("models: [m]\nmethods: [{name: tis, options: {n_masks: 0}}]\nmetrics: [sparseness]\ndataset: digits\n")
+    path.write_text("models: [m]\nmethods: [{name: tis, options: {n_masks: 0}}]\n"
+                    "metrics: [sparseness]\ndataset: digits\n")
     with pytest.raises(ValueError, match=f"^{path}: option n_masks of method 'tis' must be an integer >= 1, got 0$"):
         BenchConfig.from_yaml(path)
 
@@ -262,8 +264,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_cli_flags_override_the_yaml_config(tmp_path):
     path = tmp_path / "bench.yaml"
-    path.write_text("models: [a]\nmethods: [{name: rollout, label: rollout}, gae]\nmetrics: [bench_stats]\nhighlight: [rollout, gae]\n"
-                    "dataset: {name: digits, options: {n: 10}}\nbatch_size: 8\n")
+    path.write_text("models: [a]\nmethods: [{name: rollout, label: rollout}, gae]\nmetrics: [bench_stats]\n"
+                    "highlight: [rollout, gae]\ndataset: {name: digits, options: {n: 10}}\nbatch_size: 8\n")
     args = _parse(["--config", str(path), "--model", "ckpt.pth", "--arch", "vit_small_patch16_224",
                    "--method-option", "rollout.start_layer=1", "--dataset-option", "seed=3", "--batch-size", "2",
                    "--limit", "5", "--no-progress", "-o", str(tmp_path / "o")])

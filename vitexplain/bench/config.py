@@ -176,7 +176,8 @@ class BenchConfig:
                 raise ValueError(f"unknown sanity option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
             self.sanity = SanityCheck(**self.sanity)
         elif self.sanity is not None and not isinstance(self.sanity, SanityCheck):
-            raise TypeError(f"sanity must be a mapping of SanityCheck options or None, got {type(self.sanity).__name__}")
+            raise TypeError("sanity must be a mapping of SanityCheck options or None, got "
+                            f"{type(self.sanity).__name__}")
         self.notes = [self.notes] if isinstance(self.notes, str) else [str(line) for line in self.notes]
         self.highlight = ([self.highlight] if isinstance(self.highlight, str)
                           else [str(label) for label in self.highlight])
@@ -218,7 +219,8 @@ class BenchConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown bench config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}")
+            raise ValueError(f"unknown bench config key(s) {', '.join(unknown)}; valid keys: "
+                             f"{', '.join(sorted(known))}")
         missing = sorted(name for name in ("models", "methods", "metrics", "dataset") if name not in data)
         if missing:
             raise ValueError(f"the bench config lacks {', '.join(missing)}")
@@ -290,7 +292,8 @@ def _entry(kind: type, item: Any, what: str):
         valid = {f.name for f in fields(kind)}
         unknown = sorted(set(item) - valid)
         if unknown or "name" not in item:
-            raise ValueError(f"each entry of {what} needs 'name' and may have {sorted(valid - {'name'})}; got {sorted(item)}")
+            raise ValueError(f"each entry of {what} needs 'name' and may have {sorted(valid - {'name'})}; got "
+                             f"{sorted(item)}")
         return kind(**item)
     raise TypeError(f"an entry of {what} must be a name or a mapping, got {type(item).__name__}")
 

@@ -186,9 +186,9 @@ class BenchResult:
 
     def uncertainty_note(self) -> str:
         return (f"Every number: value [low, high] (images), the {CONFIDENCE:.0%} bootstrap interval over the images "
-                f"({self.settings.get('bootstrap', {}).get('resamples', RESAMPLES)} resamples). Best: better than every "
-                "other method at that confidence, paired over the same images; tied: cannot be told apart from the best. "
-                "Controls never lead.")
+                f"({self.settings.get('bootstrap', {}).get('resamples', RESAMPLES)} resamples). Best: better than "
+                "every other method at that confidence, paired over the same images; tied: cannot be told apart from "
+                "the best. Controls never lead.")
 
     def markdown(self) -> str:
         """Per model: who leads each kind of protocol, then the table in the papers' layout (methods as
@@ -231,14 +231,16 @@ class BenchResult:
             return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ",
                                  break_on_hyphens=False)
 
-        lines = say(f"Benchmark on {self.dataset}, {self.precision}" + (f" ({self.seconds:.0f} s)" if self.seconds else "")) + [""]
+        took = f" ({self.seconds:.0f} s)" if self.seconds else ""
+        lines = say(f"Benchmark on {self.dataset}, {self.precision}{took}") + [""]
         if self.scores:
             lines += say(self.uncertainty_note()) + [""]
         for model in self.scores:
             lines += say(f"{model}: who leads, per kind of protocol (never mixed)")
             lines += summary_text(self.summary(model), width)
             if self.flagged(model):
-                lines += say(f"{model}: flagged by the model-randomisation check: {', '.join(self.flagged(model))}") + [""]
+                lines += say(f"{model}: flagged by the model-randomisation check: "
+                             f"{', '.join(self.flagged(model))}") + [""]
             lines += say(f"{model}: scores (* best, ≈ tied; ↑/↓ higher/lower is better)")
             lines += score_text(self.table(model), width)
         for model, check in self.sanity.items():

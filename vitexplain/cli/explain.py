@@ -43,8 +43,9 @@ def add_parser(subparsers) -> None:
         epilog=NAMING, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any mode PIL reads)")
     parser.add_argument("--model", required=True,
-                        help="shipped model name, timm model name, checkpoint file, or a local transformers folder of a "
-                             "CLIP / SigLIP two-tower model (save_pretrained, with its tokenizer; explained with --text)")
+                        help="shipped model name, timm model name, checkpoint file, or a local transformers folder of "
+                             "a CLIP / SigLIP two-tower model (save_pretrained, with its tokenizer; "
+                             "explained with --text)")
     parser.add_argument("--arch", help="timm architecture of a checkpoint file")
     parser.add_argument("--method", required=True,
                         help="a method name (see `vitexplain methods`), several separated by commas (gae,tokentm,tis: "
@@ -116,8 +117,8 @@ def prepare(args, out: Path) -> Setup:
         methods = [name for name in methods if args.method != "all" or get_method(name).score_targets]
         for name in methods:
             if not get_method(name).score_targets:
-                raise ValueError(f"method {name} explains classes only (LRP starts from relevance on the class logits), "
-                                 "not the similarity to a --text")
+                raise ValueError(f"method {name} explains classes only (LRP starts from relevance on the class "
+                                 "logits), not the similarity to a --text")
     if args.target is not None and not 0 <= args.target < len(names):
         raise ValueError(f"--target {args.target} is not a class of this model "
                          f"(it has {len(names)} classes, 0 to {len(names) - 1})")

@@ -229,7 +229,8 @@ class ModelAdapter:
             reason = self.family.blocks[index].heads_reason()
             if reason is not None:
                 raise UnsupportedModelError(f"{method} reads each head's share of the attention branch, but in block "
-                                            f"{index % self.num_blocks} of this {type(self.family.model).__name__} {reason}")
+                                            f"{index % self.num_blocks} of this {type(self.family.model).__name__} "
+                                            f"{reason}")
 
     def require_token_subsets(self, method: str) -> None:
         """Refuses, naming ``method``, a model that cannot run on token subsets (and why)."""
@@ -419,14 +420,15 @@ class ModelAdapter:
         """Refuse what layer scores cannot give, and head fields without them."""
         if layer_scores is None:
             if names & set(HEAD_FIELDS):
-                raise ValueError(f"{sorted(names & set(HEAD_FIELDS))} are recorded when the head reads blocks' outputs: "
-                                 "pass layer_scores")
+                raise ValueError(f"{sorted(names & set(HEAD_FIELDS))} are recorded when the head reads blocks' "
+                                 "outputs: pass layer_scores")
             return
         if "probe_attn" in names and self.family.probe is None:
             raise ValueError(f"'probe_attn' needs an attention-pooling head; this model's head reads the tokens by "
                              f"{self.readout!r} pooling")
         if input_grad:
-            raise ValueError("layer scores cut the graph at every block, so they have no gradient with respect to the images")
+            raise ValueError("layer scores cut the graph at every block, "
+                             "so they have no gradient with respect to the images")
         if not layer_scores.blocks:
             raise ValueError("layer_scores names no block")
 
@@ -438,8 +440,8 @@ class ModelAdapter:
         for block, output in sink.outputs.items():
             if sink.recorder.tokens[block] != last:
                 raise UnsupportedModelError(
-                    f"block {block} has {sink.recorder.tokens[block]} tokens, the last block {last} (a patch merge comes "
-                    "between), so the model's head cannot read its output; read blocks of the last stage only")
+                    f"block {block} has {sink.recorder.tokens[block]} tokens, the last block {last} (a patch merge "
+                    "comes between), so the model's head cannot read its output; read blocks of the last stage only")
             if layer_scores.mean_token:
                 tokens = output.transpose(0, 1) if self.family.sequence_first else output
                 mean = tokens.flatten(1, -2).mean(1)

@@ -190,7 +190,8 @@ class Family(ABC):
               and any(side % patch for side, patch in zip(size, self.patch_size))):
             raise ValueError(
                 f"this model cuts images into {self.patch_size[0]}x{self.patch_size[1]} patches, which do not tile a "
-                f"{size[0]}x{size[1]} image; resize or crop it to a multiple (or build the model with dynamic_img_pad=True)")
+                f"{size[0]}x{size[1]} image; resize or crop it to a multiple "
+                "(or build the model with dynamic_img_pad=True)")
         return tuple(embed.dynamic_feat_size(size)) if dynamic else tuple(embed.grid_size)
 
     def check_inputs(self, inputs: Any) -> Any:

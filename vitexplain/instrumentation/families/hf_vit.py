@@ -110,7 +110,8 @@ class TransformersViT(TransformersClassifier):
         expected = tuple(self.model.base_model.embeddings.patch_embeddings.image_size)
         given = tuple(images.shape[-2:])
         if given != expected:
-            raise ValueError(f"this model takes {expected[0]}x{expected[1]} images, got {given[0]}x{given[1]}; resize them")
+            raise ValueError(f"this model takes {expected[0]}x{expected[1]} images, got {given[0]}x{given[1]}; "
+                             "resize them")
         return expected[0] // self.patch_size[0], expected[1] // self.patch_size[1]
 
     def forward(self, images: Tensor) -> Tensor:
