@@ -73,7 +73,8 @@ def test_reported_numbers_equal_a_one_image_at_a_time_computation(tmp_path):
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 2 * 4  # (probability, auc, gap, on_mask) per method
     by_key = {(r["method"], r["metric"], r["number"]): r for r in rows}
-    assert float(by_key["rollout-1", "bench_stats", "auc"]["value"]) == result.scores["tiny"]["rollout-1"]["bench_stats"]["auc"]
+    reported = result.scores["tiny"]["rollout-1"]["bench_stats"]["auc"]
+    assert float(by_key["rollout-1", "bench_stats", "auc"]["value"]) == reported
     assert by_key["rollout", "bench_stats", "auc"]["higher_is_better"] == "False"
     markdown = (out / "results.md").read_text()
     assert "| method | probability ↑ | auc ↓ | gap | on_mask ↑ |" in markdown
@@ -309,7 +310,8 @@ def test_cli_runs_the_benchmark_through_load_model_and_get_dataset(tmp_path, mon
     captured = capsys.readouterr()
     table_rows = [line.split()[0] for line in captured.out.splitlines() if line.strip()]
     assert "rollout" in table_rows and "1 error(s) on 1 image(s)" in captured.err
-    assert json.loads((tmp_path / "results.json").read_text())["images"]["tiny.safetensors"]["rollout"]["bench_stats"] == 3
+    images = json.loads((tmp_path / "results.json").read_text())["images"]
+    assert images["tiny.safetensors"]["rollout"]["bench_stats"] == 3
 
 
 def test_a_precision_runs_the_scoring_forwards_in_it_records_it_and_keeps_its_cache_apart(tmp_path):
@@ -325,7 +327,8 @@ def test_a_precision_runs_the_scoring_forwards_in_it_records_it_and_keeps_its_ca
         assert result.markdown().startswith(f"# Benchmark on RandomImages, {precision}")
         assert result.text().startswith(f"Benchmark on RandomImages, {precision}")
     assert "Benchmark on RandomImages, bfloat16" in (tmp_path / "out" / "report.html").read_text()
-    float32, bfloat16 = (results[p].scores["tiny"]["rise(n_masks=8)"]["insertion_deletion"] for p in ("float32", "bfloat16"))
+    float32, bfloat16 = (results[p].scores["tiny"]["rise(n_masks=8)"]["insertion_deletion"]
+                         for p in ("float32", "bfloat16"))
     assert float32 != bfloat16                                  # RISE's and the metric's forwards ran in bfloat16
     assert float32.keys() == bfloat16.keys()
     for key in float32:

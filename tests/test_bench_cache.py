@@ -1,4 +1,5 @@
-"""A cache that heals: corrupt files are named, removed and recomputed; bad configs stop before any work, in one line."""
+"""A cache that heals: corrupt files are named, removed and recomputed; bad configs stop before any work, in one
+line."""
 from __future__ import annotations
 
 import json

@@ -95,7 +95,8 @@ def test_reports_carry_every_interval_and_a_rerun_in_other_batches_gives_the_sam
     config, result = bench
     out = config.output_dir
     saved = json.loads((out / "results.json").read_text())
-    assert saved["intervals"] == json.loads(json.dumps(result.intervals)) and saved["settings"]["bootstrap"]["seed"] == SEED
+    assert saved["intervals"] == json.loads(json.dumps(result.intervals))
+    assert saved["settings"]["bootstrap"]["seed"] == SEED
     rows = list(csv.DictReader((out / "results.csv").open()))
     for row in rows:
         low, high = result.intervals["tiny"][row["method"]][row["metric"]][row["number"]]
@@ -167,7 +168,8 @@ def test_best_needs_a_paired_interval_that_excludes_zero_and_the_rest_are_tied()
 
 
 def test_every_protocol_declares_its_kind_and_the_summary_never_mixes_kinds(bench):
-    library = [name for name in available_metrics() if get_metric(name).compute.__module__.startswith("vitexplain.metrics")]
+    library = [name for name in available_metrics()
+               if get_metric(name).compute.__module__.startswith("vitexplain.metrics")]
     assert {name: get_metric(name).group for name in library} == {
         "aopc": "faithfulness", "insertion_deletion": "faithfulness", "perturbation": "faithfulness",
         "road": "faithfulness",

@@ -1,7 +1,7 @@
-"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2, open_clip), and timm's parallel blocks and
-avgmax pooling: recognised with
-their readout, the instrumented forward equal to the model's own output, and GAE equal to GAE computed from
-a forward written out by hand from each model's parameters (its own attention probabilities, in the graph)."""
+"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2, open_clip), and timm's parallel
+blocks and avgmax pooling: recognised with their readout, the instrumented forward equal to the model's own output,
+and GAE equal to GAE computed from a forward written out by hand from each model's parameters (its own attention
+probabilities, in the graph)."""
 from __future__ import annotations
 
 import pytest
@@ -157,7 +157,10 @@ def _open_clip_blocks(model, x):
 def _open_clip_head(model, tokens):
     """ln_post before (or after) the class-token or patch-mean pooling, then the projection."""
     if model.pool_type == "avg":
-        pooled = model.ln_post(tokens[:, 1:].mean(1)) if model.final_ln_after_pool else model.ln_post(tokens)[:, 1:].mean(1)
+        if model.final_ln_after_pool:
+            pooled = model.ln_post(tokens[:, 1:].mean(1))
+        else:
+            pooled = model.ln_post(tokens)[:, 1:].mean(1)
     else:
         pooled = model.ln_post(tokens)[:, 0]
     return pooled @ model.proj
@@ -199,7 +202,8 @@ def _score(output, target):
 def test_recognised_with_its_readout_and_outputs_equal_the_models(name):
     model, x = build(name), images(2)
     adapter = adapter_for(model)
-    assert adapter.readout == (FOREIGN[name][1] if name in FOREIGN else ZOO[name][2]) and adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
+    assert adapter.readout == (FOREIGN[name][1] if name in FOREIGN else ZOO[name][2])
+    assert adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
     with torch.no_grad():
         own = adapter.forward(x)
     record = adapter.record(x, _target(own, adapter.family.has_classes), grads=("attn",))

@@ -109,7 +109,8 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path):
                                                "tiny: perturbation / positive (mean of 5 images)",
                                                "tiny: cascading randomisation (2 images)"]
     assert all(width > 400 for _, width in figures)
-    assert tables[0] == ["perturbation"] * 2 + ["segmentation"] * 3    # the summary: a row per number, faithfulness first
+    # the summary: a row per number, faithfulness first
+    assert tables[0] == ["perturbation"] * 2 + ["segmentation"] * 3
     assert tables[1] == METHODS                              # the scores table: one row per method
     assert tables[2] == METHODS                              # the sanity table
     assert len(gallery) == 2 * (1 + len(METHODS)) and min(gallery) == 32
@@ -132,7 +133,8 @@ def test_summary_per_kind_and_sticky_method_column(tiny_report, tmp_path):
             const before = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
             box.scrollLeft = 250;
             const after = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
-            return [box.scrollWidth > box.clientWidth, box.scrollLeft, before, after, box.getBoundingClientRect().left];""")
+            const left = box.getBoundingClientRect().left;
+            return [box.scrollWidth > box.clientWidth, box.scrollLeft, before, after, left];""")
     kinds = [row[0] for row in summary if len(row) == 1]
     assert kinds == [f"faithfulnessrewards {GROUPS['faithfulness']}", f"localisationrewards {GROUPS['localisation']}"]
     rows = [row for row in summary if len(row) > 1]
@@ -156,7 +158,8 @@ def test_curve_lines_are_shown_hidden_and_highlighted_from_the_legend(tiny_repor
     shown = lines_of + ".map(g => [g.id, getComputedStyle(g).display !== 'none']);"
     looks = lines_of + (".map(g => [g.id, getComputedStyle(g).opacity, "
                         "parseFloat(getComputedStyle(g.querySelector('path')).strokeWidth)]);")
-    legend = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend:not(.highlight) label'))"
+    legend = ("return Array.from(document.querySelectorAll('.toggled')[0]"
+              ".querySelectorAll('.legend:not(.highlight) label'))")
     picks = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend.highlight label'))"
 
     def click(labels, text):
@@ -182,7 +185,8 @@ def test_curve_lines_are_shown_hidden_and_highlighted_from_the_legend(tiny_repor
     assert all(len(ids) == 2 for ids in lines.values()) and all(start.values())
     assert {i for i, on in without_gae.items() if not on} == set(lines["gae"])    # in both plots at once
     assert faded == ["0.4", "1", "1", "1"]
-    assert {i for i, on in without_others.items() if not on} == set(lines["lrp"])  # lrp is not highlighted by the config
+    # lrp is not highlighted by the config
+    assert {i for i, on in without_others.items() if not on} == set(lines["lrp"])
     for method, ids in lines.items():
         for i in ids:
             opacity, width = lrp_highlighted[i]

@@ -68,7 +68,8 @@ def transformers_dinov2(registers: int = 0, classes: int = 0, **overrides) -> to
     settings = {**HF_SIZE, "mlp_ratio": 2, "num_labels": classes, **overrides}
     if registers:
         config = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **settings)
-        kind = transformers.Dinov2WithRegistersForImageClassification if classes else transformers.Dinov2WithRegistersModel
+        kind = (transformers.Dinov2WithRegistersForImageClassification if classes
+                else transformers.Dinov2WithRegistersModel)
     else:
         config = transformers.Dinov2Config(**settings)
         kind = transformers.Dinov2ForImageClassification if classes else transformers.Dinov2Model

@@ -194,7 +194,8 @@ class BenchConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise TypeError(f"{name} must be an integer, got {value!r}")
-        if self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0 or self.gallery < 0:
+        if (self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0
+                or self.gallery < 0):
             raise ValueError("batch_size and limit must be positive, num_workers and gallery not negative")
         labels = [entry.label for entry in self.methods]
         for what, named in (("sanity", [] if self.sanity is None else self.sanity.methods or []),

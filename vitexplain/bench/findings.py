@@ -1,4 +1,5 @@
-"""What one process of a benchmark found: per-image values, errors and seconds (and, on rank 0, galleries and sanity)."""
+"""What one process of a benchmark found: per-image values, errors and seconds (and, on rank 0, galleries and
+sanity)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

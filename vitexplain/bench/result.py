@@ -1,4 +1,5 @@
-"""What a benchmark found: per-image values reduced to the reported numbers with their uncertainty, and tables of them."""
+"""What a benchmark found: per-image values reduced to the reported numbers with their uncertainty, and tables of
+them."""
 from __future__ import annotations
 
 import math
@@ -297,7 +298,8 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
     settings = {"precision": config.precision, "target": config.target, "seed": config.seed, "limit": config.limit,
                 "dataset": describe_dataset(config.dataset),
                 "methods": {m.label: {"name": m.name, "options": m.options} for m in config.methods},
-                "metrics": metrics, "sanity": None if config.sanity is None else asdict(config.sanity), "highlight": list(config.highlight),
+                "metrics": metrics, "sanity": None if config.sanity is None else asdict(config.sanity),
+                "highlight": list(config.highlight),
                 "bootstrap": {"resamples": RESAMPLES, "confidence": CONFIDENCE, "seed": config.seed}}
     ordered_errors = sorted(errors, key=lambda e: (e["model"], e["method"], e["metric"] or "", e["images"]))
     result = BenchResult(dataset, {}, {}, {}, {}, ordered_errors, settings, sanity=sanity or {},

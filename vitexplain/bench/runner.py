@@ -303,7 +303,8 @@ class MethodRun:
             return errors + [error_entry(self.model_name, self.method.label, None, batch.ids, error)]
         for entry, metric, options in self.metrics:
             store = self.cache.values[entry.label]
-            rows = [row for row, index in enumerate(batch.indices) if index in self.wanted[entry.label] and index not in store]
+            rows = [row for row, index in enumerate(batch.indices)
+                    if index in self.wanted[entry.label] and index not in store]
             if not rows:
                 continue
             part = batch if len(rows) == len(batch.indices) else batch.take(rows)

@@ -66,7 +66,8 @@ def format_estimate(estimate: Estimate, decimals: int | None = None) -> str:
     return f"{value} [{low}, {high}] ({estimate.images})"
 
 
-#: how a table marks a value: better than every other method at 95 % (``best``), or not told apart from the best (``tied``)
+#: how a table marks a value: better than every other method at 95 % (``best``), or not told apart from the best
+#: (``tied``)
 TEXT_MARKS = {"best": "*", "tied": "≈", "": ""}
 
 

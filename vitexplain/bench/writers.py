@@ -14,7 +14,8 @@ from .store import atomic_write, safe_name
 
 
 def csv_text(result: BenchResult) -> str:
-    """One row per (model, method, metric, reported number): its value, the bounds of its 95 % interval and its images."""
+    """One row per (model, method, metric, reported number): its value, the bounds of its 95 % interval and its
+    images."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["model", "method", "metric", "number", "value", "low", "high", "higher_is_better", "images"])

@@ -81,7 +81,8 @@ class MatmulFlags:
     @classmethod
     def read(cls) -> MatmulFlags:
         legacy = {name: _read(getter) for name, (getter, *_) in _LEGACY_FLAGS.items()}
-        precisions = {key: torch._C._get_fp32_precision_getter(*key) for key in _PRECISION_KEYS} if _HAS_PRECISION_API else {}
+        precisions = ({key: torch._C._get_fp32_precision_getter(*key) for key in _PRECISION_KEYS}
+                      if _HAS_PRECISION_API else {})
         return cls(legacy, precisions)
 
     @property
@@ -165,7 +166,8 @@ def _autocast(state: dict[str, tuple[bool, torch.dtype]]) -> Iterator[None]:
 # -- the scopes -----------------------------------------------------------------------------------
 @dataclass
 class _Scope:
-    """One :func:`float32_scope`: the caller's precision, and the model's low-precision tensors with their float32 copies."""
+    """One :func:`float32_scope`: the caller's precision, and the model's low-precision tensors with their float32
+    copies."""
 
     caller_autocast: dict[str, tuple[bool, torch.dtype]]
     caller_flags: MatmulFlags

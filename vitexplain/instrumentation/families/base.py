@@ -224,8 +224,8 @@ class Family(ABC):
                                     "be read through it")
 
     def observe_pooling(self, patch: Any, hand_over: Callable[[Tensor], None]) -> None:
-        """For a head that pools by a per-channel maximum (``readout`` ``"avgmax"`` or ``"max"``): make the model, within
-        ``patch`` (a :class:`~vitexplain.instrumentation.patching.ModelPatch`), hand each pooling's
+        """For a head that pools by a per-channel maximum (``readout`` ``"avgmax"`` or ``"max"``): make the model,
+        within ``patch`` (a :class:`~vitexplain.instrumentation.patching.ModelPatch`), hand each pooling's
         :func:`max_selection` of the tokens it pools to ``hand_over``. Other readouts need nothing."""
 
     # -- for LRP ---------------------------------------------------------------------------------
@@ -304,7 +304,8 @@ def loaded_class(module: str, name: str) -> type | None:
 
 
 def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int | None = None) -> Tensor:
-    """A float image batch [B, C, H, W] of the channels (when known) and size the model takes; a clear error otherwise."""
+    """A float image batch [B, C, H, W] of the channels (when known) and size the model takes; a clear error
+    otherwise."""
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
     if images.ndim != 4:

@@ -33,7 +33,8 @@ def is_one_of(model: nn.Module, served: Collection[type]) -> bool:
 
 
 def projections_attention(attention: nn.Module) -> AttentionParts:
-    """A transformers vision attention module with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` (ViT, DeiT, DINOv2)."""
+    """A transformers vision attention module with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` (ViT, DeiT,
+    DINOv2)."""
     return AttentionParts(
         module=attention, num_heads=attention.num_attention_heads, head_dim=attention.head_dim,
         scale=attention.scaling, proj=attention.o_proj, query=attention.q_proj, key=attention.k_proj,

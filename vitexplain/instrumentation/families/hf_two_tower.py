@@ -78,7 +78,8 @@ class TransformersTwoTower(Family):
                 vision = dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                               num_attention_heads=3)
                 text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                            num_attention_heads=2, max_position_embeddings=16, bos_token_id=62, eos_token_id=63, pad_token_id=63)
+                            num_attention_heads=2, max_position_embeddings=16, bos_token_id=62, eos_token_id=63,
+                            pad_token_id=63)
                 torch.manual_seed(0)
                 if kind == "clip":
                     model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision,
@@ -112,7 +113,8 @@ class TransformersTwoTower(Family):
         if kind == "siglip":
             head = getattr(vision, "head", None)
             if head is None:
-                return "its vision tower has no attention-pooling head (vision_use_head=False), so it outputs no image embedding"
+                return ("its vision tower has no attention-pooling head (vision_use_head=False), "
+                        "so it outputs no image embedding")
             if not getattr(head.attention, "_qkv_same_embed_dim", False):
                 return "its pooling head's attention has keys and values of another width than its queries"
         return attention_reason(vision)

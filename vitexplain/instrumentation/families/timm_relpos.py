@@ -54,7 +54,8 @@ class TimmBeit(TimmSequenceFamily):
         return BlockParts(
             module=module, attention=attention, norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
             activation=getattr(module.mlp, "act", None), gamma1=layer_scale(module.gamma_1),
-            gamma2=layer_scale(module.gamma_2), inputs=lambda x, shared_rel_pos_bias=None: (x, AttentionInput(bias=shared_rel_pos_bias)))
+            gamma2=layer_scale(module.gamma_2),
+            inputs=lambda x, shared_rel_pos_bias=None: (x, AttentionInput(bias=shared_rel_pos_bias)))
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model
