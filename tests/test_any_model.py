@@ -10,20 +10,16 @@ import pytest
 import timm
 import torch
 import torchvision
-from test_instrumentation import _assert_same, _snapshot
 from torch import nn
-from zoo import SIZE, build, images
 
 from vitexplain import available_methods, explain, get_method
-from vitexplain.instrumentation import (
-    UnsupportedModelError,
-    adapter_for,
-    family_of,
-    served_families,
-)
+from vitexplain.instrumentation import UnsupportedModelError, adapter_for, family_of, served_families
 from vitexplain.instrumentation.families.base import projection_head
 from vitexplain.methods.rise import grid_masks, random_grids
 from vitexplain.methods.smoothgrad import noise_samples
+
+from test_instrumentation import _assert_same, _snapshot
+from zoo import SIZE, build, images
 
 #: small settings of the sampling methods
 QUICK = {"tis": {"n_masks": 4}, "rise": {"n_masks": 6, "batch_size": 4}, "integrated_gradients": {"n_steps": 3},
@@ -183,9 +179,11 @@ def _tower(name: str, **arguments) -> nn.Module:
 @pytest.mark.parametrize("name, projection", [
     ("vit_base_patch16_clip_224.openai", True), ("vit_base_patch16_clip_224.laion2b", True),
     ("vit_large_patch14_clip_224.dfn2b", True), ("vit_pe_core_base_patch16_224.fb", True),
-    ("eva02_base_patch16_clip_224.merged2b", True), ("convnext_base.clip_laion2b", True), ("resnet50_clip.openai", True),
+    ("eva02_base_patch16_clip_224.merged2b", True), ("convnext_base.clip_laion2b", True),
+    ("resnet50_clip.openai", True),
     ("vit_base_patch16_clip_224.openai_ft_in1k", False), ("vit_base_patch16_clip_224.laion2b_ft_in12k", False),
-    ("vit_base_patch16_224.augreg_in21k", False), ("mvitv2_base_cls.fb_inw21k", False), ("vit_base_patch16_224.bamboo", False),
+    ("vit_base_patch16_224.augreg_in21k", False), ("mvitv2_base_cls.fb_inw21k", False),
+    ("vit_base_patch16_224.bamboo", False),
     ("vit_base_patch16_siglip_224.webli", False),
 ])
 def test_a_projection_head_is_told_from_a_class_head_by_the_pretrained_config(name, projection):
@@ -204,16 +202,19 @@ def test_a_clip_tower_refuses_classes_unless_told_and_explains_directions():
     assert tower.num_classes == 512
     for method, target in [("gae", None), ("gae", 3), ("lrp", None), ("rise", None)]:
         with pytest.raises(ValueError, match=r"^its head projects to the 512-d image-text embedding of "
-                                             r"vit_base_patch16_clip_224\.openai .* give target= an embedding direction"):
+                                             r"vit_base_patch16_clip_224\.openai .* "
+                                             r"give target= an embedding direction"):
             explain(tower, x, method, target)
     with torch.no_grad():
         coordinate = tower(x).argmax(-1)
-    torch.testing.assert_close(explain(tower, x, "gae", classes=True), explain(tower, x, "gae", coordinate, classes=True))
+    torch.testing.assert_close(explain(tower, x, "gae", classes=True),
+                               explain(tower, x, "gae", coordinate, classes=True))
     direction = torch.randn(512, generator=torch.Generator().manual_seed(1))
     assert explain(tower, x, "gae", direction).shape == (2, 4, 4)
     assert explain(tower, x, "random_baseline").shape == (2, 4, 4)  # a control reads no target
     assert explain(_tower("vit_base_patch16_clip_224.openai", num_classes=10), x, "gae").shape == (2, 4, 4)
-    with pytest.raises(ValueError, match=r"^the caller said its outputs are not classes \(classes=False\), so it has no "
+    with pytest.raises(ValueError,
+                       match=r"^the caller said its outputs are not classes \(classes=False\), so it has no "
                                          r"classes to explain"):
         explain(build("vit"), x, "gae", classes=False)
     assert explain(build("vit"), x, "gae", direction[:10], classes=False).shape == (2, 4, 4)
@@ -240,7 +241,8 @@ def test_inside_inference_mode_every_method_gives_the_maps_it_gives_outside(plai
         for method in available_methods("image"):
             torch.testing.assert_close(explain(model, inputs, method, **QUICK.get(method, {})), outside[method])
         torch.testing.assert_close(explain(model, inputs, "gae", predicted), outside["gae"])
-        with pytest.raises(RuntimeError, match=r"weights were made under torch\.inference_mode\(\).*outside inference mode"):
+        with pytest.raises(RuntimeError,
+                           match=r"weights were made under torch\.inference_mode\(\).*outside inference mode"):
             explain(build("vit"), inputs, "rise", n_masks=2)
 
 
@@ -282,7 +284,8 @@ def test_a_model_known_by_its_outputs_that_fails_on_the_channels_is_told_so(chan
     convnext = timm.create_model("convnext_atto", pretrained=False, num_classes=10).eval()
     for model, first in [(_resnet(), "conv1"), (nn.Sequential(nn.Identity(), convnext), r"1\.stem\.0")]:
         with pytest.raises(ValueError, match=rf"^this model takes 3-channel images \(its first convolution, {first}, "
-                                             rf"does\), got {channels} channel\(s\) in shape \(2, {channels}, 32, 32\)"):
+                                             rf"does\), got {channels} channel\(s\) in shape "
+                                             rf"\(2, {channels}, 32, 32\)"):
             explain(model, torch.randn(2, channels, 32, 32), "rise", n_masks=2)
 
 
@@ -292,7 +295,8 @@ def test_a_model_with_padding_patches_takes_any_size():
 
 
 @pytest.mark.parametrize("architecture, arguments, reason", [
-    ("vit_base_patch16_224", {"global_pool": "prr"}, "its head pools with global_pool='prr', which vitexplain does not describe"),
+    ("vit_base_patch16_224", {"global_pool": "prr"},
+     "its head pools with global_pool='prr', which vitexplain does not describe"),
     ("vit_small_patch16_18x2_224", {}, "block 0 is a ParallelThingsBlock"),
 ])
 def test_a_refusal_is_one_line_with_the_one_reason_then_the_families_served(architecture, arguments, reason):

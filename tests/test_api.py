@@ -31,7 +31,8 @@ def test_target_forms_agree(images):
     torch.testing.assert_close(as_int, as_list)
     torch.testing.assert_close(as_int, as_tensor)
     predicted = model(images).argmax(-1)
-    torch.testing.assert_close(vitexplain.explain(model, images, "gae"), vitexplain.explain(model, images, "gae", target=predicted))
+    torch.testing.assert_close(vitexplain.explain(model, images, "gae"),
+                               vitexplain.explain(model, images, "gae", target=predicted))
 
 
 def test_unknown_method_and_option_list_the_valid_ones(images):

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_vit
-from test_lrp import add_rule, images_like, randomise_biases, written_out_forward, zero_biases
 
 from vitexplain import explain
 from vitexplain.instrumentation import adapter_for, lrp
 from vitexplain.instrumentation.lrp import attention_aware
 from vitexplain.instrumentation.lrp import rules as r
+
+from conftest import make_vit
+from test_lrp import add_rule, images_like, randomise_biases, written_out_forward, zero_biases
 
 
 def relevance(model, *args, **kwargs):
@@ -68,8 +69,10 @@ def written_out_lxt(model, images, targets, gammas, conv_gamma, constant_attenti
     for block, a, gamma in reversed(list(zip(model.blocks, blocks, gammas))):
         attn, mlp = block.attn, block.mlp
         r_x1, r_branch2 = add_rule(a["x1"], a["branch2"], rel, normalised=False)
-        r_hidden = gamma_rule(a["gelu"], mlp.fc2.weight, mlp.fc2.bias, r_branch2, gamma)  # GELU: identity
-        r_x1 = r_x1 + norm_rule(a["x1"], block.norm2, gamma_rule(a["n2"], mlp.fc1.weight, mlp.fc1.bias, r_hidden, gamma))
+        # GELU: identity
+        r_hidden = gamma_rule(a["gelu"], mlp.fc2.weight, mlp.fc2.bias, r_branch2, gamma)
+        r_normed = gamma_rule(a["n2"], mlp.fc1.weight, mlp.fc1.bias, r_hidden, gamma)
+        r_x1 = r_x1 + norm_rule(a["x1"], block.norm2, r_normed)
         r_x, r_branch1 = add_rule(a["x"], a["branch1"], r_x1, normalised=False)
         r_merged = gamma_rule(a["merged"], attn.proj.weight, attn.proj.bias, r_branch1, 0)
         ratio = r_merged.reshape(a["mixed"].transpose(1, 2).shape).transpose(1, 2) / a["mixed"]

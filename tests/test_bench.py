@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_vit
-from test_bench_fakes import STEPS, RandomImages
 
 import vitexplain
 from vitexplain.bench import BenchConfig, BenchResult, MethodEntry, run_benchmark
 from vitexplain.cli import bench as bench_cli
+
+from conftest import make_vit
+from test_bench_fakes import STEPS, RandomImages
 
 METHODS = ["rollout", {"name": "rollout", "options": {"start_layer": 1}, "label": "rollout-1"}]
 
@@ -72,7 +73,8 @@ def test_reported_numbers_equal_a_one_image_at_a_time_computation(tmp_path):
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 2 * 4  # (probability, auc, gap, on_mask) per method
     by_key = {(r["method"], r["metric"], r["number"]): r for r in rows}
-    assert float(by_key["rollout-1", "bench_stats", "auc"]["value"]) == result.scores["tiny"]["rollout-1"]["bench_stats"]["auc"]
+    reported = result.scores["tiny"]["rollout-1"]["bench_stats"]["auc"]
+    assert float(by_key["rollout-1", "bench_stats", "auc"]["value"]) == reported
     assert by_key["rollout", "bench_stats", "auc"]["higher_is_better"] == "False"
     markdown = (out / "results.md").read_text()
     assert "| method | probability ↑ | auc ↓ | gap | on_mask ↑ |" in markdown
@@ -127,7 +129,8 @@ def test_cached_maps_and_values_are_reused_and_a_new_metric_adds_only_itself(tmp
     assert (_lines(method_log), _lines(metric_log)) == (7, 7)
 
     # another batch size, and a second metric: no map and no bench_stats value is computed again
-    second = run_benchmark(_config(tmp_path, dataset, methods=["bench_picky"], metrics=["bench_stats", "bench_needs_masks"],
+    second = run_benchmark(_config(tmp_path, dataset, methods=["bench_picky"],
+                                   metrics=["bench_stats", "bench_needs_masks"],
                                    batch_size=2))
     assert (_lines(method_log), _lines(metric_log)) == (7, 7)
     assert second.scores["tiny"]["bench_picky"]["bench_stats"] == first.scores["tiny"]["bench_picky"]["bench_stats"]
@@ -149,7 +152,8 @@ def test_cached_maps_and_values_are_reused_and_a_new_metric_adds_only_itself(tmp
 
 def test_a_failing_item_loses_nothing_else(tmp_path):
     dataset = RandomImages(7, broken=[2], poisoned=[5])  # no masks: bench_needs_masks fails on every batch
-    config = _config(tmp_path, dataset, methods=["rollout", "bench_picky"], metrics=["bench_stats", "bench_needs_masks"])
+    config = _config(tmp_path, dataset, methods=["rollout", "bench_picky"],
+                     metrics=["bench_stats", "bench_needs_masks"])
     result = run_benchmark(config)
     # todo [0..6] in batches of 3: [0, 1, (2 unreadable)], [3, 4, 5 (poisoned)], [6]
     assert result.images["tiny"]["rollout"] == {"bench_stats": 6, "bench_needs_masks": 0}
@@ -204,7 +208,8 @@ def test_markdown_marks_the_leaders_of_each_column_and_its_direction():
     lines = result.markdown().splitlines()
     header = lines.index("## m") + 2
     assert lines[header:header + 5] == [
-        "| method | ins/auc ↑ | n | del/auc ↓ |",  # metrics in config order, a shared name qualified, no arrow when unknown
+        # metrics in config order, a shared name qualified, no arrow when unknown
+        "| method | ins/auc ↑ | n | del/auc ↓ |",
         "| --- | ---: | ---: | ---: |",
         "| a | – | – | 0.20 [0.15, 0.25] (4) |",
         "| b | **0.70 [0.65, 0.75] (4)** | 3.00 [3.00, 3.00] (4) | 0.10 [0.05, 0.15] (4) ≈ |",   # best alone: bold
@@ -216,7 +221,8 @@ def test_config_from_yaml_and_its_checks(tmp_path):
     path = tmp_path / "bench.yaml"
     path.write_text(
         "models: [deit_tiny_patch16_224, {name: mine, source: ckpt.pth, arch: vit_tiny_patch16_224}]\n"
-        "methods: [rollout, {name: tis, options: {n_masks: 64}, label: TIS}, {name: rollout, options: {start_layer: 1}}]\n"
+        "methods: [rollout, {name: tis, options: {n_masks: 64}, label: TIS}, "
+        "{name: rollout, options: {start_layer: 1}}]\n"
         "metrics: [insertion_deletion]\n"
         "dataset: {name: imagenet, root: /data, options: {split: val}}\n"
         "batch_size: 8\nlimit: 100\ntarget: label\n")
@@ -240,11 +246,13 @@ def test_config_from_yaml_and_its_checks(tmp_path):
         _config(tmp_path, RandomImages(2), methods=[{"name": "rollout", "options": {"depth": 2}}])
     with pytest.raises(TypeError, match="metric 'bench_stats' has no option 'n_steps'; its options are: none"):
         _config(tmp_path, RandomImages(2), metrics=[{"name": "bench_stats", "options": {"n_steps": 2}}])
-    with pytest.raises(ValueError, match="option n_steps of metric 'insertion_deletion' must be an integer >= 2, got 1"):
+    with pytest.raises(ValueError,
+                       match="option n_steps of metric 'insertion_deletion' must be an integer >= 2, got 1"):
         _config(tmp_path, RandomImages(2), metrics=[{"name": "insertion_deletion", "options": {"n_steps": 1}}])
     with pytest.raises(ValueError, match="highlight names method.*'tis'"):
         _config(tmp_path, RandomImages(2), highlight=["rollout", "tis"])
-    path.write_text("models: [m]\nmethods: [{name: tis, options: {n_masks: 0}}]\nmetrics: [sparseness]\ndataset: digits\n")
+    path.write_text("models: [m]\nmethods: [{name: tis, options: {n_masks: 0}}]\n"
+                    "metrics: [sparseness]\ndataset: digits\n")
     with pytest.raises(ValueError, match=f"^{path}: option n_masks of method 'tis' must be an integer >= 1, got 0$"):
         BenchConfig.from_yaml(path)
 
@@ -257,11 +265,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_cli_flags_override_the_yaml_config(tmp_path):
     path = tmp_path / "bench.yaml"
-    path.write_text("models: [a]\nmethods: [{name: rollout, label: rollout}, gae]\nmetrics: [bench_stats]\nhighlight: [rollout, gae]\n"
-                    "dataset: {name: digits, options: {n: 10}}\nbatch_size: 8\n")
+    path.write_text("models: [a]\nmethods: [{name: rollout, label: rollout}, gae]\nmetrics: [bench_stats]\n"
+                    "highlight: [rollout, gae]\ndataset: {name: digits, options: {n: 10}}\nbatch_size: 8\n")
     args = _parse(["--config", str(path), "--model", "ckpt.pth", "--arch", "vit_small_patch16_224",
-                   "--method-option", "rollout.start_layer=1", "--dataset-option", "seed=3", "--batch-size", "2", "--limit", "5",
-                   "--no-progress", "-o", str(tmp_path / "o")])
+                   "--method-option", "rollout.start_layer=1", "--dataset-option", "seed=3", "--batch-size", "2",
+                   "--limit", "5", "--no-progress", "-o", str(tmp_path / "o")])
     config = bench_cli.config_from_args(args)
     assert [(m.name, m.arch) for m in config.models] == [("ckpt.pth", "vit_small_patch16_224")]
     assert [(m.name, m.options) for m in config.methods] == [("rollout", {"start_layer": 1}), ("gae", {})]
@@ -269,7 +277,8 @@ def test_cli_flags_override_the_yaml_config(tmp_path):
     assert (config.batch_size, config.limit, config.progress, config.output_dir) == (2, 5, False, tmp_path / "o")
     with pytest.raises(ValueError, match="names no method"):
         bench_cli.config_from_args(_parse(["--config", str(path), "--method-option", "tis.n_masks=4"]))
-    replaced = bench_cli.config_from_args(_parse(["--config", str(path), "--method", "gae", "--method", "attn_gradcam"]))
+    arguments = ["--config", str(path), "--method", "gae", "--method", "attn_gradcam"]
+    replaced = bench_cli.config_from_args(_parse(arguments))
     assert replaced.highlight == ["gae"]                      # the config's highlight, less what is no longer run
     chosen = bench_cli.config_from_args(_parse(["--config", str(path), "--highlight", "rollout"]))
     assert chosen.highlight == ["rollout"]
@@ -301,7 +310,8 @@ def test_cli_runs_the_benchmark_through_load_model_and_get_dataset(tmp_path, mon
     captured = capsys.readouterr()
     table_rows = [line.split()[0] for line in captured.out.splitlines() if line.strip()]
     assert "rollout" in table_rows and "1 error(s) on 1 image(s)" in captured.err
-    assert json.loads((tmp_path / "results.json").read_text())["images"]["tiny.safetensors"]["rollout"]["bench_stats"] == 3
+    images = json.loads((tmp_path / "results.json").read_text())["images"]
+    assert images["tiny.safetensors"]["rollout"]["bench_stats"] == 3
 
 
 def test_a_precision_runs_the_scoring_forwards_in_it_records_it_and_keeps_its_cache_apart(tmp_path):
@@ -317,7 +327,8 @@ def test_a_precision_runs_the_scoring_forwards_in_it_records_it_and_keeps_its_ca
         assert result.markdown().startswith(f"# Benchmark on RandomImages, {precision}")
         assert result.text().startswith(f"Benchmark on RandomImages, {precision}")
     assert "Benchmark on RandomImages, bfloat16" in (tmp_path / "out" / "report.html").read_text()
-    float32, bfloat16 = (results[p].scores["tiny"]["rise(n_masks=8)"]["insertion_deletion"] for p in ("float32", "bfloat16"))
+    float32, bfloat16 = (results[p].scores["tiny"]["rise(n_masks=8)"]["insertion_deletion"]
+                         for p in ("float32", "bfloat16"))
     assert float32 != bfloat16                                  # RISE's and the metric's forwards ran in bfloat16
     assert float32.keys() == bfloat16.keys()
     for key in float32:

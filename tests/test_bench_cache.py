@@ -1,4 +1,5 @@
-"""A cache that heals: corrupt files are named, removed and recomputed; bad configs stop before any work, in one line."""
+"""A cache that heals: corrupt files are named, removed and recomputed; bad configs stop before any work, in one
+line."""
 from __future__ import annotations
 
 import json
@@ -10,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_vit
 from safetensors.torch import load_file, save
-from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, run_benchmark
 from vitexplain.bench.store import CacheWarning, ShardStore, read_record, write_record
+
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 ROOT = Path(__file__).parent.parent
 IMAGES = 6
@@ -39,8 +41,8 @@ def _corrupt(path: Path, how: str) -> None:
 
 def _config(out: Path) -> BenchConfig:
     return BenchConfig(models={"tiny": make_vit(depth=2)}, methods=["bench_picky"], metrics=["bench_stats"],
-                       dataset=RandomImages(IMAGES), batch_size=3, output_dir=out, progress=False, device="cpu", gallery=0,
-                       sanity={"images": 2})
+                       dataset=RandomImages(IMAGES), batch_size=3, output_dir=out, progress=False, device="cpu",
+                       gallery=0, sanity={"images": 2})
 
 
 def _findings(result) -> dict:
@@ -113,7 +115,8 @@ def test_records_carry_a_checksum(tmp_path):
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "vitexplain.cli.main", "bench", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 

@@ -8,10 +8,11 @@ import sys
 import time
 
 import pytest
-from cli import python_env, run_cli
 
 from vitexplain.bench import BenchConfig
 from vitexplain.bench.lock import LOCK_NAME, config_key, folder_lock
+
+from cli import python_env, run_cli
 
 ARGS = ["--model", "digits_vit", "--method", "random_baseline", "--metric", "sparseness", "--dataset", "digits",
         "--dataset-option", "n=2", "--device", "cpu", "--no-progress"]
@@ -42,7 +43,8 @@ def test_a_bench_of_the_same_config_waits_for_the_one_running():
 def test_the_second_run_waits_until_the_first_lets_go(tmp_path, capfd):
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom vitexplain.bench.lock import folder_lock\n"
+        [sys.executable, "-c",
+         "import sys, time\nfrom pathlib import Path\nfrom vitexplain.bench.lock import folder_lock\n"
          f"with folder_lock(Path({str(out)!r}), 'same'):\n    print('held', flush=True)\n    time.sleep(1.5)\n"],
         stdout=subprocess.PIPE, text=True, env=python_env())
     try:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from conftest import make_vit
 from safetensors import safe_open
-from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, run_benchmark
+
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 TESTS = Path(__file__).parent
 METHODS = ["rollout", "bench_picky"]
@@ -64,7 +65,8 @@ def _log_total(path: Path) -> int:
 def _run_here(out: Path) -> dict:
     """The benchmark every test here runs (SCRIPT runs it in another process); returns its result as JSON data."""
     result = run_benchmark(BenchConfig(models={"tiny": make_vit(depth=2)}, methods=METHODS, metrics=["bench_stats"],
-                                       dataset=RandomImages(IMAGES), batch_size=2, output_dir=out, progress=False, device="cpu"))
+                                       dataset=RandomImages(IMAGES), batch_size=2, output_dir=out, progress=False,
+                                       device="cpu"))
     return json.loads(json.dumps(result.to_dict()))
 
 
@@ -109,7 +111,8 @@ def test_killed_run_resumes_without_losing_or_repeating_results(tmp_path, refere
     method_log, metric_log = tmp_path / "method.log", tmp_path / "metric.log"
     monkeypatch.setenv("BENCH_METHOD_LOG", str(method_log))
     monkeypatch.setenv("BENCH_METRIC_LOG", str(metric_log))
-    with pytest.warns(UserWarning, match=rf"bench.lock was left by a bench that no longer runs \(pid {process.pid}\); taken over"):
+    with pytest.warns(UserWarning,
+                      match=rf"bench.lock was left by a bench that no longer runs \(pid {process.pid}\); taken over"):
         resumed = _run_here(out)
     assert not (out / "bench.lock").exists()
     _same_numbers(resumed, reference)
@@ -129,7 +132,8 @@ def test_two_processes_shard_images_and_gather_the_single_process_results(tmp_pa
         port = probe.getsockname()[1]
     torchrun_env = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    peer = subprocess.Popen([sys.executable, str(script), str(out)], env=_env(**torchrun_env), stdout=subprocess.PIPE, text=True)
+    peer = subprocess.Popen([sys.executable, str(script), str(out)], env=_env(**torchrun_env), stdout=subprocess.PIPE,
+                            text=True)
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
                                 timeout=timedelta(seconds=120))
@@ -143,5 +147,6 @@ def test_two_processes_shard_images_and_gather_the_single_process_results(tmp_pa
     assert json.loads(peer_scores.splitlines()[-1]) == found["scores"]  # every rank returns rank 0's result
     for method in METHODS:
         batches = _stored(out, method, "maps")
-        assert len(batches) == IMAGES // 2 and all(len({i % 2 for i in batch}) == 1 for batch in batches)  # rank r took r::2
+        assert len(batches) == IMAGES // 2
+        assert all(len({i % 2 for i in batch}) == 1 for batch in batches)  # rank r took r::2
         assert _rows(out, method, "maps") == list(range(IMAGES))

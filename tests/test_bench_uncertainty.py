@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_vit
 from safetensors import safe_open
-from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, run_benchmark
 from vitexplain.bench.tables import Estimate, column_decimals, format_estimate
 from vitexplain.bench.uncertainty import Sample, bootstrap, leaders
 from vitexplain.metrics import Metric, available_metrics, get_metric
 from vitexplain.metrics.base import GROUPS
+
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 SEED = 5
 STEPS = 4
@@ -80,7 +81,8 @@ def test_intervals_are_a_bootstrap_of_the_stored_per_image_values(bench, metric,
     config, result = bench
     for method in ("gae", "rollout", "random_baseline"):
         values = stored_values(config.output_dir, method, metric)
-        assert statistic(values) == pytest.approx(result.scores["tiny"][method][metric][number], rel=1e-6)   # float32 reductions
+        reported = result.scores["tiny"][method][metric][number]
+        assert statistic(values) == pytest.approx(reported, rel=1e-6)   # float32 reductions
         expected = np.percentile(numpy_bootstrap(values, statistic, SEED), [2.5, 97.5])
         assert result.intervals["tiny"][method][metric][number] == pytest.approx(expected, rel=1e-6, abs=1e-9)
         assert expected[1] > expected[0]                                   # the images differ: a real interval
@@ -93,7 +95,8 @@ def test_reports_carry_every_interval_and_a_rerun_in_other_batches_gives_the_sam
     config, result = bench
     out = config.output_dir
     saved = json.loads((out / "results.json").read_text())
-    assert saved["intervals"] == json.loads(json.dumps(result.intervals)) and saved["settings"]["bootstrap"]["seed"] == SEED
+    assert saved["intervals"] == json.loads(json.dumps(result.intervals))
+    assert saved["settings"]["bootstrap"]["seed"] == SEED
     rows = list(csv.DictReader((out / "results.csv").open()))
     for row in rows:
         low, high = result.intervals["tiny"][row["method"]][row["metric"]][row["number"]]
@@ -120,7 +123,8 @@ def test_one_format_per_column_from_its_median_interval():
     decimals = column_decimals(column)
     assert decimals == 3
     assert [format_estimate(e, decimals) for e in column if e] == [
-        "0.950 [0.910, 0.990] (20)", "1.000 [1.000, 1.000] (20)", "0.000 [-0.004, 0.021] (20)"]   # no "1", no "1.984e-17"
+        "0.950 [0.910, 0.990] (20)", "1.000 [1.000, 1.000] (20)",
+        "0.000 [-0.004, 0.021] (20)"]   # no "1", no "1.984e-17"
     assert format_estimate(Estimate(-0.0, 0.0, -0.0, 2)) == "0.00 [0.00, 0.00] (2)"            # no width, no sign on 0
     assert column_decimals([Estimate(123.4, 123.4, 123.4, 2)]) == 0
 
@@ -164,9 +168,11 @@ def test_best_needs_a_paired_interval_that_excludes_zero_and_the_rest_are_tied()
 
 
 def test_every_protocol_declares_its_kind_and_the_summary_never_mixes_kinds(bench):
-    library = [name for name in available_metrics() if get_metric(name).compute.__module__.startswith("vitexplain.metrics")]
+    library = [name for name in available_metrics()
+               if get_metric(name).compute.__module__.startswith("vitexplain.metrics")]
     assert {name: get_metric(name).group for name in library} == {
-        "aopc": "faithfulness", "insertion_deletion": "faithfulness", "perturbation": "faithfulness", "road": "faithfulness",
+        "aopc": "faithfulness", "insertion_deletion": "faithfulness", "perturbation": "faithfulness",
+        "road": "faithfulness",
         "saco": "faithfulness", "segmentation": "localisation", "pointing_game": "localisation",
         "rationale_f1": "localisation", "max_sensitivity": "robustness", "sparseness": "complexity",
         "class_sensitivity": "class sensitivity"}
@@ -185,6 +191,7 @@ def test_every_protocol_declares_its_kind_and_the_summary_never_mixes_kinds(benc
     for lead in leads:
         assert lead.images == "9" and "random_baseline" not in lead.methods
         table = result.table("tiny")
-        column = [j for j, (m, n) in enumerate(zip(table.metrics, table.numbers)) if (m, n) == (lead.metric, lead.number)][0]
+        column = [j for j, (m, n) in enumerate(zip(table.metrics, table.numbers))
+                  if (m, n) == (lead.metric, lead.number)][0]
         marked = [method for method, marks in zip(table.methods, table.marks) if marks[column]]
         assert marked == sorted(lead.methods, key=table.methods.index)       # the table marks what the summary says

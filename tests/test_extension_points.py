@@ -134,7 +134,8 @@ def test_the_bench_runs_the_new_method_metric_dataset_and_family_together(extens
                          batch_size=4, output_dir=tmp_path, progress=False, device="cpu", gallery=0)
     result = run_benchmark(config)
     assert not result.errors
-    shares = {method: result.scores["tiny"][method]["throwaway_share"]["share"] for method in ("throwaway_first_row", "gae")}
+    shares = {method: result.scores["tiny"][method]["throwaway_share"]["share"]
+              for method in ("throwaway_first_row", "gae")}
     assert all(0.0 <= share <= 1.0 for share in shares.values())
 
 

@@ -131,7 +131,8 @@ def test_the_head_reads_any_blocks_output_as_the_model_would_if_it_ended_there(n
     model, x = build(name), images()
     family = adapter_for(model).family
     outputs = []
-    handles = [parts.module.register_forward_hook(lambda module, args, out: outputs.append(out)) for parts in family.blocks]
+    handles = [parts.module.register_forward_hook(lambda module, args, out: outputs.append(out))
+               for parts in family.blocks]
     with torch.no_grad():
         expected = model(x)
         for handle in handles:

@@ -1,7 +1,7 @@
-"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2, open_clip), and timm's parallel blocks and
-avgmax pooling: recognised with
-their readout, the instrumented forward equal to the model's own output, and GAE equal to GAE computed from
-a forward written out by hand from each model's parameters (its own attention probabilities, in the graph)."""
+"""Families outside timm (torchvision, transformers' headless ViTs and DINOv2, open_clip), and timm's parallel
+blocks and avgmax pooling: recognised with their readout, the instrumented forward equal to the model's own output,
+and GAE equal to GAE computed from a forward written out by hand from each model's parameters (its own attention
+probabilities, in the graph)."""
 from __future__ import annotations
 
 import pytest
@@ -157,7 +157,10 @@ def _open_clip_blocks(model, x):
 def _open_clip_head(model, tokens):
     """ln_post before (or after) the class-token or patch-mean pooling, then the projection."""
     if model.pool_type == "avg":
-        pooled = model.ln_post(tokens[:, 1:].mean(1)) if model.final_ln_after_pool else model.ln_post(tokens)[:, 1:].mean(1)
+        if model.final_ln_after_pool:
+            pooled = model.ln_post(tokens[:, 1:].mean(1))
+        else:
+            pooled = model.ln_post(tokens)[:, 1:].mean(1)
     else:
         pooled = model.ln_post(tokens)[:, 0]
     return pooled @ model.proj
@@ -174,7 +177,8 @@ def open_clip_by_hand(model, x):
     return _open_clip_head(model, tokens), [attn for _, attn in outputs], readout
 
 
-BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand, "hf_vit_model": transformers_vit_model_by_hand,
+BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand,
+           "hf_vit_model": transformers_vit_model_by_hand,
            "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand, "vit_avgmax": max_pooled_by_hand,
            "vit_max": max_pooled_by_hand,
            "open_clip_vit": open_clip_by_hand, "open_clip_vit_avg": open_clip_by_hand}
@@ -198,7 +202,8 @@ def _score(output, target):
 def test_recognised_with_its_readout_and_outputs_equal_the_models(name):
     model, x = build(name), images(2)
     adapter = adapter_for(model)
-    assert adapter.readout == (FOREIGN[name][1] if name in FOREIGN else ZOO[name][2]) and adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
+    assert adapter.readout == (FOREIGN[name][1] if name in FOREIGN else ZOO[name][2])
+    assert adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
     with torch.no_grad():
         own = adapter.forward(x)
     record = adapter.record(x, _target(own, adapter.family.has_classes), grads=("attn",))

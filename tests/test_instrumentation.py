@@ -49,7 +49,8 @@ def test_recording_matches_an_independent_forward(family_model):
         torch.testing.assert_close(block.attn, attn.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(block.grads["attn"], attn.grad, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(block.residual, residual.detach(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(block.attn, torch.softmax(block.q @ block.k.transpose(-1, -2) * block.q.shape[-1] ** -0.5, -1),
+        torch.testing.assert_close(block.attn,
+                                   torch.softmax(block.q @ block.k.transpose(-1, -2) * block.q.shape[-1] ** -0.5, -1),
                                    rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(block.output, block.mlp_residual + block.mlp_branch)
     grid = (5, 3) if name == "dynamic" else (4, 4)
@@ -147,7 +148,8 @@ def test_logits_on_all_tokens_equal_the_model_and_subsets_equal_a_manual_run():
     adapter = adapter_for(model)
     images = _images_for("vit", batch=2)
     everything = torch.arange(16).expand(2, 1, 16)
-    torch.testing.assert_close(adapter.logits_on_tokens(images, everything)[:, 0], adapter.logits(images), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(adapter.logits_on_tokens(images, everything)[:, 0], adapter.logits(images), rtol=1e-5,
+                               atol=1e-5)
     keep = torch.tensor([[[0, 5, 7], [15, 2, 3]], [[1, 1, 4], [9, 10, 11]]])
     got = adapter.logits_on_tokens(images, keep, batch_size=3)
     with torch.no_grad():

@@ -8,6 +8,10 @@ import torch
 import torch.nn.functional as F
 from timm.layers import Attention
 
+from vitexplain import explain
+from vitexplain.instrumentation import UnsupportedModelError, adapter_for, lrp
+from vitexplain.instrumentation.lrp import RULE_SETS
+
 from conftest import make_vit
 
 
@@ -16,10 +20,6 @@ class GatedAttention(Attention):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, gated=True, **kwargs)
-
-from vitexplain import explain
-from vitexplain.instrumentation import UnsupportedModelError, adapter_for, lrp
-from vitexplain.instrumentation.lrp import RULE_SETS
 
 
 def relevance(model, *args, **kwargs):

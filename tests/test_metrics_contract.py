@@ -6,6 +6,7 @@ import torch
 
 import vitexplain
 from vitexplain.metrics import EvalBatch, get_metric
+
 from conftest import make_vit
 
 CHEAP = {"insertion_deletion": {"n_steps": 6}, "max_sensitivity": {"n_samples": 3}, "road": {"fractions": [0.2, 0.7]}}

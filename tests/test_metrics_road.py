@@ -4,9 +4,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from test_metrics_perturbation import WeightedPixels
 from vitexplain.metrics import EvalBatch, get_metric
 from vitexplain.metrics.road import linear_imputation, reduce_road, road
+
+from test_metrics_perturbation import WeightedPixels
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.5)
 

@@ -4,9 +4,10 @@ import math
 import pytest
 import torch
 
-from test_metrics_perturbation import WeightedPixels, linear_model
 from vitexplain.metrics import get_metric
 from vitexplain.metrics.saco import reduce_saco, saco
+
+from test_metrics_perturbation import WeightedPixels, linear_model
 
 # one channel-equal 1 x 3 image (per-sample mean 1/3) and a model whose logit 0 is 4.5 p0 + 3 p1 - 3 p2:
 # replacing pixel p by the mean lowers that logit by a_p (x_p - 1/3) = 3, -1, 1, so the drops rank 0 > 2 > 1

@@ -5,9 +5,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 
-from vitexplain.metrics.segmentation import (
-    THRESHOLD_GRID, average_precision, reduce_segmentation, segmentation,
-)
+from vitexplain.metrics.segmentation import THRESHOLD_GRID, average_precision, reduce_segmentation, segmentation
 
 HAND_MAP = torch.tensor([[[0.0, 1.0], [3.0, 4.0]]])       # normalised: 0, .25, .75, 1; mean .5
 
@@ -172,7 +170,8 @@ def test_registered_metric_reads_the_batch_ignore_mask():
 
     def batch(ignored):
         return EvalBatch(images=torch.zeros(1, 3, 2, 2), maps=maps, targets=torch.zeros(1, dtype=torch.long),
-                         labels=torch.zeros(1, dtype=torch.long), explain=None, logits=None, ids=["a"], masks=masks, ignore=ignored)
+                         labels=torch.zeros(1, dtype=torch.long), explain=None, logits=None, ids=["a"], masks=masks,
+                         ignore=ignored)
 
     metric = get_metric("segmentation")
     with_ignore = metric.reduce(metric.compute(batch(ignore)))

@@ -14,13 +14,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from chromium import start_chromium
-from conftest import make_vit
-from test_bench_fakes import RandomImages
 
 from vitexplain.bench import BenchConfig, BenchResult, run_benchmark
 from vitexplain.bench.tables import arrow, groups_of
 from vitexplain.metrics.base import GROUPS
+
+from chromium import start_chromium
+from conftest import make_vit
+from test_bench_fakes import RandomImages
 
 METHODS = ["gae", "lrp", "random_baseline"]          # lrp: signed maps, drawn grey (not highlighted)
 
@@ -63,10 +64,12 @@ def test_the_page_is_self_contained(tiny_report):
     outside = [url for url in parser.urls if not (url.startswith("data:image/png;base64,") or url.startswith("#"))]
     assert outside == []
     assert "link" not in parser.tags and "script" not in parser.tags
-    assert [url for url in re.findall(r"url\(([^)]*)\)", text) if not url.startswith("#")] == []  # nothing fetched by CSS
+    fetched = [url for url in re.findall(r"url\(([^)]*)\)", text) if not url.startswith("#")]
+    assert fetched == []                                                          # nothing fetched by CSS
     # 2 inputs + 2 x 3 overlays + 2 colour scales (sequential, diverging); the plots are inline SVG
     assert len([url for url in parser.urls if url.startswith("data:image/png")]) == 2 + 6 + 2
-    assert len(re.findall(r"<figure[^>]*><svg", text)) == 2 + 1                 # curves (positive, negative), randomisation
+    # curves (positive, negative), randomisation
+    assert len(re.findall(r"<figure[^>]*><svg", text)) == 2 + 1
     assert "http" not in text.split("<h2>Settings</h2>")[0]                       # no URL, not even a namespace
 
 
@@ -92,7 +95,8 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path):
         images = _each(driver, "img", "i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight]")
         figures = _each(driver, "figure",
                         "f => [f.getAttribute('aria-label'), f.querySelector('svg').getBoundingClientRect().width]")
-        tables = _each(driver, "table.scores", "t => Array.from(t.querySelectorAll('tbody td.method')).map(c => c.textContent)")
+        tables = _each(driver, "table.scores",
+                       "t => Array.from(t.querySelectorAll('tbody td.method')).map(c => c.textContent)")
         gallery = _each(driver, "table.gallery img", "i => i.naturalWidth")
         headers = _each(driver, "table.gallery th", "c => c.textContent")
         captions = _each(driver, "table.gallery td.caption", "c => c.textContent")
@@ -105,7 +109,8 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path):
                                                "tiny: perturbation / positive (mean of 5 images)",
                                                "tiny: cascading randomisation (2 images)"]
     assert all(width > 400 for _, width in figures)
-    assert tables[0] == ["perturbation"] * 2 + ["segmentation"] * 3    # the summary: a row per number, faithfulness first
+    # the summary: a row per number, faithfulness first
+    assert tables[0] == ["perturbation"] * 2 + ["segmentation"] * 3
     assert tables[1] == METHODS                              # the scores table: one row per method
     assert tables[2] == METHODS                              # the sanity table
     assert len(gallery) == 2 * (1 + len(METHODS)) and min(gallery) == 32
@@ -120,14 +125,16 @@ def test_summary_per_kind_and_sticky_method_column(tiny_report, tmp_path):
     table, the method column stays in view while the table scrolls."""
     result, page = tiny_report
     with _opened(page, tmp_path, 520) as driver:
-        summary = _each(driver, "table.summary tbody tr", "r => Array.from(r.querySelectorAll('td, th')).map(c => c.textContent)")
+        summary = _each(driver, "table.summary tbody tr",
+                        "r => Array.from(r.querySelectorAll('td, th')).map(c => c.textContent)")
         scrolled = driver.execute_script("""
             const box = document.querySelector('table.scores:not(.summary)').parentElement;
             const cell = box.querySelector('tbody td.method'), number = cell.nextElementSibling;
             const before = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
             box.scrollLeft = 250;
             const after = [cell.getBoundingClientRect().left, number.getBoundingClientRect().left];
-            return [box.scrollWidth > box.clientWidth, box.scrollLeft, before, after, box.getBoundingClientRect().left];""")
+            const left = box.getBoundingClientRect().left;
+            return [box.scrollWidth > box.clientWidth, box.scrollLeft, before, after, left];""")
     kinds = [row[0] for row in summary if len(row) == 1]
     assert kinds == [f"faithfulnessrewards {GROUPS['faithfulness']}", f"localisationrewards {GROUPS['localisation']}"]
     rows = [row for row in summary if len(row) > 1]
@@ -151,7 +158,8 @@ def test_curve_lines_are_shown_hidden_and_highlighted_from_the_legend(tiny_repor
     shown = lines_of + ".map(g => [g.id, getComputedStyle(g).display !== 'none']);"
     looks = lines_of + (".map(g => [g.id, getComputedStyle(g).opacity, "
                         "parseFloat(getComputedStyle(g.querySelector('path')).strokeWidth)]);")
-    legend = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend:not(.highlight) label'))"
+    legend = ("return Array.from(document.querySelectorAll('.toggled')[0]"
+              ".querySelectorAll('.legend:not(.highlight) label'))")
     picks = "return Array.from(document.querySelectorAll('.toggled')[0].querySelectorAll('.legend.highlight label'))"
 
     def click(labels, text):
@@ -177,7 +185,8 @@ def test_curve_lines_are_shown_hidden_and_highlighted_from_the_legend(tiny_repor
     assert all(len(ids) == 2 for ids in lines.values()) and all(start.values())
     assert {i for i, on in without_gae.items() if not on} == set(lines["gae"])    # in both plots at once
     assert faded == ["0.4", "1", "1", "1"]
-    assert {i for i, on in without_others.items() if not on} == set(lines["lrp"])  # lrp is not highlighted by the config
+    # lrp is not highlighted by the config
+    assert {i for i, on in without_others.items() if not on} == set(lines["lrp"])
     for method, ids in lines.items():
         for i in ids:
             opacity, width = lrp_highlighted[i]
@@ -214,9 +223,10 @@ def _result(values: dict[str, float], leading: list[str] | None = None) -> Bench
     scores = {"m": {label: {"seg": {"miou": value, "gap": value}} for label, value in values.items()}}
     names = {"a": "gae", "b": "rollout", "c": "random_baseline", "d": "tokentm"}
     settings = {"methods": {label: {"name": names[label], "options": {}} for label in values}}
-    result = BenchResult("digits", scores, {"m": {label: {"seg": 20} for label in values}}, {}, {"seg": {"miou": True}}, [],
-                         settings)
-    result.intervals = {"m": {label: {"seg": {"miou": [value - 0.05, value + 0.05], "gap": [value - 0.05, value + 0.05]}}
+    result = BenchResult("digits", scores, {"m": {label: {"seg": 20} for label in values}}, {}, {"seg": {"miou": True}},
+                         [], settings)
+    result.intervals = {"m": {label: {"seg": {"miou": [value - 0.05, value + 0.05],
+                                              "gap": [value - 0.05, value + 0.05]}}
                               for label, value in values.items()}}
     if leading is not None:
         result.leaders = {"m": {"seg": {"miou": {"methods": leading, "controls": []}}}}
@@ -252,16 +262,18 @@ def test_markdown_and_terminal_tables_show_the_same_numbers():
     assert "| d | **0.75 [0.70, 0.80] (20)** | 0.75 [0.70, 0.80] (20) |" in markdown
     assert "| *c (control)* | 0.90 [0.85, 0.95] (20) | 0.90 [0.85, 0.95] (20) |" in markdown   # one format: 0.90
     text = result.text().splitlines()
-    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in text if line.split()[:1] in (["a"], ["b"], ["c"], ["d"])}
-    assert rows == {"a": "0.50 [0.45, 0.55] (20) 0.50 [0.45, 0.55] (20)", "b": "0.70 [0.65, 0.75] (20) 0.70 [0.65, 0.75] (20)",
+    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in text
+            if line.split()[:1] in (["a"], ["b"], ["c"], ["d"])}
+    assert rows == {"a": "0.50 [0.45, 0.55] (20) 0.50 [0.45, 0.55] (20)",
+                    "b": "0.70 [0.65, 0.75] (20) 0.70 [0.65, 0.75] (20)",
                     "c": "(control) 0.90 [0.85, 0.95] (20) 0.90 [0.85, 0.95] (20)",
                     "d": "0.75 [0.70, 0.80] (20)* 0.75 [0.70, 0.80] (20)"}
 
 
 def test_wide_terminal_tables_wrap_within_the_width():
     numbers = {f"number_{k}": 0.123456 * k for k in range(12)}
-    result = BenchResult("digits", {"m": {"tokentm": {"seg": numbers}}}, {}, {}, {"seg": {n: True for n in numbers}}, [],
-                         {"methods": {"tokentm": {"name": "tokentm", "options": {}}}})
+    result = BenchResult("digits", {"m": {"tokentm": {"seg": numbers}}}, {}, {}, {"seg": {n: True for n in numbers}},
+                         [], {"methods": {"tokentm": {"name": "tokentm", "options": {}}}})
     lines = result.text(width=60).splitlines()
     assert max(len(line) for line in lines) <= 60
     headers = [line for line in lines if line.startswith("method")]

@@ -4,13 +4,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import make_vit
 from scipy.stats import spearmanr
 
 import vitexplain
 from vitexplain.bench.randomisation import (
-    cascade_levels, cascading_randomisation, image_to_image, reinitialise, spearman, verdict,
+    cascade_levels,
+    cascading_randomisation,
+    image_to_image,
+    reinitialise,
+    spearman,
+    verdict,
 )
+
+from conftest import make_vit
 
 # ---------------------------------------------------------------------------------------------- controls
 
@@ -80,7 +86,8 @@ def test_cascade_randomises_one_more_level_at_a_time_on_a_copy():
     model = make_vit()
     with torch.no_grad():                     # "trained": no parameter keeps its initial value (norms at 1, biases 0)
         for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(parameter.numel())))
+            parameter.add_(0.05 * torch.randn(parameter.shape,
+                                              generator=torch.Generator().manual_seed(parameter.numel())))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     targets = torch.tensor([1, 2])
@@ -101,12 +108,14 @@ def test_cascade_randomises_one_more_level_at_a_time_on_a_copy():
     assert seen == expected
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())       # original untouched
     assert result.levels == [name for name, _ in levels] and result.correlations["gae"].shape == (2, 5)
-    again = cascading_randomisation(model, images, targets, original, lambda m, r, i, t: vitexplain.explain(r, i, m, target=t))
+    again = cascading_randomisation(model, images, targets, original,
+                                    lambda m, r, i, t: vitexplain.explain(r, i, m, target=t))
     assert torch.equal(again.correlations["gae"], result.correlations["gae"])              # seeded
     for level in range(5):                                    # one image's value does not depend on its batch
         alone = cascading_randomisation(model, images[1:], targets[1:], {"gae": original["gae"][1:]},
                                         lambda m, r, i, t: vitexplain.explain(r, i, m, target=t))
-        assert alone.correlations["gae"][0, level].item() == pytest.approx(result.correlations["gae"][1, level].item(), abs=1e-9)
+        assert alone.correlations["gae"][0, level].item() == pytest.approx(result.correlations["gae"][1, level].item(),
+                                                                           abs=1e-9)
 
 
 def test_controls_keep_their_maps_under_randomisation_and_a_model_explanation_does_not():
@@ -214,5 +223,6 @@ def test_seed_methods_localise_digits_far_better_than_the_controls(model_name):
     for method in ("tokentm", "gradtoken_transposed"):
         assert seg[method]["miou"] >= max(seg[c]["miou"] for c in controls) + 10, (method, seg)
     assert seg_best["tis"]["miou"] >= max(seg_best[c]["miou"] for c in controls) + 10, seg_best
-    printed, transposed, noise = seg["gradtoken"]["map"], seg["gradtoken_transposed"]["map"], seg["random_baseline"]["map"]
+    printed, transposed = seg["gradtoken"]["map"], seg["gradtoken_transposed"]["map"]
+    noise = seg["random_baseline"]["map"]
     assert printed < noise < transposed - 20, (printed, noise, transposed)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_instrumentation import _assert_same, _snapshot
-from test_swin import assert_rollout_and_gae_are_dense_products
-from zoo import randomise
 
 from vitexplain import explain
 from vitexplain.instrumentation import UnsupportedModelError, adapter_for
+
+from test_instrumentation import _assert_same, _snapshot
+from test_swin import assert_rollout_and_gae_are_dense_products
+from zoo import randomise
 
 #: (image size, window): an 8×8 then 4×4 grid with 2×2 windows (shifted in both stages); a 10×10 grid with
 #: 3×3 windows (padded to 12×12, then a 5×5 grid padded to 6×6)

@@ -403,9 +403,9 @@ def test_an_average_pooled_model_starts_from_a_class_token_one_and_loads_back_po
 def test_the_train_command_records_a_command_that_parses_back_to_the_same_options(tmp_path, capsys):
     out = tmp_path / "cli.safetensors"
     argv = ["train", "--arch", "vit_tiny_patch16_224", "--patch-size", "16", "--embed-dim", "48", "--depth", "2",
-            "--num-heads", "3", "--global-pool", "avg", "--steps", "2", "--batch-size", "4", "--test-size", "8", "--threads", "1",
-            "--nearest", "0.5", "--stroke", "2", "--contrast", "0.25", "--gradient", "0.1", "--noise", "0.05",
-            "--device", "cpu", "--no-progress", "-o", str(out)]
+            "--num-heads", "3", "--global-pool", "avg", "--steps", "2", "--batch-size", "4", "--test-size", "8",
+            "--threads", "1", "--nearest", "0.5", "--stroke", "2", "--contrast", "0.25", "--gradient", "0.1",
+            "--noise", "0.05", "--device", "cpu", "--no-progress", "-o", str(out)]
     assert main(argv) == 0
     assert "test accuracy" in capsys.readouterr().out
     card = json.loads(out.with_suffix(".json").read_text())

@@ -6,10 +6,11 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_vit
 
 from vitexplain import explain, register_method
 from vitexplain.registry import METHODS
+
+from conftest import make_vit
 
 
 def _notices(call) -> tuple[torch.Tensor, list[str]]:

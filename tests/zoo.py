@@ -16,7 +16,8 @@ import timm
 import torch
 
 SIZE = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
-HF_SIZE = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96)
+HF_SIZE = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+               intermediate_size=96)
 SWIN_SIZE = dict(img_size=32, patch_size=8, embed_dim=24, depths=(2, 2), num_heads=(2, 4), window_size=2,
                  num_classes=10)
 
@@ -43,14 +44,15 @@ ZOO = {
 
 #: what a zero-initialised parameter is called, in any family
 RANDOMISED = ("relative_position_bias_table", "q_bias", "v_bias", "gamma", "head.", "latent", "rel_pos", "pos_embed",
-              "cls_token", "reg_token", "cpb_mlp", "class_token", "register_tokens", "lambda1", "mlp_bias", "in_proj_bias", "out_proj.bias")
+              "cls_token", "reg_token", "cpb_mlp", "class_token", "register_tokens",
+              "lambda1", "mlp_bias", "in_proj_bias", "out_proj.bias")
 
 
 def torchvision_vit(**overrides) -> torch.nn.Module:
     from torchvision.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(**{**dict(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48, mlp_dim=96,
-                                       num_classes=10), **overrides})
+    return VisionTransformer(**{**dict(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48,
+                                       mlp_dim=96, num_classes=10), **overrides})
 
 
 def transformers_vit_model(**overrides) -> torch.nn.Module:
@@ -66,7 +68,8 @@ def transformers_dinov2(registers: int = 0, classes: int = 0, **overrides) -> to
     settings = {**HF_SIZE, "mlp_ratio": 2, "num_labels": classes, **overrides}
     if registers:
         config = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **settings)
-        kind = transformers.Dinov2WithRegistersForImageClassification if classes else transformers.Dinov2WithRegistersModel
+        kind = (transformers.Dinov2WithRegistersForImageClassification if classes
+                else transformers.Dinov2WithRegistersModel)
     else:
         config = transformers.Dinov2Config(**settings)
         kind = transformers.Dinov2ForImageClassification if classes else transformers.Dinov2Model

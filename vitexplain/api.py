@@ -89,7 +89,8 @@ def explain(
         maps = spec.fn(adapter, prepared, target, **options).float()
     expected = adapter.grid_size(prepared) if spec.resolution == "token" else tuple(prepared.shape[-2:])
     if maps.shape != (prepared.shape[0], *expected):
-        raise RuntimeError(f"method {spec.name!r} returned shape {tuple(maps.shape)}, expected {(prepared.shape[0], *expected)}")
+        raise RuntimeError(f"method {spec.name!r} returned shape {tuple(maps.shape)}, expected "
+                           f"{(prepared.shape[0], *expected)}")
     _notice_zero_maps(spec, maps)
     return maps.detach().to(device=inputs.device, dtype=torch.float32)
 
@@ -103,8 +104,9 @@ def _warn_of_caveats(spec: MethodSpec, modes: list[str]) -> None:
     for mode in modes:
         if mode in spec.precision_caveats and (spec.name, mode) not in _WARNED:
             _WARNED.add((spec.name, mode))
-            warnings.warn(f"{spec.name} in {mode}: its maps were measured at r = {spec.precision_caveats[mode]:.3f} to the "
-                          "float32 model's (worst of 64 digits test canvases); see docs/decisions/precision.md", stacklevel=3)
+            warnings.warn(f"{spec.name} in {mode}: its maps were measured at r = {spec.precision_caveats[mode]:.3f} to "
+                          "the float32 model's (worst of 64 digits test canvases); see docs/decisions/precision.md",
+                          stacklevel=3)
 
 
 def _notice_zero_maps(spec: MethodSpec, maps: Tensor) -> None:
@@ -138,7 +140,8 @@ def _explain_text(spec: MethodSpec, adapter: ModelAdapter, tokens: TokenBatch, t
         group_target = None if per_sequence is None else per_sequence[rows]
         group = spec.fn(adapter, tokens.select(rows, length), group_target, **options)
         if group.shape != (len(rows), length):
-            raise RuntimeError(f"method {spec.name!r} returned shape {tuple(group.shape)}, expected {(len(rows), length)}")
+            raise RuntimeError(f"method {spec.name!r} returned shape {tuple(group.shape)}, expected "
+                               f"{(len(rows), length)}")
         maps[rows, :length] = group.detach().float()
     return maps
 

@@ -50,7 +50,8 @@ class MethodCache:
         values: metric label -> the per-image values of that metric (with its options).
     """
 
-    def __init__(self, base: Path, method: str, options: dict[str, Any], metrics: dict[str, tuple[str, dict[str, Any]]]):
+    def __init__(self, base: Path, method: str, options: dict[str, Any],
+                 metrics: dict[str, tuple[str, dict[str, Any]]]):
         """``metrics`` maps each metric label to (metric name, effective options)."""
         self.method, self.options = method, options
         effective = {**get_method(method).options, **options}

@@ -176,9 +176,11 @@ class BenchConfig:
                 raise ValueError(f"unknown sanity option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
             self.sanity = SanityCheck(**self.sanity)
         elif self.sanity is not None and not isinstance(self.sanity, SanityCheck):
-            raise TypeError(f"sanity must be a mapping of SanityCheck options or None, got {type(self.sanity).__name__}")
+            raise TypeError("sanity must be a mapping of SanityCheck options or None, got "
+                            f"{type(self.sanity).__name__}")
         self.notes = [self.notes] if isinstance(self.notes, str) else [str(line) for line in self.notes]
-        self.highlight = [self.highlight] if isinstance(self.highlight, str) else [str(label) for label in self.highlight]
+        self.highlight = ([self.highlight] if isinstance(self.highlight, str)
+                          else [str(label) for label in self.highlight])
         for what, entries in (("model", self.models), ("method", self.methods), ("metric", self.metrics)):
             names = [entry.name if what == "model" else entry.label for entry in entries]
             duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -192,10 +194,12 @@ class BenchConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise TypeError(f"{name} must be an integer, got {value!r}")
-        if self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0 or self.gallery < 0:
+        if (self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0
+                or self.gallery < 0):
             raise ValueError("batch_size and limit must be positive, num_workers and gallery not negative")
         labels = [entry.label for entry in self.methods]
-        for what, named in (("sanity", [] if self.sanity is None else self.sanity.methods or []), ("highlight", self.highlight)):
+        for what, named in (("sanity", [] if self.sanity is None else self.sanity.methods or []),
+                            ("highlight", self.highlight)):
             unknown = [label for label in named if label not in labels]
             if unknown:
                 raise ValueError(f"{what} names method(s) {', '.join(map(repr, unknown))} that this run does not have")
@@ -216,7 +220,8 @@ class BenchConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown bench config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}")
+            raise ValueError(f"unknown bench config key(s) {', '.join(unknown)}; valid keys: "
+                             f"{', '.join(sorted(known))}")
         missing = sorted(name for name in ("models", "methods", "metrics", "dataset") if name not in data)
         if missing:
             raise ValueError(f"the bench config lacks {', '.join(missing)}")
@@ -288,7 +293,8 @@ def _entry(kind: type, item: Any, what: str):
         valid = {f.name for f in fields(kind)}
         unknown = sorted(set(item) - valid)
         if unknown or "name" not in item:
-            raise ValueError(f"each entry of {what} needs 'name' and may have {sorted(valid - {'name'})}; got {sorted(item)}")
+            raise ValueError(f"each entry of {what} needs 'name' and may have {sorted(valid - {'name'})}; got "
+                             f"{sorted(item)}")
         return kind(**item)
     raise TypeError(f"an entry of {what} must be a name or a mapping, got {type(item).__name__}")
 

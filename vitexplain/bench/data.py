@@ -25,7 +25,8 @@ def build_dataset(spec: DatasetSpec | Dataset, data_config: dict[str, Any]) -> t
     from ..datasets import get_dataset
 
     dataset = get_dataset(spec.name, spec.root, **{"preprocess": data_config, **spec.options})
-    described = json.dumps({"root": spec.root, "options": spec.options, "data_config": data_config}, sort_keys=True, default=repr)
+    described = json.dumps({"root": spec.root, "options": spec.options, "data_config": data_config}, sort_keys=True,
+                           default=repr)
     return dataset, f"{spec.name}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
 
 

@@ -1,4 +1,5 @@
-"""What one process of a benchmark found: per-image values, errors and seconds (and, on rank 0, galleries and sanity)."""
+"""What one process of a benchmark found: per-image values, errors and seconds (and, on rank 0, galleries and
+sanity)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,7 +11,8 @@ from .result import Gallery, Share
 Seconds = dict[str, dict[str, dict[str, float]]]
 
 
-def error_entry(model: str, method: str, metric: str | None, ids: list[str], error: BaseException | str) -> dict[str, Any]:
+def error_entry(model: str, method: str, metric: str | None, ids: list[str],
+                error: BaseException | str) -> dict[str, Any]:
     """One failed item as :attr:`vitexplain.bench.BenchResult.errors` lists it."""
     message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     return {"model": model, "method": method, "metric": metric, "images": list(ids), "error": message}

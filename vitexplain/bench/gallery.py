@@ -10,7 +10,8 @@ from .data import one_batch
 from .result import Gallery
 
 
-def build_gallery(adapter: ModelAdapter, model_name: str, dataset: Dataset, indices: list[int], caches: dict[str, MethodCache],
+def build_gallery(adapter: ModelAdapter, model_name: str, dataset: Dataset, indices: list[int],
+                  caches: dict[str, MethodCache],
                   normalisation: tuple[tuple[float, ...], tuple[float, ...]] | None, class_names: list[str],
                   device: torch.device) -> Gallery | None:
     """The images at ``indices`` with each method's maps (None where some image has none) and the

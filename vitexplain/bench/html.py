@@ -20,18 +20,17 @@ import re
 from datetime import datetime, timezone
 
 from .. import viz
-from .plots import (
-    CurvePlot, cascade_plot, model_styles, png_of,
-)
 from ..metrics.base import GROUPS
-from .result import BenchResult, Gallery
+from .plots import CurvePlot, cascade_plot, model_styles, png_of
 from .randomisation import VERDICT_RULE
+from .result import BenchResult, Gallery
 from .tables import Lead, Table, arrow, groups_of, sanity_cells
 
 STYLE = """
 body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1f2328;
        margin: 0 auto; padding: 1.5em 2em 4em; max-width: 1500px; }
-h1 { font-size: 1.7em; margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #d0d7de; padding-bottom: 0.25em; margin-top: 2em; }
+h1 { font-size: 1.7em; margin-bottom: 0.2em; } \
+h2 { border-bottom: 1px solid #d0d7de; padding-bottom: 0.25em; margin-top: 2em; }
 h3 { margin-top: 1.6em; } .muted { color: #656d76; } nav a { margin-right: 1em; }
 .notes { background: #f6f8fa; border-left: 4px solid #0969da; padding: 0.6em 1em; margin: 1em 0; }
 .notes li { margin: 0.2em 0; }
@@ -39,7 +38,8 @@ h3 { margin-top: 1.6em; } .muted { color: #656d76; } nav a { margin-right: 1em; 
 table { border-collapse: separate; border-spacing: 0; margin: 0.6em 0; font-variant-numeric: tabular-nums; }
 table.scores { font-size: 13px; }
 th, td { padding: 0.3em 0.6em; border-bottom: 1px solid #d8dee4; }
-table.scores td { text-align: right; background: #fff; } table.scores td.method, table.scores th.method { text-align: left; }
+table.scores td { text-align: right; background: #fff; } \
+table.scores td.method, table.scores th.method { text-align: left; }
 table.scores thead th { background: #f6f8fa; font-weight: 600; }
 table.scores thead tr.metric th { white-space: nowrap; } table.scores th.number { max-width: 7.5em; }
 table.scores td.method { white-space: nowrap; }
@@ -76,7 +76,8 @@ code { background: #f6f8fa; padding: 0.1em 0.3em; border-radius: 4px; }
 """
 
 #: matplotlib's own ids in an SVG (figure_1, line2d_3 ...): dropped, as every plot repeats them
-_PLOT_IDS = re.compile(r'\s+id="(?:figure|axes|patch|line2d|text|xtick|ytick|matplotlib\.axis|legend|PathCollection)_\d+"')
+_PLOT_IDS = re.compile(r'\s+id="(?:figure|axes|patch|line2d|text|xtick|ytick|matplotlib\.axis|legend|PathCollection)'
+                       r'_\d+"')
 _DASHES = {"-": "", "--": "5 3", ":": "1.5 2.5", "-.": "6 2.5 1.5 2.5"}
 _MARK_TITLES = {"best": ' title="best: better than every other method at 95 %"',
                 "tied": ' title="tied: cannot be told apart from the best at 95 %"'}
@@ -115,6 +116,12 @@ def inline_svg(svg: bytes) -> str:
     return _PLOT_IDS.sub("", text)
 
 
+def _scrolled_table(kind: str, header: str, rows: list[str]) -> str:
+    """A table of the ``kind`` class in a horizontally scrolling box."""
+    return (f'<div class="scroll"><table class="{kind}"><thead>{header}</thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
 def _names(methods: list[str], flagged: set[str], kind: str = "") -> str:
     return ", ".join(f'<span class="{"flagged" if m in flagged else kind}">{_e(m)}</span>' for m in methods)
 
@@ -126,10 +133,15 @@ def summary_table(leads: list[Lead], flagged: set[str]) -> str:
         rows.append(f'<tr class="group"><th colspan="5"><b>{_e(group)}</b>rewards '
                     f'{_e(GROUPS.get(group, "what its protocols measure"))}</th></tr>')
         for lead in members:
-            shown = ("–" if not lead.methods else f"<b>best</b>: {_names(lead.methods, flagged)}" if len(lead.methods) == 1
-                     else f"tied ({len(lead.methods)}): {_names(lead.methods, flagged)}")
-            rows.append(f'<tr><td class="method">{_e(lead.metric)}</td><td>{_breakable(lead.number)}{arrow(lead.better)}</td>'
-                        f'<td>{_e(lead.images)}</td><td class="leads">{shown}</td>'
+            if not lead.methods:
+                shown = "–"
+            elif len(lead.methods) == 1:
+                shown = f"<b>best</b>: {_names(lead.methods, flagged)}"
+            else:
+                shown = f"tied ({len(lead.methods)}): {_names(lead.methods, flagged)}"
+            rows.append(f'<tr><td class="method">{_e(lead.metric)}</td>'
+                        f'<td>{_breakable(lead.number)}{arrow(lead.better)}</td><td>{_e(lead.images)}</td>'
+                        f'<td class="leads">{shown}</td>'
                         f'<td class="controls">{_names(lead.controls, set(), "control") or "–"}</td></tr>')
     header = ("<tr><th class='method'>protocol</th><th>number</th><th title='images'>n</th><th>leads</th>"
               "<th title='controls that no leader is better than'>controls as good</th></tr>")
@@ -141,8 +153,8 @@ def score_table(table: Table, flagged: set[str]) -> str:
     """The table with a two-row header: protocol (and its image count), then its numbers with arrows."""
     groups = [(metric, len(list(members))) for metric, members in itertools.groupby(table.metrics)]
     starts = {sum(n for _, n in groups[:k]) for k in range(len(groups))}
-    top = "".join(f'<th colspan="{n}" class="group-start">{_e(metric)} <span class="muted">(n={table.counts.get(metric) or 0})'
-                  f'</span></th>' for metric, n in groups)
+    top = "".join(f'<th colspan="{n}" class="group-start">{_e(metric)} '
+                  f'<span class="muted">(n={table.counts.get(metric) or 0})</span></th>' for metric, n in groups)
     names = "".join(f'<th class="number{" group-start" if j in starts else ""}" title="{_direction(table.better[j])}">'
                     f'{_breakable(table.numbers[j])}{arrow(table.better[j])}</th>' for j in range(len(table.headers)))
     rows = []
@@ -150,18 +162,22 @@ def score_table(table: Table, flagged: set[str]) -> str:
     for i, (method, marks) in enumerate(zip(table.methods, table.marks)):
         cells = "".join(f'<td class="{mark} {"group-start" if j in starts else ""}"'
                         f'{_MARK_TITLES.get(mark, "")}>{_e(columns[j][i])}</td>' for j, mark in enumerate(marks))
-        rows.append(f'<tr class="{_row_class(method, table.controls, flagged)}"><td class="method">{_e(method)}</td>{cells}</tr>')
-    return (f'<div class="scroll"><table class="scores"><thead><tr class="metric"><th class="method" rowspan="2">method</th>'
-            f'{top}</tr><tr>{names}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+        rows.append(f'<tr class="{_row_class(method, table.controls, flagged)}">'
+                    f'<td class="method">{_e(method)}</td>{cells}</tr>')
+    return ('<div class="scroll"><table class="scores"><thead><tr class="metric">'
+            f'<th class="method" rowspan="2">method</th>{top}</tr><tr>{names}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
 def _swatch(style: dict) -> str:
     dash = _DASHES.get(style.get("linestyle", "-"), "")
-    return (f'<svg width="26" height="10" aria-hidden="true"><line x1="1" y1="5" x2="25" y2="5" stroke="{style["color"]}" '
+    return ('<svg width="26" height="10" aria-hidden="true">'
+            f'<line x1="1" y1="5" x2="25" y2="5" stroke="{style["color"]}" '
             f'stroke-width="{style.get("linewidth", 1.4) + 0.4:g}" stroke-dasharray="{dash}"/></svg>')
 
 
-def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], others: list[str], wide: bool = False) -> str:
+def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], others: list[str],
+                    wide: bool = False) -> str:
     """Plots of one model as inline SVG under one legend: each entry shows / hides its method's line in
     every plot, one more entry the ``others`` (the methods not highlighted) at once; below it, one
     choice per method draws that method's line wide over the others, faded (radio buttons and CSS, no
@@ -174,12 +190,15 @@ def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], o
     boxes = [(toggles[m], [m]) for m in methods] + ([(f"{key}-others", others)] if others else [])
     rules = []
     for box, members in boxes:
-        rules.append(", ".join(f"#{box}:not(:checked) ~ .figures [id^='{lines[m]}']" for m in members) + " { display: none; }")
-        rules.append(f"#{box}:not(:checked) ~ .legend label[for='{box}'] {{ opacity: 0.4; text-decoration: line-through; }}")
+        hidden = ", ".join(f"#{box}:not(:checked) ~ .figures [id^='{lines[m]}']" for m in members)
+        rules.append(hidden + " { display: none; }")
+        rules.append(f"#{box}:not(:checked) ~ .legend label[for='{box}'] "
+                     "{ opacity: 0.4; text-decoration: line-through; }")
     for method in methods:
         rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{key}-l'] {{ opacity: 0.25; }}")
         rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{lines[method]}'] {{ opacity: 1; }}")
-        rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{lines[method]}'] path {{ stroke-width: 3.5px !important; }}")
+        rules.append(f"#{chosen[method]}:checked ~ .figures [id^='{lines[method]}'] path "
+                     "{ stroke-width: 3.5px !important; }")
         rules.append(f"#{chosen[method]}:checked ~ .highlight label[for='{chosen[method]}'] {{ font-weight: 700; }}")
     rules.append(f"#{key}-h:checked ~ .highlight label[for='{key}-h'] {{ font-weight: 700; }}")
     labels = [f'<label for="{toggles[m]}" title="show / hide">{_swatch(styles[m])}{_e(m)}</label>' for m in methods]
@@ -204,7 +223,8 @@ def toggled_figures(key: str, plots: list[CurvePlot], styles: dict[str, dict], o
 def _not_highlighted(result: BenchResult, model: str) -> list[str]:
     """The methods drawn thin and pale (neither highlighted nor controls), when some are highlighted."""
     controls = result.controls(model)
-    return [m for m in result.scores.get(model, {}) if result.highlight and m not in result.highlight and m not in controls]
+    return [m for m in result.scores.get(model, {})
+            if result.highlight and m not in result.highlight and m not in controls]
 
 
 def gallery_table(gallery: Gallery, controls: set[str]) -> str:
@@ -212,17 +232,20 @@ def gallery_table(gallery: Gallery, controls: set[str]) -> str:
     methods = list(gallery.maps)
     signed = {m: gallery.maps[m] is not None and viz.is_signed(gallery.maps[m]) for m in methods}
     header = "<tr><th><div>input</div></th>" + "".join(
-        f'<th title="{_e(m)}{" (signed: diverging scale)" if signed[m] else ""}" class="{"control" if m in controls else ""}">'
+        f'<th title="{_e(m)}{" (signed: diverging scale)" if signed[m] else ""}" '
+        f'class="{"control" if m in controls else ""}">'
         f'<div>{_e(m)}{" ±" if signed[m] else ""}</div></th>' for m in methods) + "</tr>"
     rows = []
     for i, image_id in enumerate(gallery.ids):
-        name = gallery.class_names[gallery.predicted[i]] if gallery.predicted[i] < len(gallery.class_names) else gallery.predicted[i]
-        label = gallery.labels[i]
-        truth = f"label {_e(gallery.class_names[label] if 0 <= label < len(gallery.class_names) else label)} · " if label >= 0 else ""
+        predicted, label = gallery.predicted[i], gallery.labels[i]
+        name = gallery.class_names[predicted] if predicted < len(gallery.class_names) else predicted
+        label_name = gallery.class_names[label] if 0 <= label < len(gallery.class_names) else label
+        truth = f"label {_e(label_name)} · " if label >= 0 else ""
         caption = (f"<b>{_e(image_id)}</b> — {truth}predicted <b>{_e(name)}</b> "
                    f"(p = {gallery.probability[i]:.3f})")
         rows.append(f'<tr><td class="caption" colspan="{len(methods) + 1}">{caption}</td></tr>')
-        cells = [f'<td class="input"><img alt="input {_e(image_id)}" src="{data_uri(png_of(gallery.images[i].numpy()))}"></td>']
+        image = data_uri(png_of(gallery.images[i].numpy()))
+        cells = [f'<td class="input"><img alt="input {_e(image_id)}" src="{image}"></td>']
         for method in methods:
             maps = gallery.maps[method]
             if maps is None:
@@ -231,16 +254,18 @@ def gallery_table(gallery: Gallery, controls: set[str]) -> str:
                 uri = data_uri(png_of(viz.overlay(gallery.images[i], maps[i], signed=signed[method])))
                 cells.append(f'<td><img alt="{_e(method)} on {_e(image_id)}" title="{_e(method)}" src="{uri}"></td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f'<div class="scroll"><table class="gallery"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>'
+    return _scrolled_table("gallery", header, rows)
 
 
 def gallery_section(gallery: Gallery, controls: set[str]) -> str:
-    strip = lambda name: f'<img alt="colour scale {name}" src="{data_uri(png_of(viz.palette_strip(name)))}">'  # noqa: E731
+    def strip(name: str) -> str:
+        return f'<img alt="colour scale {name}" src="{data_uri(png_of(viz.palette_strip(name)))}">'
+
     scales = (f'<p class="scale muted">Maps without negative values: {viz.SEQUENTIAL}, {_e(viz.scale_rule(False))}, '
               f'low{strip(viz.SEQUENTIAL)}high. Maps with negative values (marked ±): {viz.DIVERGING}, '
-              f'{_e(viz.scale_rule(True))}, negative{strip(viz.DIVERGING)}positive. Values beyond the ends saturate; each '
-              f'map has its own scale, blended at {viz.OVERLAY_ALPHA:.0%} over the image (as in explorer.html and the '
-              f'PNG overlays).</p>')
+              f'{_e(viz.scale_rule(True))}, negative{strip(viz.DIVERGING)}positive. Values beyond the ends saturate; '
+              f'each map has its own scale, blended at {viz.OVERLAY_ALPHA:.0%} over the image (as in explorer.html '
+              'and the PNG overlays).</p>')
     link = ('<p class="muted">Every map of these images, token by token and side by side, in the interactive '
             'explorer: <code>explorer.html</code> beside this report.</p>')
     return "<h3>Gallery</h3>" + scales + link + gallery_table(gallery, controls)
@@ -260,9 +285,9 @@ def sanity_section(result: BenchResult, model: str, check: dict, key: str) -> st
     summary = (f"Flagged: <b>{_e(', '.join(flagged)) or 'none'}</b>" + (f"; controls, flagged as they should be: "
                f"{_e(', '.join(caught))}" if caught else "") + f". {_e(VERDICT_RULE.format(images=check['images']))}")
     return (f'<h3 id="{_anchor(model, "sanity")}">{_e(model)}</h3><p>{summary}</p>'
-            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model), _not_highlighted(result, model),
-                              wide=True)
-            + f'<div class="scroll"><table class="scores"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>')
+            + toggled_figures(key, [cascade_plot(model, check)], model_styles(result, model),
+                              _not_highlighted(result, model), wide=True)
+            + _scrolled_table("scores", header, rows))
 
 
 def timing_table(per_method: dict[str, dict[str, float]]) -> str:
@@ -277,20 +302,21 @@ def timing_table(per_method: dict[str, dict[str, float]]) -> str:
     totals = [sum(spent.get(phase, 0) for spent in per_method.values()) for phase in phases]
     rows.append("<tr><td class='method'><b>total</b></td>" + "".join(f"<td><b>{t:.1f}</b></td>" for t in totals)
                 + f"<td><b>{sum(totals):.1f}</b></td></tr>")
-    return f'<div class="scroll"><table class="scores"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table></div>'
+    return _scrolled_table("scores", header, rows)
 
 
 def _settings(result: BenchResult) -> str:
     settings = result.settings
     rows = [f"<tr><td class='method'>{_e(label)}</td><td><code>{_e(entry['name'])}</code></td>"
             f"<td>{_e(entry['options'] or '')}</td></tr>" for label, entry in settings.get("methods", {}).items()]
-    methods = "<table class='scores'><thead><tr><th class='method'>row</th><th>method</th><th>options</th></tr></thead>" \
-              f"<tbody>{''.join(rows)}</tbody></table>"
-    rows = [f"<tr><td class='method'>{_e(label)}</td><td><code>{_e(entry['name'])}</code></td><td>{_e(entry['options'])}</td>"
-            f"<td>{_e(entry.get('limit') or 'all')}</td><td>{_e(_dataset_text(entry.get('dataset')))}</td></tr>"
+    methods = ("<table class='scores'><thead><tr><th class='method'>row</th><th>method</th><th>options</th></tr>"
+               f"</thead><tbody>{''.join(rows)}</tbody></table>")
+    rows = [f"<tr><td class='method'>{_e(label)}</td><td><code>{_e(entry['name'])}</code></td>"
+            f"<td>{_e(entry['options'])}</td><td>{_e(entry.get('limit') or 'all')}</td>"
+            f"<td>{_e(_dataset_text(entry.get('dataset')))}</td></tr>"
             for label, entry in settings.get("metrics", {}).items()]
-    metrics = "<table class='scores'><thead><tr><th class='method'>columns</th><th>metric</th><th>options</th><th>images</th>" \
-              f"<th>dataset</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    metrics = ("<table class='scores'><thead><tr><th class='method'>columns</th><th>metric</th><th>options</th>"
+               f"<th>images</th><th>dataset</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
     run = {key: settings.get(key) for key in ("precision", "target", "seed", "limit", "sanity", "highlight")}
     return (f"<p>Run: <code>{_e(run)}</code></p><h3>Methods</h3><div class='scroll'>{methods}</div>"
             f"<h3>Metrics</h3><div class='scroll'>{metrics}</div>")
@@ -325,7 +351,8 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
              + (f"; this run took {result.seconds:.0f} s" if result.seconds else "") + "</p>",
              f"<nav>{nav}</nav>"]
     if result.notes:
-        parts.append('<div class="notes"><ul>' + "".join(f"<li>{_e(note)}</li>" for note in result.notes) + "</ul></div>")
+        notes = "".join(f"<li>{_e(note)}</li>" for note in result.notes)
+        parts.append(f'<div class="notes"><ul>{notes}</ul></div>')
     parts.append('<h2 id="summary">Summary: who leads, per kind of protocol</h2><p class="muted">'
                  f'{_e(result.uncertainty_note())} Each kind of protocol rewards something else, so kinds are never '
                  'mixed into one rank; n = images behind the numbers. Red: flagged by the model-randomisation check. '
@@ -335,9 +362,11 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
         parts += [f"<h3>{_e(model)}</h3>", summary_table(result.summary(model), _flagged(result, model))]
     parts.append('<p class="muted">Tables: methods as rows; every number: value [95 % interval] (images); ↑ / ↓ = '
                  'higher / lower is better; <b>bold</b> = best, better than every other method at 95 %; '
-                 '<span style="text-decoration: underline dotted #1a7f37">underlined</span> = tied with the best; control '
-                 'rows, in grey, are references and never lead. Red method names were flagged by the model-randomisation '
-                 'check. Curves: each point at the share of pixels the step really removed, inserted or grouped; click a legend entry to hide or show its line, a name after “highlight” to draw it over the others.</p>')
+                 '<span style="text-decoration: underline dotted #1a7f37">underlined</span> = tied with the best; '
+                 'control rows, in grey, are references and never lead. Red method names were flagged by the '
+                 'model-randomisation check. Curves: each point at the share of pixels the step really removed, '
+                 'inserted or grouped; click a legend entry to hide or show its line, a name after “highlight” to '
+                 'draw it over the others.</p>')
     figure = itertools.count()
     for model in models:
         table = result.table(model)
@@ -350,26 +379,31 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
             parts.append(gallery_section(galleries[model], table.controls))
     if result.sanity:
         parts.append('<h2 id="sanity">Model randomisation (Adebayo et al., NeurIPS 2018)</h2>'
-                     '<p>Cascading randomisation: the weights are re-initialised from the top down (head, then the last '
-                     'block, ..., then the embedding), and every method explains the same images, for the same classes, '
-                     'with the partly random model. Numbers: Spearman rank correlation with the maps of the trained model, '
-                     'averaged over the images; the floor is what the correlation is without the model (below), and the plot '
-                     'shows each correlation less its floor. A method whose maps stay above their floor once nothing '
-                     'learned is left does not depend on what the model learned. Controls (grey) must be flagged.</p>')
+                     '<p>Cascading randomisation: the weights are re-initialised from the top down (head, then the '
+                     'last block, ..., then the embedding), and every method explains the same images, for the same '
+                     'classes, with the partly random model. Numbers: Spearman rank correlation with the maps of the '
+                     'trained model, averaged over the images; the floor is what the correlation is without the '
+                     'model (below), and the plot shows each correlation less its floor. A method whose maps stay '
+                     'above their floor once nothing learned is left does not depend on what the model learned. '
+                     'Controls (grey) must be flagged.</p>')
         for model, check in result.sanity.items():
             parts.append(sanity_section(result, model, check, f"figures{next(figure)}"))
     if result.errors:
-        rows = "".join(f"<tr><td class='method'>{_e(model)}</td><td>{_e(method)}</td><td>{_e(metric)}</td><td>{count}</td>"
-                       f"<td style='text-align:left'>{_e(message)}</td></tr>"
+        rows = "".join(f"<tr><td class='method'>{_e(model)}</td><td>{_e(method)}</td><td>{_e(metric)}</td>"
+                       f"<td>{count}</td><td style='text-align:left'>{_e(message)}</td></tr>"
                        for (model, method, metric, message), count in result.grouped_errors().items())
-        parts.append('<h2 id="errors">Errors</h2><div class="scroll"><table class="scores"><thead><tr><th class="method">model</th>'
-                     f'<th>method</th><th>metric</th><th>images</th><th>error</th></tr></thead><tbody>{rows}</tbody></table></div>')
+        parts.append('<h2 id="errors">Errors</h2><div class="scroll"><table class="scores"><thead><tr>'
+                     '<th class="method">model</th><th>method</th><th>metric</th><th>images</th><th>error</th>'
+                     f'</tr></thead><tbody>{rows}</tbody></table></div>')
     if result.timings:
         parts.append('<h2 id="time">Time</h2><p class="muted">Seconds this run spent per method: explaining (maps), '
-                     'each protocol, and the model-randomisation check (a resumed run counts only what it computed).</p>')
+                     'each protocol, and the model-randomisation check (a resumed run counts only what it '
+                     'computed).</p>')
         for model, per_method in result.timings.items():
             parts += [f"<h3>{_e(model)}</h3>", timing_table(per_method)]
     parts += ["<h2>Settings</h2>", _settings(result)]
     body = "\n".join(parts)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">'
-            f"<title>vitexplain bench: {_e(result.dataset)}</title><style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
+    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width">'
+            f"<title>vitexplain bench: {_e(result.dataset)}</title><style>{STYLE}</style></head>"
+            f"<body>\n{body}\n</body></html>\n")

@@ -90,8 +90,9 @@ def folder_lock(folder: Path, key: str) -> Iterator[None]:
                 if holder.get("config") != key:
                     os.close(descriptor)
                     raise FolderInUse(
-                        f"{folder} is in use by another bench (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
-                        f"config {holder.get('config', '?')}, this one {key}); wait for it to end or write elsewhere (-o)"
+                        f"{folder} is in use by another bench (pid {holder.get('pid', '?')} on "
+                        f"{holder.get('host', '?')}, config {holder.get('config', '?')}, this one {key}); wait for it "
+                        "to end or write elsewhere (-o)"
                     ) from None
                 print(f"waiting for the bench of the same config in {folder} (pid {holder.get('pid', '?')}) to end",
                       file=sys.stderr, flush=True)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import viz
 from .result import BenchResult
 
 CONTROL_STYLES = ({"color": "#4d4d4d", "linestyle": "--"}, {"color": "#000000", "linestyle": ":"},
@@ -83,7 +82,10 @@ def draw_curves(plot: CurvePlot, styles: dict[str, dict], image_format: str = "p
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     for name, curve in plot.curves.items():
-        where = np.arange(len(curve)) if plot.ticks is not None else plot.x if plot.x is not None else np.arange(1, len(curve) + 1)
+        if plot.ticks is not None:
+            where = np.arange(len(curve))
+        else:
+            where = plot.x if plot.x is not None else np.arange(1, len(curve) + 1)
         (line,) = axes.plot(where, curve, label=name, marker="." if len(curve) <= 16 else None, markersize=4,
                             **{"linewidth": 1.5, **styles.get(name, {})})
         if ids and name in ids:
@@ -133,9 +135,11 @@ def curve_plots(result: BenchResult) -> list[CurvePlot]:
 def cascade_plot(model: str, check: dict) -> CurvePlot:
     """Per method, its mean correlation per randomisation level less its noise floor; 0 dotted (a method
     passes only where its line ends clearly below 0: :data:`vitexplain.bench.randomisation.VERDICT_RULE`)."""
-    curves = {method: [value - found["floor"] for value in found["correlation"]] for method, found in check["methods"].items()}
+    curves = {method: [value - found["floor"] for value in found["correlation"]]
+              for method, found in check["methods"].items()}
     return CurvePlot(model, "sanity", "correlation", f"{model}: cascading randomisation ({check['images']} images)",
-                     "re-initialised down to", "Spearman correlation with the trained model's maps, less the noise floor",
+                     "re-initialised down to",
+                     "Spearman correlation with the trained model's maps, less the noise floor",
                      curves, ticks=check["levels"], reference=0.0, size=(10, 4.8))
 
 

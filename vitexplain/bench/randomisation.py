@@ -52,10 +52,10 @@ TOP_PREFIXES = ("head", "norm.", "fc_norm.", "attn_pool.")
 INIT_STD = 0.02
 #: the verdict, as the reports state it (``images``: how many images the check ran on)
 VERDICT_RULE = ("Verdict: a method is flagged when, with the whole model random, its maps are clearly more like the "
-                "trained model's maps than its noise floor explains: the {images} images' mean of (correlation - floor) "
-                f"has a {CONFIDENCE:.0%} bootstrap interval above 0, or its maps did not change at all (correlation 1 on "
-                "every image). Floor: for a randomised method, the trained model's map of the same image with another "
-                "seed; for a deterministic one, the trained model's map of another image.")
+                "trained model's maps than its noise floor explains: the {images} images' mean of (correlation - "
+                f"floor) has a {CONFIDENCE:.0%} bootstrap interval above 0, or its maps did not change at all "
+                "(correlation 1 on every image). Floor: for a randomised method, the trained model's map of the same "
+                "image with another seed; for a deterministic one, the trained model's map of another image.")
 
 
 def average_ranks(values: Tensor) -> Tensor:
@@ -100,8 +100,8 @@ def cascade_levels(model: nn.Module) -> list[tuple[str, list[str]]]:
         else:
             bottom.append(name)
     if not blocks:
-        raise ValueError("the model-randomisation check needs a timm Vision Transformer (parameters named blocks.<i>.*); "
-                         f"this {type(model).__name__} has none")
+        raise ValueError("the model-randomisation check needs a timm Vision Transformer (parameters named "
+                         f"blocks.<i>.*); this {type(model).__name__} has none")
     levels = [("head", top)] + [(f"block {i}", blocks[i]) for i in sorted(blocks, reverse=True)]
     return levels + [("embedding", bottom)]
 

@@ -21,10 +21,9 @@ from ..registry import get_method
 from .cache import MethodCache
 from .config import SanityCheck
 from .data import one_batch
+from .findings import Findings, add_seconds, error_entry
 from .randomisation import cascading_randomisation, image_to_image, spearman, verdict
 from .store import discard, options_key, read_record, write_record
-from .findings import Findings, add_seconds, error_entry
-
 
 #: what a record holds (part of its key: records of an earlier check are not read)
 RECORD = "correlations per image and level, noise floor per image"
@@ -75,7 +74,8 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
             done[label] = record
     found = {label: caches[label].cached_maps(batch) for label in labels if label not in done}
     for label in [label for label, maps in found.items() if maps is None]:
-        work.errors.append(error_entry(model_name, label, "sanity", batch.ids, "no maps of these images to compare with"))
+        work.errors.append(error_entry(model_name, label, "sanity", batch.ids,
+                                       "no maps of these images to compare with"))
     todo = {label: maps for label, maps in found.items() if maps is not None}
     if todo:
         def explain_randomised(label: str, randomised: nn.Module, images: Tensor, targets: Tensor) -> Tensor:
@@ -86,8 +86,8 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
                 add_seconds(work.seconds, model_name, label, {"sanity": time.perf_counter() - started})
 
         targets = next(iter(todo.values()))["targets"]
-        cascade = cascading_randomisation(model, batch.data["images"], targets, {l: m["maps"] for l, m in todo.items()},
-                                          explain_randomised, seed=seed)
+        maps = {label: entry["maps"] for label, entry in todo.items()}
+        cascade = cascading_randomisation(model, batch.data["images"], targets, maps, explain_randomised, seed=seed)
         for label, message in cascade.errors.items():
             work.errors.append(error_entry(model_name, label, "sanity", batch.ids, message))
         for label, correlations in cascade.correlations.items():
@@ -99,8 +99,8 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
                 continue
             finally:
                 add_seconds(work.seconds, model_name, label, {"sanity": time.perf_counter() - started})
-            done[label] = {"levels": cascade.levels, "correlations": correlations.tolist(), "floor": floor.cpu().tolist(),
-                           "floor_kind": kind}
+            done[label] = {"levels": cascade.levels, "correlations": correlations.tolist(),
+                           "floor": floor.cpu().tolist(), "floor_kind": kind}
             write_record(paths[label], done[label])
     if not done:
         return {}

@@ -1,4 +1,5 @@
-"""What a benchmark found: per-image values reduced to the reported numbers with their uncertainty, and tables of them."""
+"""What a benchmark found: per-image values reduced to the reported numbers with their uncertainty, and tables of
+them."""
 from __future__ import annotations
 
 import math
@@ -15,7 +16,15 @@ from ..registry import METHODS
 from .config import DatasetSpec
 from .randomisation import VERDICT_RULE
 from .tables import (
-    Estimate, Lead, Table, sanity_markdown, sanity_text, score_markdown, score_text, summary_markdown, summary_text,
+    Estimate,
+    Lead,
+    Table,
+    sanity_markdown,
+    sanity_text,
+    score_markdown,
+    score_text,
+    summary_markdown,
+    summary_text,
 )
 from .uncertainty import CONFIDENCE, RESAMPLES, Sample, bootstrap, interval, leaders
 
@@ -150,7 +159,8 @@ class BenchResult:
             row, row_marks = [], []
             for label, number, _ in columns:
                 value = self.scores[model][method].get(label, {}).get(number)
-                low, high = self.intervals.get(model, {}).get(method, {}).get(label, {}).get(number, (math.nan, math.nan))
+                interval = self.intervals.get(model, {}).get(method, {}).get(label, {})
+                low, high = interval.get(number, (math.nan, math.nan))
                 count = self.images.get(model, {}).get(method, {}).get(label, 0)
                 row.append(None if value is None else Estimate(value, low, high, count))
                 leading = self.leaders.get(model, {}).get(label, {}).get(number, {}).get("methods", [])
@@ -177,14 +187,15 @@ class BenchResult:
 
     def uncertainty_note(self) -> str:
         return (f"Every number: value [low, high] (images), the {CONFIDENCE:.0%} bootstrap interval over the images "
-                f"({self.settings.get('bootstrap', {}).get('resamples', RESAMPLES)} resamples). Best: better than every "
-                "other method at that confidence, paired over the same images; tied: cannot be told apart from the best. "
-                "Controls never lead.")
+                f"({self.settings.get('bootstrap', {}).get('resamples', RESAMPLES)} resamples). Best: better than "
+                "every other method at that confidence, paired over the same images; tied: cannot be told apart from "
+                "the best. Controls never lead.")
 
     def markdown(self) -> str:
         """Per model: who leads each kind of protocol, then the table in the papers' layout (methods as
         rows, reported numbers as columns); the randomisation check and the errors."""
-        lines = [f"# Benchmark on {self.dataset}, {self.precision}", ""] + [f"> {note}" for note in self.notes] + ([""] if self.notes else [])
+        notes = [f"> {note}" for note in self.notes] + ([""] if self.notes else [])
+        lines = [f"# Benchmark on {self.dataset}, {self.precision}", ""] + notes
         if self.scores:
             lines += ["## Who leads, per kind of protocol", "", self.uncertainty_note() + " Kinds are never mixed: "
                       "each rewards something else.", ""]
@@ -199,7 +210,8 @@ class BenchResult:
             lines += sanity_markdown(check)
             lines += [VERDICT_RULE.format(images=check["images"]), ""]
         if self.errors:
-            lines += ["## Errors", "", "| model | method | metric | images | error |", "| --- | --- | --- | ---: | --- |"]
+            lines += ["## Errors", "", "| model | method | metric | images | error |",
+                      "| --- | --- | --- | ---: | --- |"]
             for (model, method, metric, message), count in self.grouped_errors().items():
                 lines.append(f"| {model} | {method} | {metric} | {count} | {message.replace('|', '/')} |")
             lines.append("")
@@ -217,16 +229,19 @@ class BenchResult:
         protocol, then its scores (one group of columns per protocol, best values marked ``*``, tied ones
         ``≈``), then the randomisation check, errors and seconds."""
         def say(text: str, indent: str = "") -> list[str]:
-            return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ", break_on_hyphens=False)
+            return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ",
+                                 break_on_hyphens=False)
 
-        lines = say(f"Benchmark on {self.dataset}, {self.precision}" + (f" ({self.seconds:.0f} s)" if self.seconds else "")) + [""]
+        took = f" ({self.seconds:.0f} s)" if self.seconds else ""
+        lines = say(f"Benchmark on {self.dataset}, {self.precision}{took}") + [""]
         if self.scores:
             lines += say(self.uncertainty_note()) + [""]
         for model in self.scores:
             lines += say(f"{model}: who leads, per kind of protocol (never mixed)")
             lines += summary_text(self.summary(model), width)
             if self.flagged(model):
-                lines += say(f"{model}: flagged by the model-randomisation check: {', '.join(self.flagged(model))}") + [""]
+                lines += say(f"{model}: flagged by the model-randomisation check: "
+                             f"{', '.join(self.flagged(model))}") + [""]
             lines += say(f"{model}: scores (* best, ≈ tied; ↑/↓ higher/lower is better)")
             lines += score_text(self.table(model), width)
         for model, check in self.sanity.items():
@@ -258,8 +273,8 @@ def curve_axes(metric, options: dict[str, Any], key: str, points: int) -> dict[s
     ``xlabel`` and ``ylabel``."""
     if metric.curves is None:
         return {"x": [float(k) for k in range(1, points + 1)], "xlabel": "step", "ylabel": key}
-    return {"x": [float(x) for x in metric.curves.x({**metric.options, **options}, points)], "xlabel": metric.curves.xlabel,
-            "ylabel": metric.curves.ylabels.get(key, key)}
+    return {"x": [float(x) for x in metric.curves.x({**metric.options, **options}, points)],
+            "xlabel": metric.curves.xlabel, "ylabel": metric.curves.ylabels.get(key, key)}
 
 
 def describe_dataset(dataset: Any) -> dict[str, Any] | str:
@@ -280,13 +295,15 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
     for m in config.metrics:
         metrics[m.label] = {"name": m.name, "options": m.options, "limit": config.limit_of(m),
                             "dataset": describe_dataset(m.dataset or config.dataset), "group": get_metric(m.name).group}
-    settings = {"precision": config.precision, "target": config.target, "seed": config.seed, "limit": config.limit, "dataset": describe_dataset(config.dataset),
-                "methods": {m.label: {"name": m.name, "options": m.options} for m in config.methods}, "metrics": metrics,
-                "sanity": None if config.sanity is None else asdict(config.sanity), "highlight": list(config.highlight),
+    settings = {"precision": config.precision, "target": config.target, "seed": config.seed, "limit": config.limit,
+                "dataset": describe_dataset(config.dataset),
+                "methods": {m.label: {"name": m.name, "options": m.options} for m in config.methods},
+                "metrics": metrics, "sanity": None if config.sanity is None else asdict(config.sanity),
+                "highlight": list(config.highlight),
                 "bootstrap": {"resamples": RESAMPLES, "confidence": CONFIDENCE, "seed": config.seed}}
     ordered_errors = sorted(errors, key=lambda e: (e["model"], e["method"], e["metric"] or "", e["images"]))
-    result = BenchResult(dataset, {}, {}, {}, {}, ordered_errors, settings, sanity=sanity or {}, notes=list(config.notes),
-                         seconds=seconds, timings=timings or {}, galleries=galleries or [])
+    result = BenchResult(dataset, {}, {}, {}, {}, ordered_errors, settings, sanity=sanity or {},
+                         notes=list(config.notes), seconds=seconds, timings=timings or {}, galleries=galleries or [])
     for entry in config.metrics:
         result.higher_is_better[entry.label] = dict(get_metric(entry.name).higher_is_better)
     for model in config.models:
@@ -312,8 +329,8 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                     samples[method.label] = Sample(indices, values, bootstrap(values, report, config.seed))
                 except Exception as error:  # noqa: BLE001 - one metric's reduction must not lose the other reports
                     scores.pop(entry.label, None)
-                    result.errors.append({"model": model.name, "method": method.label, "metric": entry.label, "images": [],
-                                          "error": f"reduce failed: {type(error).__name__}: {error}"})
+                    result.errors.append({"model": model.name, "method": method.label, "metric": entry.label,
+                                          "images": [], "error": f"reduce failed: {type(error).__name__}: {error}"})
                     continue
                 result.intervals.setdefault(model.name, {}).setdefault(method.label, {})[entry.label] = {
                     key: list(interval(replicates)) for key, replicates in samples[method.label].replicates.items()}
@@ -321,7 +338,8 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                     if value.ndim == 2:
                         curves = result.curves.setdefault(model.name, {}).setdefault(entry.label, {})
                         curves.setdefault(key, {})[method.label] = value.double().mean(0).tolist()
-                        result.axes.setdefault(entry.label, {})[key] = curve_axes(metric, entry.options, key, value.shape[1])
+                        axes = curve_axes(metric, entry.options, key, value.shape[1])
+                        result.axes.setdefault(entry.label, {})[key] = axes
             for number, higher in result.higher_is_better[entry.label].items():
                 found = {m: result.scores[model.name][m][entry.label][number] for m in samples
                          if number in result.scores[model.name][m][entry.label]}

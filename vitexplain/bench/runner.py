@@ -33,12 +33,12 @@ from .cache import MethodCache, model_folder
 from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry
 from .data import Batch, build_dataset, loader, normalisation, select_indices, take
 from .distributed import Place, place
+from .findings import Findings, add_seconds, error_entry
 from .gallery import build_gallery
 from .lock import FolderInUse, config_key, folder_lock
-from .result import BenchResult, Share, build_result
 from .randomisation_run import check_model
+from .result import BenchResult, Share, build_result
 from .store import safe_name
-from .findings import Findings, add_seconds, error_entry
 from .writers import write_reports
 
 Normalisation = tuple[tuple[float, ...], tuple[float, ...]]
@@ -82,7 +82,8 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
                 for model, per_method in part.items():
                     for method, spent in per_method.items():
                         add_seconds(seconds, model, method, spent)
-            result = build_result(config, [s for part, _, _ in gathered for s in part], [e for _, part, _ in gathered for e in part],
+            result = build_result(config, [s for part, _, _ in gathered for s in part],
+                                  [e for _, part, _ in gathered for e in part],
                                   galleries=work.galleries, sanity=work.sanity, seconds=time.perf_counter() - started,
                                   timings=seconds)
             write_reports(result, config.output_dir)
@@ -120,8 +121,8 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
             base = base / f"precision-{config.precision}"
         caches = {}
         for method_entry in config.methods:
-            run = MethodRun(adapter, model_entry.name, method_entry, _method_options(method_entry, config.seed), metrics,
-                            base, normal, config, where)
+            run = MethodRun(adapter, model_entry.name, method_entry, _method_options(method_entry, config.seed),
+                            metrics, base, normal, config, where)
             work.errors += run.run(dataset, wanted, shown)
             work.shares += run.shares(wanted)
             add_seconds(work.seconds, model_entry.name, method_entry.label, run.seconds)
@@ -136,8 +137,8 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
     if gallery is not None:
         work.galleries.append(gallery)
     if config.sanity is not None:
-        work.sanity[model_entry.name] = check_model(model, model_entry.name, dataset, shown[:config.sanity.images], caches,
-                                                    config.sanity, config.seed, where.device, work)
+        work.sanity[model_entry.name] = check_model(model, model_entry.name, dataset, shown[:config.sanity.images],
+                                                    caches, config.sanity, config.seed, where.device, work)
 
 
 def _mine(size: int, limit: int | None, config: BenchConfig, where: Place) -> list[int]:
@@ -233,7 +234,8 @@ class MethodRun:
                 or any(i in self.wanted[label] and i not in store for label, store in values.items())]
         errors: list[dict[str, Any]] = []
         show = self.config.progress and self.where.rank == 0
-        with tqdm(total=len(todo), desc=f"{self.model_name} / {self.method.label}", unit="img", disable=not show) as bar:
+        with tqdm(total=len(todo), desc=f"{self.model_name} / {self.method.label}", unit="img",
+                  disable=not show) as bar:
             for batch in loader(dataset, todo, self.config.batch_size, self.config.num_workers):
                 for index, message in batch.failed:
                     errors.append(error_entry(self.model_name, self.method.label, None, [f"#{index}"], message))
@@ -301,7 +303,8 @@ class MethodRun:
             return errors + [error_entry(self.model_name, self.method.label, None, batch.ids, error)]
         for entry, metric, options in self.metrics:
             store = self.cache.values[entry.label]
-            rows = [row for row, index in enumerate(batch.indices) if index in self.wanted[entry.label] and index not in store]
+            rows = [row for row, index in enumerate(batch.indices)
+                    if index in self.wanted[entry.label] and index not in store]
             if not rows:
                 continue
             part = batch if len(rows) == len(batch.indices) else batch.take(rows)

@@ -133,7 +133,8 @@ class ShardStore:
         for row, (index, image_id) in enumerate(zip(indices, ids)):
             self._where[index] = (path, row, image_id)
 
-    def read(self, indices: list[int], ids: list[str] | None = None, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+    def read(self, indices: list[int], ids: list[str] | None = None,
+             device: torch.device | str = "cpu") -> dict[str, Tensor]:
         """Stored tensors of ``indices`` (all found by :meth:`scan` or written), rows in that order.
 
         When ``ids`` is given, each must match the stored id: a mismatch means the cache was made

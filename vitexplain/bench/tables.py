@@ -66,7 +66,8 @@ def format_estimate(estimate: Estimate, decimals: int | None = None) -> str:
     return f"{value} [{low}, {high}] ({estimate.images})"
 
 
-#: how a table marks a value: better than every other method at 95 % (``best``), or not told apart from the best (``tied``)
+#: how a table marks a value: better than every other method at 95 % (``best``), or not told apart from the best
+#: (``tied``)
 TEXT_MARKS = {"best": "*", "tied": "≈", "": ""}
 
 
@@ -228,7 +229,8 @@ def score_text(table: Table, width: int = 100) -> list[str]:
 def groups_of(leads: list[Lead]) -> dict[str, list[Lead]]:
     """The leads by kind of protocol, kinds in the order of :data:`~vitexplain.metrics.base.GROUPS`."""
     grouped: dict[str, list[Lead]] = {}
-    for group in sorted({lead.group for lead in leads}, key=lambda g: list(GROUPS).index(g) if g in GROUPS else len(GROUPS)):
+    for group in sorted({lead.group for lead in leads},
+                        key=lambda g: list(GROUPS).index(g) if g in GROUPS else len(GROUPS)):
         grouped[group] = [lead for lead in leads if lead.group == group]
     return grouped
 
@@ -254,7 +256,8 @@ def sanity_cells(check: dict) -> tuple[list[str], dict[str, list[str]]]:
     header = [*check["levels"], "floor", "last - floor", "verdict"]
     excess = {method: Estimate(*found["excess"], check["images"]) for method, found in check["methods"].items()}
     decimals = column_decimals(list(excess.values()))
-    rows = {method: [*(fixed(v, 2) for v in found["correlation"]), f"{fixed(found['floor'], 2)} ({found['floor_kind']})",
+    rows = {method: [*(fixed(v, 2) for v in found["correlation"]),
+                     f"{fixed(found['floor'], 2)} ({found['floor_kind']})",
                      format_estimate(excess[method], decimals), "flagged" if found["flagged"] else "passes"]
             for method, found in check["methods"].items()}
     return header, rows

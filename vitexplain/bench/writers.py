@@ -14,7 +14,8 @@ from .store import atomic_write, safe_name
 
 
 def csv_text(result: BenchResult) -> str:
-    """One row per (model, method, metric, reported number): its value, the bounds of its 95 % interval and its images."""
+    """One row per (model, method, metric, reported number): its value, the bounds of its 95 % interval and its
+    images."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["model", "method", "metric", "number", "value", "low", "high", "higher_is_better", "images"])
@@ -73,7 +74,8 @@ def write_reports(result: BenchResult, output_dir: Path) -> None:
         atomic_write(path, plot.render(styles[plot.model]))
         files["plots"].append(path)
     atomic_write(files["html"], render_html(result, plots).encode())
-    result.files = {kind: [str(p) for p in path] if isinstance(path, list) else str(path) for kind, path in files.items()}
+    result.files = {kind: [str(p) for p in path] if isinstance(path, list) else str(path)
+                    for kind, path in files.items()}
     atomic_write(files["csv"], csv_text(result).encode())
     atomic_write(files["markdown"], result.markdown().encode())
     atomic_write(files["json"], json.dumps(result.to_dict(), indent=2, default=repr).encode())

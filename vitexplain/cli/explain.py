@@ -14,8 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .shared import add_method_options, add_precision_option, method_options, output_folder, positive_int, \
-    probability_text
+from .shared import (
+    add_method_options,
+    add_precision_option,
+    method_options,
+    output_folder,
+    positive_int,
+    probability_text,
+)
 
 NAMING = """\
 output names:
@@ -37,8 +43,9 @@ def add_parser(subparsers) -> None:
         epilog=NAMING, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any mode PIL reads)")
     parser.add_argument("--model", required=True,
-                        help="shipped model name, timm model name, checkpoint file, or a local transformers folder of a "
-                             "CLIP / SigLIP two-tower model (save_pretrained, with its tokenizer; explained with --text)")
+                        help="shipped model name, timm model name, checkpoint file, or a local transformers folder of "
+                             "a CLIP / SigLIP two-tower model (save_pretrained, with its tokenizer; "
+                             "explained with --text)")
     parser.add_argument("--arch", help="timm architecture of a checkpoint file")
     parser.add_argument("--method", required=True,
                         help="a method name (see `vitexplain methods`), several separated by commas (gae,tokentm,tis: "
@@ -110,8 +117,8 @@ def prepare(args, out: Path) -> Setup:
         methods = [name for name in methods if args.method != "all" or get_method(name).score_targets]
         for name in methods:
             if not get_method(name).score_targets:
-                raise ValueError(f"method {name} explains classes only (LRP starts from relevance on the class logits), "
-                                 "not the similarity to a --text")
+                raise ValueError(f"method {name} explains classes only (LRP starts from relevance on the class "
+                                 "logits), not the similarity to a --text")
     if args.target is not None and not 0 <= args.target < len(names):
         raise ValueError(f"--target {args.target} is not a class of this model "
                          f"(it has {len(names)} classes, 0 to {len(names) - 1})")
@@ -295,7 +302,8 @@ def run(args) -> int:
                 continue
             batch = torch.stack(tensors).to(device)
             if setup.texts:  # --text: one map per image, text and method
-                pages += explain_texts_batch(setup, [given[path] for path in kept], [setup.out / stems[path] for path in kept],
+                pages += explain_texts_batch(setup, [given[path] for path in kept],
+                                             [setup.out / stems[path] for path in kept],
                                              batch, shown, bar, report, args.html)
                 written = written or setup.out.is_dir()       # made by the first map it saved
                 bar.update(len(chunk) * len(setup.methods))
@@ -308,7 +316,8 @@ def run(args) -> int:
             for method in setup.methods:
                 bar.set_postfix_str(method)
                 try:
-                    maps[method] = explain(setup.model, batch, method, target=targets.to(device), **setup.options[method]).cpu()
+                    maps[method] = explain(setup.model, batch, method, target=targets.to(device),
+                                           **setup.options[method]).cpu()
                 except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
                     report(f"method {method} on {', '.join(given[path] for path in kept)}: {error}")
                 bar.update(len(chunk))

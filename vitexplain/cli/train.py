@@ -11,7 +11,8 @@ from .shared import output_file
 
 #: model-shape options passed to timm when given (None: the architecture's own value)
 SHAPE_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "global_pool")
-#: readouts a digits model may be trained with (timm's ``global_pool``): the class token, or the mean of the patch tokens
+#: readouts a digits model may be trained with (timm's ``global_pool``): the class token, or the mean of the patch
+#: tokens
 GLOBAL_POOLS = ("token", "avg")
 RECIPE_OPTIONS = tuple(field.name for field in dataclasses.fields(TrainingRecipe))
 

@@ -51,7 +51,8 @@ def family_of(model: nn.Module) -> Family:
     model = uncompiled(model)
     kind = _kind(model)
     if kind is None:
-        raise UnsupportedModelError(f"{type(model).__name__} is none of the models vitexplain instruments ({_served()})")
+        raise UnsupportedModelError(f"{type(model).__name__} is none of the models vitexplain instruments "
+                                    f"({_served()})")
     reason = kind.unsupported_reason(model)
     if reason is not None:
         raise UnsupportedModelError(f"vitexplain cannot instrument this {type(model).__name__}: {reason}; "

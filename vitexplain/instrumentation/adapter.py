@@ -229,7 +229,8 @@ class ModelAdapter:
             reason = self.family.blocks[index].heads_reason()
             if reason is not None:
                 raise UnsupportedModelError(f"{method} reads each head's share of the attention branch, but in block "
-                                            f"{index % self.num_blocks} of this {type(self.family.model).__name__} {reason}")
+                                            f"{index % self.num_blocks} of this {type(self.family.model).__name__} "
+                                            f"{reason}")
 
     def require_token_subsets(self, method: str) -> None:
         """Refuses, naming ``method``, a model that cannot run on token subsets (and why)."""
@@ -316,7 +317,8 @@ class ModelAdapter:
             for index, parts in enumerate(self.family.blocks):
                 patch.replace_forward(parts.module, functools.partial(_instrumented_block, parts, index, state))
             if self.family.probe is not None:
-                patch.replace_forward(self.family.probe.module, functools.partial(_instrumented_probe, self.family.probe, state))
+                patch.replace_forward(self.family.probe.module,
+                                      functools.partial(_instrumented_probe, self.family.probe, state))
             self.family.observe_pooling(patch, functools.partial(_hand_over_selection, sink))
             yield patch
 
@@ -385,19 +387,22 @@ class ModelAdapter:
             sink = _RecordingSink(recorder, scored)
             with evaluation_mode(self.model), torch.set_grad_enabled(backward), \
                     self.instrumented(sink=sink, gradient_from=gradient_from,
-                                      detach_attention_input="attn_input" in stop_gradient, separate_graphs=bool(scored)):
+                                      detach_attention_input="attn_input" in stop_gradient,
+                                      separate_graphs=bool(scored)):
                 if input_grad:
                     inputs = inputs.detach().requires_grad_(True)
                 outputs = self.forward(inputs)
                 resolved = resolve_target(target, outputs.detach(), has_classes=self.family.has_classes)
                 scores = resolved.score(outputs, score)
-                differentiated = scores if layer_scores is None else self._layer_scores(sink, layer_scores, resolved, score)
+                differentiated = scores if layer_scores is None else self._layer_scores(sink, layer_scores, resolved,
+                                                                                        score)
                 recording = self._recording(recorder, inputs, outputs, resolved, scores)
                 if backward:
                     self._backward(differentiated, recorder, recording, reduce, inputs if input_grad else None)
             return recording
 
-    def _recording(self, recorder: Recorder, inputs: Any, outputs: Tensor, resolved: Target, scores: Tensor) -> Recording:
+    def _recording(self, recorder: Recorder, inputs: Any, outputs: Tensor, resolved: Target,
+                   scores: Tensor) -> Recording:
         """What the forward left in ``recorder``, as a :class:`Recording` (gradients to come)."""
         records = []
         for index, (entry, layout) in enumerate(zip(recorder.entries, recorder.layouts)):
@@ -415,14 +420,15 @@ class ModelAdapter:
         """Refuse what layer scores cannot give, and head fields without them."""
         if layer_scores is None:
             if names & set(HEAD_FIELDS):
-                raise ValueError(f"{sorted(names & set(HEAD_FIELDS))} are recorded when the head reads blocks' outputs: "
-                                 "pass layer_scores")
+                raise ValueError(f"{sorted(names & set(HEAD_FIELDS))} are recorded when the head reads blocks' "
+                                 "outputs: pass layer_scores")
             return
         if "probe_attn" in names and self.family.probe is None:
             raise ValueError(f"'probe_attn' needs an attention-pooling head; this model's head reads the tokens by "
                              f"{self.readout!r} pooling")
         if input_grad:
-            raise ValueError("layer scores cut the graph at every block, so they have no gradient with respect to the images")
+            raise ValueError("layer scores cut the graph at every block, "
+                             "so they have no gradient with respect to the images")
         if not layer_scores.blocks:
             raise ValueError("layer_scores names no block")
 
@@ -434,8 +440,8 @@ class ModelAdapter:
         for block, output in sink.outputs.items():
             if sink.recorder.tokens[block] != last:
                 raise UnsupportedModelError(
-                    f"block {block} has {sink.recorder.tokens[block]} tokens, the last block {last} (a patch merge comes "
-                    "between), so the model's head cannot read its output; read blocks of the last stage only")
+                    f"block {block} has {sink.recorder.tokens[block]} tokens, the last block {last} (a patch merge "
+                    "comes between), so the model's head cannot read its output; read blocks of the last stage only")
             if layer_scores.mean_token:
                 tokens = output.transpose(0, 1) if self.family.sequence_first else output
                 mean = tokens.flatten(1, -2).mean(1)

@@ -180,7 +180,8 @@ class AttentionParts:
         if self.gate is not None:
             return "its attention gates the heads' output"
         if not _is_identity(self.output_norm):
-            return f"its attention normalises the heads' output ({type(self.output_norm).__name__}) before projecting it"
+            return (f"its attention normalises the heads' output ({type(self.output_norm).__name__}) "
+                    "before projecting it")
         return None
 
     def head_projection(self, gamma: Tensor | None = None) -> Tensor | None:
@@ -276,7 +277,8 @@ def cut_bias(bias: Tensor, positions: Tensor | None) -> Tensor:
 
 
 def additive_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """A mask as additive scores: float masks as they are, boolean ones (True = attend) as 0 / the dtype's lowest value."""
+    """A mask as additive scores: float masks as they are, boolean ones (True = attend) as 0 / the dtype's lowest
+    value."""
     if mask is None or mask.dtype.is_floating_point:
         return mask if mask is None else mask.to(dtype)
     if mask.dtype != torch.bool:

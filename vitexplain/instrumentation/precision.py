@@ -81,13 +81,15 @@ class MatmulFlags:
     @classmethod
     def read(cls) -> MatmulFlags:
         legacy = {name: _read(getter) for name, (getter, *_) in _LEGACY_FLAGS.items()}
-        precisions = {key: torch._C._get_fp32_precision_getter(*key) for key in _PRECISION_KEYS} if _HAS_PRECISION_API else {}
+        precisions = ({key: torch._C._get_fp32_precision_getter(*key) for key in _PRECISION_KEYS}
+                      if _HAS_PRECISION_API else {})
         return cls(legacy, precisions)
 
     @property
     def full_precision(self) -> bool:
         """Whether float32 products and convolutions run in full precision (no TF32, no bf16 on oneDNN)."""
-        legacy_full = all(value in (None, full) for (_, _, full, *_), value in zip(_LEGACY_FLAGS.values(), self.legacy.values()))
+        legacy_full = all(value in (None, full)
+                          for (_, _, full, *_), value in zip(_LEGACY_FLAGS.values(), self.legacy.values()))
         return legacy_full and not any(value in _REDUCED for value in self.precisions.values())
 
     @property
@@ -164,7 +166,8 @@ def _autocast(state: dict[str, tuple[bool, torch.dtype]]) -> Iterator[None]:
 # -- the scopes -----------------------------------------------------------------------------------
 @dataclass
 class _Scope:
-    """One :func:`float32_scope`: the caller's precision, and the model's low-precision tensors with their float32 copies."""
+    """One :func:`float32_scope`: the caller's precision, and the model's low-precision tensors with their float32
+    copies."""
 
     caller_autocast: dict[str, tuple[bool, torch.dtype]]
     caller_flags: MatmulFlags

@@ -231,7 +231,8 @@ class Recorder(Sink):
     def gradient_inputs(self) -> list[tuple[int, str, Tensor]]:
         """(block, field, tensor) of every recorded tensor whose gradient is wanted, in block order."""
         return [(block, name, self.entries[block][name]) for block in range(len(self.entries))
-                for name in BLOCK_FIELDS + HEAD_FIELDS if block in self.grads.get(name, ()) and name in self.entries[block]]
+                for name in BLOCK_FIELDS + HEAD_FIELDS
+                if block in self.grads.get(name, ()) and name in self.entries[block]]
 
 
 def identity_like(matrix: Tensor) -> Tensor:

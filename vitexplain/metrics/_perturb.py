@@ -28,8 +28,8 @@ def normalisation(images: Tensor, pixel_mean: Sequence[float] | None,
     / ``std`` in the bench); a protocol that works in pixel units refuses to guess them.
     """
     if pixel_mean is None or pixel_std is None:
-        raise ValueError("this protocol works in pixel units (black pixels, pixel noise) and needs the mean and std the "
-                         "images were normalised with; the batch has none (EvalBatch.mean / std)")
+        raise ValueError("this protocol works in pixel units (black pixels, pixel noise) and needs the mean and std "
+                         "the images were normalised with; the batch has none (EvalBatch.mean / std)")
     mean = torch.as_tensor(pixel_mean, dtype=images.dtype, device=images.device).flatten()
     std = torch.as_tensor(pixel_std, dtype=images.dtype, device=images.device).flatten()
     if mean.numel() != images.shape[1] or std.numel() != images.shape[1]:

@@ -71,7 +71,8 @@ GROUPS = {
                     "used it",
     "robustness": "maps that change little when the image changes a little (a map that never changes wins)",
     "complexity": "peaky maps, relevance on few pixels (a faithful map of a large object can score low)",
-    "class sensitivity": "maps that follow the class asked for: on two-object images, each class's map on its own object",
+    "class sensitivity": "maps that follow the class asked for: "
+                         "on two-object images, each class's map on its own object",
     "other": "protocols registered without a group",
 }
 

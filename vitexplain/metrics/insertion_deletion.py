@@ -56,7 +56,8 @@ def baseline_images(images: Tensor, baseline: str, seed: int = 0) -> Tensor:
 
 
 def insertion_deletion(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
-                       n_steps: int = 224, baseline: str = "blur", batch_size: int = 128, seed: int = 0) -> dict[str, Tensor]:
+                       n_steps: int = 224, baseline: str = "blur", batch_size: int = 128,
+                       seed: int = 0) -> dict[str, Tensor]:
     """Per-image insertion and deletion curves.
 
     Args:

@@ -72,7 +72,8 @@ def rationale_f1(maps: Tensor, word_numbers: Tensor, spans: list[Tensor],
         ks: the numbers of top words, each >= 1.
     """
     if maps.ndim != 2 or word_numbers.shape != maps.shape:
-        raise ValueError(f"maps and word numbers must both be [B, T], got {tuple(maps.shape)} and {tuple(word_numbers.shape)}")
+        raise ValueError(f"maps and word numbers must both be [B, T], got {tuple(maps.shape)} and "
+                         f"{tuple(word_numbers.shape)}")
     if word_numbers.dtype.is_floating_point or (word_numbers < 0).any():
         raise ValueError("word numbers must be non-negative integers (0: no word)")
     if len(spans) != maps.shape[0]:

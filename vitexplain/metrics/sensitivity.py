@@ -109,7 +109,8 @@ def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     changes = []
     for delta, call_seed in zip(noise, seeds):
-        found = explain(images + delta, targets) if call_seed is None else explain(images + delta, targets, seed=call_seed)
+        seeded = {} if call_seed is None else {"seed": call_seed}
+        found = explain(images + delta, targets, **seeded)
         perturbed = check_maps(found.to(images.device), images.shape[0], what="explanation map of a perturbed image")
         if perturbed.shape != maps.shape:
             raise ValueError(f"explain returned maps of shape {tuple(perturbed.shape)}, expected {tuple(maps.shape)}")

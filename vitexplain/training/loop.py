@@ -148,7 +148,8 @@ def _with_pooled_readout(model: nn.Module, weights: dict[str, Tensor]) -> dict[s
     norm's weights move to ``fc_norm``; everything else (the class token included, which the pool skips) is
     copied. Weights that already fit (or fit nothing) are returned as they are."""
     own = model.state_dict()
-    if "fc_norm.weight" not in own or "norm.weight" in own or "fc_norm.weight" in weights or "norm.weight" not in weights:
+    if ("fc_norm.weight" not in own or "norm.weight" in own
+            or "fc_norm.weight" in weights or "norm.weight" not in weights):
         return weights
     return {("fc_" + key if key.startswith("norm.") else key): value for key, value in weights.items()}
 

@@ -186,10 +186,12 @@ class Family(ABC):
                 raise ValueError(
                     f"this model takes {embed.img_size[0]}x{embed.img_size[1]} images, got {size[0]}x{size[1]}; "
                     "resize them, or build the model with dynamic_img_size=True")
-        elif not getattr(embed, "dynamic_img_pad", False) and any(side % patch for side, patch in zip(size, self.patch_size)):
+        elif (not getattr(embed, "dynamic_img_pad", False)
+              and any(side % patch for side, patch in zip(size, self.patch_size))):
             raise ValueError(
                 f"this model cuts images into {self.patch_size[0]}x{self.patch_size[1]} patches, which do not tile a "
-                f"{size[0]}x{size[1]} image; resize or crop it to a multiple (or build the model with dynamic_img_pad=True)")
+                f"{size[0]}x{size[1]} image; resize or crop it to a multiple "
+                "(or build the model with dynamic_img_pad=True)")
         return tuple(embed.dynamic_feat_size(size)) if dynamic else tuple(embed.grid_size)
 
     def check_inputs(self, inputs: Any) -> Any:
@@ -222,8 +224,8 @@ class Family(ABC):
                                     "be read through it")
 
     def observe_pooling(self, patch: Any, hand_over: Callable[[Tensor], None]) -> None:
-        """For a head that pools by a per-channel maximum (``readout`` ``"avgmax"`` or ``"max"``): make the model, within
-        ``patch`` (a :class:`~vitexplain.instrumentation.patching.ModelPatch`), hand each pooling's
+        """For a head that pools by a per-channel maximum (``readout`` ``"avgmax"`` or ``"max"``): make the model,
+        within ``patch`` (a :class:`~vitexplain.instrumentation.patching.ModelPatch`), hand each pooling's
         :func:`max_selection` of the tokens it pools to ``hand_over``. Other readouts need nothing."""
 
     # -- for LRP ---------------------------------------------------------------------------------
@@ -273,7 +275,8 @@ def example(make: Callable[[], nn.Module]) -> Callable[[], tuple[nn.Module, Tens
     return build
 
 
-def timm_example(architecture: str, settings: dict[str, Any] = TINY, **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
+def timm_example(architecture: str, settings: dict[str, Any] = TINY,
+                 **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
     """A builder of a tiny timm model (``settings``, with ``arguments`` over them) and one 32 px input image."""
     def make() -> nn.Module:
         import timm
@@ -301,7 +304,8 @@ def loaded_class(module: str, name: str) -> type | None:
 
 
 def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int | None = None) -> Tensor:
-    """A float image batch [B, C, H, W] of the channels (when known) and size the model takes; a clear error otherwise."""
+    """A float image batch [B, C, H, W] of the channels (when known) and size the model takes; a clear error
+    otherwise."""
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
     if images.ndim != 4:
@@ -381,8 +385,9 @@ def optional(module: nn.Module | None) -> nn.Module | None:
     return None if module is None or isinstance(module, nn.Identity) else module
 
 
-__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "PatchTokensOnly", "ProbeParts", "TokenContext", "UnsupportedModelError",
-           "check_images", "example", "layer_scale", "loaded_class", "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
+__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "PatchTokensOnly", "ProbeParts",
+           "TokenContext", "UnsupportedModelError", "check_images", "example", "layer_scale", "loaded_class",
+           "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
 
 
 #: the families a model is described by, registered by their modules (see :func:`served_families`)

@@ -84,5 +84,6 @@ class ForwardOnly(PatchTokensOnly, Family):
         if not isinstance(outputs, Tensor) or outputs.ndim != 2 or outputs.shape[0] != images.shape[0]:
             found = f"shape {tuple(outputs.shape)}" if isinstance(outputs, Tensor) else f"a {type(outputs).__name__}"
             raise UnsupportedModelError(f"{type(self.model).__name__} returns {found} for {images.shape[0]} images; "
-                                        "vitexplain explains a model returning scores [B, K] (wrap it in one that does)")
+                                        "vitexplain explains a model returning scores [B, K] "
+                                        "(wrap it in one that does)")
         return outputs

@@ -33,7 +33,8 @@ def is_one_of(model: nn.Module, served: Collection[type]) -> bool:
 
 
 def projections_attention(attention: nn.Module) -> AttentionParts:
-    """A transformers vision attention module with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` (ViT, DeiT, DINOv2)."""
+    """A transformers vision attention module with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` (ViT, DeiT,
+    DINOv2)."""
     return AttentionParts(
         module=attention, num_heads=attention.num_attention_heads, head_dim=attention.head_dim,
         scale=attention.scaling, proj=attention.o_proj, query=attention.q_proj, key=attention.k_proj,
@@ -49,7 +50,8 @@ def attention_reason(model: nn.Module) -> str | None:
     return None
 
 
-def layer_inputs(hidden_states: Tensor, attention_mask: Tensor | None = None, *args, **kwargs) -> tuple[Tensor, AttentionInput]:
+def layer_inputs(hidden_states: Tensor, attention_mask: Tensor | None = None, *args,
+                 **kwargs) -> tuple[Tensor, AttentionInput]:
     """A transformers encoder layer's call: hidden states and an (additive or boolean) attention mask."""
     return hidden_states, AttentionInput(mask=attention_mask)
 

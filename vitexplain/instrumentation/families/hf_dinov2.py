@@ -84,7 +84,8 @@ class TransformersDinov2(Family):
                                 mlp_ratio=2, layerscale_value=0.5)
                 torch.manual_seed(0)
                 if registers:
-                    config = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, num_labels=10, **settings)
+                    config = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, num_labels=10,
+                                                                    **settings)
                     kind = (transformers.Dinov2WithRegistersForImageClassification if classes
                             else transformers.Dinov2WithRegistersModel)
                 else:
@@ -123,7 +124,8 @@ class TransformersDinov2(Family):
         gated = hasattr(layer.mlp, "gate_proj")
         return BlockParts(module=layer, attention=parts, norm1=layer.norm1, norm2=layer.norm2, mlp=layer.mlp,
                           activation=layer.mlp.act_fn if gated else layer.mlp.activation_fn,
-                          gated_mlp=swiglu(layer.mlp) if gated else None, gamma1=layer_scale(layer.layer_scale1.lambda1),
+                          gated_mlp=swiglu(layer.mlp) if gated else None,
+                          gamma1=layer_scale(layer.layer_scale1.lambda1),
                           gamma2=layer_scale(layer.layer_scale2.lambda1), drop1=layer.drop_path, drop2=layer.drop_path,
                           inputs=layer_inputs)
 
@@ -199,5 +201,5 @@ class TransformersDinov2(Family):
 
         return (*_served(), *(getattr(module, f"{prefix}{part}") for module, prefix in
                               ((plain, "Dinov2"), (registers, "Dinov2WithRegisters"))
-                              for part in ("Embeddings", "PatchEmbeddings", "Encoder", "Layer", "Attention", "LayerScale",
-                                           "MLP", "SwiGLUFFN", "DropPath")))
+                              for part in ("Embeddings", "PatchEmbeddings", "Encoder", "Layer", "Attention",
+                                           "LayerScale", "MLP", "SwiGLUFFN", "DropPath")))

@@ -77,20 +77,23 @@ class TransformersTwoTower(Family):
 
                 vision = dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                               num_attention_heads=3)
-                text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                            max_position_embeddings=16, bos_token_id=62, eos_token_id=63, pad_token_id=63)
+                text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=2, max_position_embeddings=16, bos_token_id=62, eos_token_id=63,
+                            pad_token_id=63)
                 torch.manual_seed(0)
                 if kind == "clip":
                     model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision,
                                                                            projection_dim=24))
                 else:
-                    model = transformers.SiglipModel(transformers.SiglipConfig(text_config=dict(text, projection_size=48),
-                                                                               vision_config=vision))
+                    config = transformers.SiglipConfig(text_config=dict(text, projection_size=48),
+                                                       vision_config=vision)
+                    model = transformers.SiglipModel(config)
                 return model.eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 
             return build
 
-        return {"transformers CLIP (image–text)": builder("clip"), "transformers SigLIP (image–text)": builder("siglip")}
+        return {"transformers CLIP (image–text)": builder("clip"),
+                "transformers SigLIP (image–text)": builder("siglip")}
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
@@ -110,7 +113,8 @@ class TransformersTwoTower(Family):
         if kind == "siglip":
             head = getattr(vision, "head", None)
             if head is None:
-                return "its vision tower has no attention-pooling head (vision_use_head=False), so it outputs no image embedding"
+                return ("its vision tower has no attention-pooling head (vision_use_head=False), "
+                        "so it outputs no image embedding")
             if not getattr(head.attention, "_qkv_same_embed_dim", False):
                 return "its pooling head's attention has keys and values of another width than its queries"
         return attention_reason(vision)
@@ -171,7 +175,8 @@ class TransformersTwoTower(Family):
     def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
         """The tower's own forward with the first block's input replaced by ``tokens`` [B, N', C]."""
         size = self.vision.embeddings.image_size
-        placeholder = torch.zeros(tokens.shape[0], self.in_channels, size, size, device=tokens.device, dtype=tokens.dtype)
+        placeholder = torch.zeros(tokens.shape[0], self.in_channels, size, size, device=tokens.device,
+                                  dtype=tokens.dtype)
         with replaced_output(self._first_module(), tokens):
             return self.forward(placeholder)
 

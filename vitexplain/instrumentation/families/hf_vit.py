@@ -31,7 +31,8 @@ def _served_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from transformers.models.deit.modeling_deit import DeiTLayer
     from transformers.models.vit.modeling_vit import ViTLayer
 
-    return (ViTForImageClassification, DeiTForImageClassification, DeiTForImageClassificationWithTeacher), (ViTLayer, DeiTLayer)
+    return (ViTForImageClassification, DeiTForImageClassification,
+            DeiTForImageClassificationWithTeacher), (ViTLayer, DeiTLayer)
 
 
 @register_family
@@ -65,7 +66,8 @@ class TransformersViT(TransformersClassifier):
             ViTPreTrainedModel,
         )
 
-        return isinstance(model, (ViTPreTrainedModel, DeiTPreTrainedModel)) and not isinstance(model, (ViTModel, DeiTModel))
+        return (isinstance(model, (ViTPreTrainedModel, DeiTPreTrainedModel))
+                and not isinstance(model, (ViTModel, DeiTModel)))
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
@@ -89,7 +91,8 @@ class TransformersViT(TransformersClassifier):
     def block(self, layer: nn.Module) -> BlockParts:
         parts = projections_attention(layer.attention)
         return BlockParts(module=layer, attention=parts, norm1=layer.layernorm_before, norm2=layer.layernorm_after,
-                          mlp=layer.mlp, activation=layer.mlp.activation_fn, drop1=layer.dropout, drop2=layer.dropout, inputs=layer_inputs)
+                          mlp=layer.mlp, activation=layer.mlp.activation_fn, drop1=layer.dropout, drop2=layer.dropout,
+                          inputs=layer_inputs)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -107,7 +110,8 @@ class TransformersViT(TransformersClassifier):
         expected = tuple(self.model.base_model.embeddings.patch_embeddings.image_size)
         given = tuple(images.shape[-2:])
         if given != expected:
-            raise ValueError(f"this model takes {expected[0]}x{expected[1]} images, got {given[0]}x{given[1]}; resize them")
+            raise ValueError(f"this model takes {expected[0]}x{expected[1]} images, got {given[0]}x{given[1]}; "
+                             "resize them")
         return expected[0] // self.patch_size[0], expected[1] // self.patch_size[1]
 
     def forward(self, images: Tensor) -> Tensor:
@@ -150,6 +154,7 @@ class TransformersViT(TransformersClassifier):
         from transformers.models.vit import modeling_vit as vit
 
         return (vit.ViTForImageClassification, vit.ViTModel, vit.ViTEmbeddings, vit.ViTPatchEmbeddings, vit.ViTLayer,
-                vit.ViTAttention, vit.ViTMLP, deit.DeiTForImageClassification, deit.DeiTForImageClassificationWithTeacher,
+                vit.ViTAttention, vit.ViTMLP, deit.DeiTForImageClassification,
+                deit.DeiTForImageClassificationWithTeacher,
                 deit.DeiTModel, deit.DeiTEmbeddings, deit.DeiTPatchEmbeddings, deit.DeiTLayer, deit.DeiTAttention,
                 deit.DeiTMLP)

@@ -55,8 +55,8 @@ class OpenClipViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
     def unsupported_reason(cls, model: nn.Module) -> str | None:
         if model.attn_pool is not None:
             queries = model.attn_pool.query.shape[0]
-            return (f"its tokens are read by an attentional pooler (CoCa, attentional_pool, {queries} learnt queries) whose "
-                    "outputs are pooled again, not one weighting of the tokens")
+            return (f"its tokens are read by an attentional pooler (CoCa, attentional_pool, {queries} learnt queries) "
+                    "whose outputs are pooled again, not one weighting of the tokens")
         if model.pool_type not in ("tok", "avg"):
             return f"its pool_type={model.pool_type!r} returns every token, not one embedding"
         for i, block in enumerate(model.transformer.resblocks):
@@ -73,7 +73,8 @@ class OpenClipViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
         def make() -> nn.Module:
             from open_clip.transformer import VisionTransformer
 
-            return VisionTransformer(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0, output_dim=16)
+            return VisionTransformer(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0,
+                                     output_dim=16)
 
         return {"open_clip ViT image tower": example(make)}
 

@@ -84,7 +84,8 @@ class TimmSequenceFamily(Family):
         supported = ", ".join(repr(name) for name in cls.readouts)
         if not pooling:
             return f"its head returns every token (global_pool=''), not one vector (supported: {supported})"
-        return f"its head pools with global_pool={pooling!r}, which vitexplain does not describe (supported: {supported})"
+        return (f"its head pools with global_pool={pooling!r}, which vitexplain does not describe "
+                f"(supported: {supported})")
 
     @property
     def readout_includes_prefix(self) -> bool:

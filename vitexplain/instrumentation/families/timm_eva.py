@@ -15,7 +15,8 @@ ATTENTIONS = ("EvaAttention", "AttentionRope")
 
 
 def eva_attention(attn: nn.Module) -> AttentionParts:
-    """``EvaAttention`` / ``AttentionRope``: q/k/v fused (bias added apart in EVA) or separate, RoPE after the prefix."""
+    """``EvaAttention`` / ``AttentionRope``: q/k/v fused (bias added apart in EVA) or separate, RoPE after the
+    prefix."""
     fused = getattr(attn, "qkv", None) is not None
     bias = None
     if fused and getattr(attn, "q_bias", None) is not None:
@@ -73,7 +74,8 @@ class TimmEva(TimmSequenceFamily):
     def block(self, module: nn.Module) -> BlockParts:
         return BlockParts(
             module=module, attention=eva_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
-            mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), layout=BLOCK_LAYOUTS[type(module).__name__],
+            mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp),
+            layout=BLOCK_LAYOUTS[type(module).__name__],
             gamma1=layer_scale(getattr(module, "gamma_1", None)), gamma2=layer_scale(getattr(module, "gamma_2", None)),
             inputs=_eva_inputs)
 

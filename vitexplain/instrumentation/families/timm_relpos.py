@@ -109,11 +109,14 @@ class TimmRelPos(TimmSequenceFamily):
             module=attn, num_heads=attn.num_heads, head_dim=attn.head_dim, scale=attn.scale, proj=attn.proj,
             qkv=attn.qkv, q_norm=optional(attn.q_norm), k_norm=optional(attn.k_norm), position_bias=own,
             attn_drop=attn.attn_drop, proj_drop=attn.proj_drop)
-        # the attention's own bias replaces a shared one (timm's RelPosAttention)
-        inputs = (lambda x, shared_rel_pos=None: (x, AttentionInput(bias=None if own else shared_rel_pos)))
+        def inputs(x, shared_rel_pos=None):
+            """The attention's own bias replaces a shared one (timm's RelPosAttention)."""
+            return x, AttentionInput(bias=None if own else shared_rel_pos)
+
         return BlockParts(
             module=module, attention=attention, norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
-            activation=getattr(module.mlp, "act", None), gamma1=layer_scale(module.ls1), gamma2=layer_scale(module.ls2), inputs=inputs)
+            activation=getattr(module.mlp, "act", None), gamma1=layer_scale(module.ls1), gamma2=layer_scale(module.ls2),
+            inputs=inputs)
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model

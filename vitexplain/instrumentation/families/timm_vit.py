@@ -113,7 +113,8 @@ class TimmViT(TimmSequenceFamily):
     def examples(cls):
         return {"ViT (class token)": timm_example("vit_base_patch16_224"),
                 "DeiT distilled (class + distillation token)": timm_example("deit_base_distilled_patch16_224"),
-                "ViT, average pooling, registers": timm_example("vit_base_patch16_224", reg_tokens=2, global_pool="avg"),
+                "ViT, average pooling, registers": timm_example("vit_base_patch16_224", reg_tokens=2,
+                                                                 global_pool="avg"),
                 "ViT, avgmax pooling": timm_example("vit_base_patch16_224", class_token=False, global_pool="avgmax"),
                 "SigLIP-style ViT (attention pooling)": timm_example("vit_base_patch16_siglip_224",
                                                                      class_token=False, global_pool="map"),

@@ -134,7 +134,8 @@ class TorchvisionSwin(PatchTokensOnly, Family):
             def build() -> nn.Module:
                 from torchvision.models import swin_transformer as swin
 
-                v2 = dict(block=swin.SwinTransformerBlockV2, downsample_layer=swin.PatchMergingV2) if version == 2 else {}
+                v2 = {} if version != 2 else dict(block=swin.SwinTransformerBlockV2,
+                                                  downsample_layer=swin.PatchMergingV2)
                 return swin.SwinTransformer(patch_size=[4, 4], embed_dim=24, depths=[2, 2], num_heads=[2, 4],
                                             window_size=[2, 2], num_classes=10, **v2)
             return build

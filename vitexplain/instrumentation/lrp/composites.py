@@ -195,7 +195,8 @@ def resolve_rules(rules: str | RuleSet) -> RuleSet:
     try:
         return RULE_SETS[rules]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown LRP rule set {rules!r}; choose one of {sorted(RULE_SETS)} or pass a RuleSet") from None
+        raise ValueError(f"unknown LRP rule set {rules!r}; choose one of {sorted(RULE_SETS)} "
+                         "or pass a RuleSet") from None
 
 
 __all__ = ["CONV_GAMMA", "GammaLinears", "LINEAR_GAMMA", "LINEAR_RULES", "LinearRules", "RULE_SETS", "RuleSet",

@@ -150,7 +150,8 @@ class _Product(torch.autograd.Function):
     @staticmethod
     def forward(ctx, left: Tensor, right: Tensor, shares: tuple[float, float], phase: Phase | None) -> Tensor:
         ctx.rule_shares, ctx.phase = shares, phase
-        left, right = left.contiguous(), right.contiguous()  # heads cut from a fused projection: copied once, not per product
+        # heads cut from a fused projection: copied once, not per product
+        left, right = left.contiguous(), right.contiguous()
         ctx.save_for_backward(left, right)
         return left @ right
 
@@ -161,9 +162,11 @@ class _Product(torch.autograd.Function):
         share_left, share_right = (1.0, 1.0) if _plain_phase(ctx.phase) else ctx.rule_shares
         grad_left = grad_right = None
         if ctx.needs_input_grad[0] and share_left:
-            grad_left = ((grad if share_left == 1 else grad * share_left) @ right.transpose(-2, -1)).sum_to_size(left.shape)
+            shared = grad if share_left == 1 else grad * share_left
+            grad_left = (shared @ right.transpose(-2, -1)).sum_to_size(left.shape)
         if ctx.needs_input_grad[1] and share_right:
-            grad_right = (left.transpose(-2, -1) @ (grad if share_right == 1 else grad * share_right)).sum_to_size(right.shape)
+            shared = grad if share_right == 1 else grad * share_right
+            grad_right = (left.transpose(-2, -1) @ shared).sum_to_size(right.shape)
         return grad_left, grad_right, None, None
 
 
@@ -477,7 +480,8 @@ class AbsoluteConv(ModuleRule):
 
 
 class ZBox(ModuleRule):
-    """z^B rule (Montavon et al. 2017) at the patch convolution, each image's min / max as bounds (Chefer et al.'s code).
+    """z^B rule (Montavon et al. 2017) at the patch convolution, each image's min / max as bounds (Chefer et al.'s
+    code).
 
     The bound tensors are kept in ``bounds`` so that their relevance terms can be added to the pixels'.
     """
