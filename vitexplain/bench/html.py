@@ -65,7 +65,7 @@ table.summary tr.group th b { margin-right: 0.5em; } span.control { color: #6e77
 .legend svg { vertical-align: middle; margin-right: 0.3em; }
 table.gallery { border-collapse: separate; border-spacing: 3px; }
 table.gallery th { font-size: 11px; font-weight: 600; position: sticky; top: 0; background: #fff; padding: 0.3em 0; }
-table.gallery th div { width: 112px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+table.gallery th div { width: 112px; overflow-wrap: normal; }
 table.gallery td { padding: 0; border: none; } table.gallery th.control { color: #6e7781; font-style: italic; }
 table.gallery td.caption { font-size: 12.5px; padding: 0.8em 0 0.1em; text-align: left; }
 table.gallery img { display: block; width: 112px; height: 112px; }
@@ -96,8 +96,9 @@ def _anchor(*parts: str) -> str:
 
 
 def _breakable(name: str) -> str:
-    """``name`` escaped, with line-break opportunities after its underscores."""
-    return _e(name).replace("_", "_<wbr>")
+    """``name`` escaped, with line-break opportunities after its ``_ ( = ,`` (so a label wraps whole, never
+    mid-word, as the explorer's do)."""
+    return re.sub(r"([_(=,])", r"\1<wbr>", _e(name))
 
 
 def _direction(better: bool | None) -> str:
@@ -234,7 +235,7 @@ def gallery_table(gallery: Gallery, controls: set[str]) -> str:
     header = "<tr><th><div>input</div></th>" + "".join(
         f'<th title="{_e(m)}{" (signed: diverging scale)" if signed[m] else ""}" '
         f'class="{"control" if m in controls else ""}">'
-        f'<div>{_e(m)}{" ±" if signed[m] else ""}</div></th>' for m in methods) + "</tr>"
+        f'<div>{_breakable(m)}{" ±" if signed[m] else ""}</div></th>' for m in methods) + "</tr>"
     rows = []
     for i, image_id in enumerate(gallery.ids):
         predicted, label = gallery.predicted[i], gallery.labels[i]
