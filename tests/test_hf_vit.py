@@ -210,8 +210,8 @@ def test_what_cannot_be_served_gets_a_reason():
 def test_lrp_names_the_module_it_has_no_rule_for():
     torch.manual_seed(0)
     model = ViTForImageClassification(ViTConfig(**HF_TINY)).eval()
-    model.base_model.layernorm = torch.nn.RMSNorm(HF_TINY["hidden_size"])
+    model.base_model.layernorm = torch.nn.Sequential(torch.nn.LayerNorm(HF_TINY["hidden_size"]), torch.nn.Hardtanh())
     before = _snapshot(model)
-    with pytest.raises(UnsupportedModelError, match=r"its module vit.layernorm \(RMSNorm\) has no LRP rule"):
+    with pytest.raises(UnsupportedModelError, match=r"its module vit.layernorm.1 \(Hardtanh\) has no LRP rule"):
         vitexplain.explain(model, _images(), "abs_lrp")
     _assert_same(before, _snapshot(model))

@@ -477,7 +477,7 @@ def test_explain_command_on_a_digits_png_with_the_shipped_vit(tmp_path, capsys):
     assert main(["explain", str(png), "--model", "digits_vit", "--method", "rollout", "-o", str(out), "--device",
                  "cpu"]) == 0
     label = int(digits_labels(data, torch.tensor([0]))[0])
-    assert f"-> {label} (p=" in capsys.readouterr().out
+    assert f"-> predicted {label} (p = " in capsys.readouterr().out
     saliency = np.load(out / "digit.rollout.npy")
     assert saliency.shape == (14, 14) and np.isfinite(saliency).all()
     assert (out / "digit.rollout.png").is_file()
