@@ -64,3 +64,18 @@ def test_attn_gradcam_on_a_one_head_model_warns_exactly_for_its_zero_maps():
                      "the heads, was negative on every patch"] if zero_counts[-1] else [])
         assert notices == expected
     assert sum(zero_counts) == 6 and min(zero_counts) > 0
+
+
+def test_the_bench_mutes_the_notice_and_keeps_the_maps(zero_on_odd_images, tmp_path):
+    """It would repeat for every batch and perturbed call; the bench's gallery and report show the maps."""
+    from vitexplain.bench import BenchConfig, run_benchmark
+
+    from test_bench_fakes import RandomImages
+
+    config = BenchConfig(models={"tiny": make_vit()}, methods=["zero_on_odd_images"], metrics=["sparseness"],
+                         dataset=RandomImages(4), batch_size=4, output_dir=tmp_path, progress=False, device="cpu",
+                         gallery=0)
+    result, notices = _notices(lambda: run_benchmark(config))
+    assert notices == [] and not result.errors and "zero_on_odd_images" in result.scores["tiny"]
+    _, notices = _notices(lambda: explain(make_vit(), torch.randn(2, 3, 32, 32), "zero_on_odd_images"))
+    assert len(notices) == 1                                     # the filter ends with the run

@@ -109,12 +109,16 @@ def _warn_of_caveats(spec: MethodSpec, modes: list[str]) -> None:
                           stacklevel=3)
 
 
+class AllZeroMapWarning(UserWarning):
+    """A method returned a map that is zero everywhere for some image (the bench, which shows the maps, mutes it)."""
+
+
 def _notice_zero_maps(spec: MethodSpec, maps: Tensor) -> None:
     """Say, once per call, how many of the batch's maps are zero everywhere, and why the method gives such maps."""
     zero = int((maps.flatten(1) == 0).all(1).sum())
     if zero:
         warnings.warn(f"{spec.name} returned an all-zero map for {zero} of {len(maps)} images: "
-                      f"{spec.zero_map_reason}", stacklevel=3)
+                      f"{spec.zero_map_reason}", AllZeroMapWarning, stacklevel=3)
 
 
 def _explain_text(spec: MethodSpec, adapter: ModelAdapter, tokens: TokenBatch, target, options: dict) -> Tensor:

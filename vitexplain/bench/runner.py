@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from ..api import explain
+from ..api import AllZeroMapWarning, explain
 from ..instrumentation import ModelAdapter, adapter_for
 from ..instrumentation.precision import float32_scope, precision_mode
 from ..metrics import EvalBatch, Metric, get_metric
@@ -71,7 +72,9 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
         if refusal:
             raise FolderInUse(refusal)
         work = Findings()
-        with precision_mode(config.precision, where.device):
+        # explain's all-zero notice would repeat for every batch and perturbed call; the report shows the maps
+        with precision_mode(config.precision, where.device), warnings.catch_warnings():
+            warnings.simplefilter("ignore", AllZeroMapWarning)
             for model_entry in config.models:
                 _bench_model(model_entry, config, where, work)
         gathered = where.gather((work.shares, work.errors, work.seconds))
