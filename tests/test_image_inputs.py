@@ -82,3 +82,36 @@ def test_explain_refuses_non_finite_images_naming_them(images, method):
         vitexplain.explain(model, images, method)
     assert not model.training and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+
+
+def test_explain_files_is_explain_on_the_preprocessed_files_and_loses_nothing_to_a_bad_one(tmp_path):
+    """The library function behind `vitexplain explain`: maps equal to explain() of the same preprocessed
+    batch, the class asked for or the prediction, an unreadable file told to on_error and the others kept."""
+    from vitexplain.image_files import explain_files, load_image, make_transform
+
+    model = make_vit(img_size=32, patch_size=8)
+    config = {"input_size": (3, 32, 32), "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "crop_pct": 1.0,
+              "interpolation": "bilinear"}
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(3):
+        files.append(str(tmp_path / f"img{i}.png"))
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(files[-1])
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    errors, steps = [], []
+    found = list(explain_files(model, [files[0], str(broken), files[1], files[2]], ["gae", "rollout"], config=config,
+                               batch_size=2, on_error=errors.append,
+                               on_progress=lambda images, method: steps.append((images, method))))
+    assert [item.name for item in found] == files and len(errors) == 1 and "broken.png" in errors[0]
+    assert sum(images for images, _ in steps) == 4 * 2                     # every file, every method
+    transform = make_transform(config)
+    batch = torch.stack([transform(load_image(name)) for name in files])
+    predicted = model(batch).argmax(-1)
+    for method in ("gae", "rollout"):
+        expected = vitexplain.explain(model, batch, method, target=predicted)
+        torch.testing.assert_close(torch.stack([item.maps[method] for item in found]), expected)
+    assert [item.target for item in found] == predicted.tolist() == [item.predicted for item in found]
+    asked = list(explain_files(model, files[:1], ["gae"], config=config, target=3))
+    assert asked[0].target == 3
+    torch.testing.assert_close(asked[0].maps["gae"], vitexplain.explain(model, batch[:1], "gae", target=3)[0])

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 #: public name -> the submodule that defines it
 _EXPORTS = {
     "explain": "api",
+    "explain_files": "image_files",
     "UnsupportedModelError": "instrumentation",
     "adapter_for": "instrumentation",
     "available_methods": "registry",
@@ -22,11 +23,12 @@ _EXPORTS = {
     "text_embeddings": "text_prompts",
 }
 
-__all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "explain_texts", "get_method",
-           "register_method", "text_embeddings", "__version__"]
+__all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "explain_files", "explain_texts",
+           "get_method", "register_method", "text_embeddings", "__version__"]
 
 if TYPE_CHECKING:
     from .api import explain
+    from .image_files import explain_files
     from .instrumentation import UnsupportedModelError, adapter_for
     from .registry import available_methods, get_method, register_method
     from .text_prompts import explain_texts, text_embeddings

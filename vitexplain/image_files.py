@@ -1,7 +1,10 @@
-"""Reading image files of any common mode into RGB, and preprocessing them for a model."""
+"""Reading image files of any common mode into RGB, preprocessing them for a model, and explaining them
+batch by batch (:func:`explain_files`, what ``vitexplain explain`` runs)."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +74,88 @@ def display_image(image: Image.Image, config: dict) -> np.ndarray:
                                  mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
     tensor: torch.Tensor = transform(image)
     return (tensor.clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+
+
+# -------------------------------------------------------------------------------- batch explanation
+
+@dataclass
+class ImageBatch:
+    """One batch of image files, read: the files as given, the preprocessed images on the model's device
+    [B, 3, H, W], and each image as the model sees it (uint8 [H, W, 3], for drawing)."""
+
+    names: list[str]
+    images: torch.Tensor
+    shown: list[np.ndarray]
+
+
+@dataclass
+class ExplainedImage:
+    """One image file explained: its maps by method ([h, w], on the CPU), the model's class probabilities,
+    its prediction and the class explained."""
+
+    name: str
+    shown: np.ndarray
+    maps: dict[str, torch.Tensor]
+    probabilities: torch.Tensor
+    predicted: int
+    target: int
+
+
+def read_batches(files: Sequence[str | Path], config: dict, batch_size: int, device: torch.device | str,
+                 on_error: Callable[[str], None]) -> Iterator[tuple[int, ImageBatch | None]]:
+    """The files, ``batch_size`` at a time and read only then (memory follows the batch size), as (number of
+    files taken, the batch of those that could be read, or None); an unreadable file goes to ``on_error``."""
+    transform = make_transform(config)
+    for start in range(0, len(files), batch_size):
+        chunk = [str(path) for path in files[start:start + batch_size]]
+        names, tensors, shown = [], [], []
+        for name in chunk:
+            try:
+                picture = load_image(name)
+            except ImageLoadError as error:
+                on_error(str(error))
+                continue
+            names.append(name)
+            tensors.append(transform(picture))
+            shown.append(display_image(picture, config))
+        yield len(chunk), (ImageBatch(names, torch.stack(tensors).to(device), shown) if names else None)
+
+
+def explain_files(model: torch.nn.Module, files: Sequence[str | Path], methods: Sequence[str], *, config: dict,
+                  target: int | None = None, options: dict[str, dict] | None = None, batch_size: int = 16,
+                  on_error: Callable[[str], None] | None = None,
+                  on_progress: Callable[[int, str], None] | None = None) -> Iterator[ExplainedImage]:
+    """Explain image files with several methods, batch by batch, on the model's device.
+
+    ``config`` is the model's data config (:func:`vitexplain.models.data_config`: its resize, crop and
+    normalisation); ``target`` a class for every image (None: each image's prediction); ``options`` each
+    method's options. An unreadable file or a method failing on a batch is told to ``on_error`` (default: a
+    warning) and the others go on; ``on_progress(images, method)`` is called after each method's batch.
+    Yields one :class:`ExplainedImage` per readable file, in order.
+    """
+    from .api import explain
+
+    on_error = on_error or (lambda message: warnings.warn(message, stacklevel=3))
+    options = options or {}
+    device = next(model.parameters()).device
+    for taken, batch in read_batches(files, config, batch_size, device, on_error):
+        if batch is None:
+            for method in methods:
+                (on_progress or (lambda *_: None))(taken, method)
+            continue
+        with torch.no_grad():
+            probabilities = model(batch.images).softmax(-1).cpu()
+        predicted = probabilities.argmax(-1)
+        targets = predicted if target is None else torch.full_like(predicted, target)
+        maps = {}
+        for method in methods:
+            try:
+                maps[method] = explain(model, batch.images, method, target=targets.to(device),
+                                       **options.get(method, {})).cpu()
+            except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
+                on_error(f"method {method} on {', '.join(batch.names)}: {error}")
+            if on_progress is not None:
+                on_progress(taken, method)
+        for i, name in enumerate(batch.names):
+            yield ExplainedImage(name, batch.shown[i], {method: found[i] for method, found in maps.items()},
+                                 probabilities[i], int(predicted[i]), int(targets[i]))

@@ -220,8 +220,10 @@ def save_outputs(stem: Path, shown, maps: dict[str, Any], title: str, grid: bool
         save_grid(f"{stem}.all.png", shown, maps, title=title)
 
 
-def explorer_item(setup: Setup, name: str, shown, maps: dict[str, Any], probabilities, target: int, batch):
+def explorer_item(setup: Setup, name: str, shown, maps: dict[str, Any], probabilities, target: int):
     """One image of the explorer page: its maps, the options each was made with, the top-5 classes."""
+    import torch
+
     from ..explorer import ExplorerItem
     from ..instrumentation import adapter_for
     from ..registry import get_method
@@ -231,7 +233,8 @@ def explorer_item(setup: Setup, name: str, shown, maps: dict[str, Any], probabil
         name=name, image=shown, maps={method: saliency.numpy() for method, saliency in maps.items()},
         options={method: {**get_method(method).options, **setup.options[method]} for method in maps},
         top5=[(setup.class_names[int(c)], float(p)) for p, c in zip(top.values, top.indices)],
-        target=setup.class_names[target], grid=tuple(adapter_for(setup.model).grid_size(batch)))
+        target=setup.class_names[target],
+        grid=tuple(adapter_for(setup.model).grid_size(torch.empty(1, 3, *shown.shape[:2]))))
 
 
 def explained_title(class_names: list[str], target: int, predicted: int, probabilities) -> str:
@@ -263,17 +266,14 @@ def run(args) -> int:
     except (ValueError, TypeError, OSError, ModelLoadError) as error:
         return refuse(error)
 
-    import torch
     from tqdm import tqdm
 
-    from ..api import explain
-    from ..image_files import ImageLoadError, display_image, load_image, make_transform
+    from ..image_files import explain_files, read_batches
     from ..instrumentation.precision import precision_mode
 
     given = unique_files(args.images)
     files = list(given)
-    stems = dict(zip(files, output_names(files)))
-    transform = make_transform(setup.config)
+    stems = {given[path]: setup.out / name for path, name in zip(files, output_names(files))}
     device = next(setup.model.parameters()).device
     errors: list[str] = []
     bar = tqdm(total=len(files) * len(setup.methods), unit="map", file=sys.stderr, disable=not args.progress)
@@ -282,59 +282,36 @@ def run(args) -> int:
         errors.append(message)
         bar.write(f"error: {message}", file=sys.stderr)
 
+    def progress(images: int, method: str) -> None:
+        bar.set_postfix_str(method)
+        bar.update(images)
+
     pages = []  # explorer items, with --html
     written = False
     with precision_mode(args.precision, device):  # the model's forwards in the user's precision
-        for start in range(0, len(files), args.batch_size):
-            chunk = files[start:start + args.batch_size]
-            kept, tensors, shown = [], [], []
-            for path in chunk:  # read here, one batch at a time: memory follows --batch-size
+        if setup.texts:  # --text: one map per image, text and method
+            for taken, batch in read_batches([given[path] for path in files], setup.config, args.batch_size, device,
+                                             report):
+                if batch is not None:
+                    pages += explain_texts_batch(setup, batch.names, [stems[name] for name in batch.names],
+                                                 batch.images, batch.shown, bar, report, args.html)
+                    written = written or setup.out.is_dir()       # made by the first map it saved
+                bar.update(taken * len(setup.methods))
+        else:
+            for item in explain_files(setup.model, [given[path] for path in files], setup.methods,
+                                      config=setup.config, target=args.target, options=setup.options,
+                                      batch_size=args.batch_size, on_error=report, on_progress=progress):
+                title = explained_title(setup.class_names, item.target, item.predicted, item.probabilities)
                 try:
-                    picture = load_image(given[path])
-                except ImageLoadError as error:
-                    report(str(error))
-                    continue
-                kept.append(path)
-                tensors.append(transform(picture))
-                shown.append(display_image(picture, setup.config))
-            if not kept:
-                bar.update(len(chunk) * len(setup.methods))
-                continue
-            batch = torch.stack(tensors).to(device)
-            if setup.texts:  # --text: one map per image, text and method
-                pages += explain_texts_batch(setup, [given[path] for path in kept],
-                                             [setup.out / stems[path] for path in kept],
-                                             batch, shown, bar, report, args.html)
-                written = written or setup.out.is_dir()       # made by the first map it saved
-                bar.update(len(chunk) * len(setup.methods))
-                continue
-            with torch.no_grad():
-                probabilities = setup.model(batch).softmax(-1).cpu()
-            predicted = probabilities.argmax(-1)
-            targets = predicted if args.target is None else torch.full_like(predicted, args.target)
-            maps = {}
-            for method in setup.methods:
-                bar.set_postfix_str(method)
-                try:
-                    maps[method] = explain(setup.model, batch, method, target=targets.to(device),
-                                           **setup.options[method]).cpu()
-                except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
-                    report(f"method {method} on {', '.join(given[path] for path in kept)}: {error}")
-                bar.update(len(chunk))
-            for i, path in enumerate(kept):
-                cls = int(targets[i])
-                title = explained_title(setup.class_names, cls, int(predicted[i]), probabilities[i])
-                try:
-                    save_outputs(setup.out / stems[path], shown[i], {m: s[i] for m, s in maps.items()}, title,
-                                 grid=len(setup.methods) > 1)
+                    save_outputs(stems[item.name], item.shown, item.maps, title, grid=len(setup.methods) > 1)
                 except OSError as error:
-                    report(f"{given[path]}: cannot write its outputs ({error})")
+                    report(f"{item.name}: cannot write its outputs ({error})")
                     continue
                 written = True
-                bar.write(f"{given[path]} -> {title}", file=sys.stdout)
+                bar.write(f"{item.name} -> {title}", file=sys.stdout)
                 if args.html:
-                    pages.append(explorer_item(setup, given[path], shown[i], {m: s[i] for m, s in maps.items()},
-                                               probabilities[i], cls, batch))
+                    pages.append(explorer_item(setup, item.name, item.shown, item.maps, item.probabilities,
+                                               item.target))
     bar.close()
     if pages:
         from ..explorer import write_explorer
