@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import EmbeddingParts, TokenContext, missing, register_family
+from .base import EmbeddingParts, TokenContext, example, missing, register_family
 from .hf_common import (
     TransformersClassifier,
     attention_reason,
@@ -35,6 +35,15 @@ def _served_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
             DeiTForImageClassificationWithTeacher), (ViTLayer, DeiTLayer)
 
 
+def tiny_vit(model_class: str, **settings) -> nn.Module:
+    """A tiny randomly initialised transformers ViT of class ``model_class`` (the support matrix's examples)."""
+    import transformers
+
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
+                                    num_attention_heads=3, intermediate_size=96, **settings)
+    return getattr(transformers, model_class)(config)
+
+
 @register_family
 class TransformersViT(TransformersClassifier):
     """Where transformers' ViT / DeiT classifiers keep their parts (pre-norm layers like timm's)."""
@@ -44,15 +53,7 @@ class TransformersViT(TransformersClassifier):
 
     @classmethod
     def examples(cls):
-        def build():
-            from transformers import ViTConfig, ViTForImageClassification
-
-            config = ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                               intermediate_size=96, num_labels=10)
-            model = ViTForImageClassification(config).eval()
-            return model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-        return {"transformers ViT": build}
+        return {"transformers ViT": example(lambda: tiny_vit("ViTForImageClassification", num_labels=10))}
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .base import missing, register_family
+from .base import example, missing, register_family
 from .hf_common import attention_reason, is_one_of
-from .hf_vit import LAYER_ATTRIBUTES, TransformersViT
+from .hf_vit import LAYER_ATTRIBUTES, TransformersViT, tiny_vit
 
 
 def _served() -> tuple[type, ...]:
@@ -26,16 +26,7 @@ class TransformersViTModel(TransformersViT):
 
     @classmethod
     def examples(cls):
-        def build():
-            import torch
-            from transformers import ViTConfig, ViTModel
-
-            torch.manual_seed(0)
-            config = ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                               intermediate_size=96)
-            return ViTModel(config).eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-        return {"transformers ViTModel (embedding)": build}
+        return {"transformers ViTModel (embedding)": example(lambda: tiny_vit("ViTModel"))}
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
