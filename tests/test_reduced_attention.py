@@ -116,3 +116,23 @@ def test_the_forward_keeps_no_attention_matrix_and_each_block_is_freed_before_th
 
     record = adapter.record(batch, fields=("attn",), grads=("attn",), reduce=reduce)
     assert len(handed) == 8 and all(block.reduced == (2, 3, tokens, tokens) for block in record.blocks)
+
+
+@pytest.mark.parametrize("name", ["vit", "vit_map", "swin"])
+def test_the_readout_row_folded_last_block_first_is_the_readout_row_of_the_product(name):
+    """GAE's fold (``ReadoutFold``) against ``readout_map`` of every block's factor kept, on a class token, an
+    attention-pooling readout and a hierarchical model (patch merges between the stages)."""
+    from vitexplain.methods._products import ReadoutFold, readout_map
+
+    adapter = adapter_for(build(name))
+    record = adapter.record(images(2), fields=("attn",), grads=("attn",),
+                            reduce=lambda record, block: block.mixing((block.grads["attn"] * block.attn).mean(1)))
+    layers = [block.reduced for block in record.blocks]
+    fold = ReadoutFold(len(layers))
+    with pytest.raises(RuntimeError, match="folded down to block"):
+        fold.map(record.geometry)
+    for index in reversed(range(len(layers))):
+        fold(record.geometry, index, layers[index])
+    torch.testing.assert_close(fold.map(record.geometry), readout_map(record.geometry, layers), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=f"block 0 came when block {len(layers) - 1} was due"):
+        ReadoutFold(len(layers))(record.geometry, 0, layers[0])

@@ -409,7 +409,8 @@ class ModelAdapter:
             parts = self.family.blocks[index]
             values = recorder.laid_out(index, {name: tensor.detach() for name, tensor in entry.items()})
             projection = parts.head_projection() if "v" in values else None
-            records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout))
+            records.append(BlockRecord(**values, head_projection=projection, layout=parts.layout, windows=layout,
+                                       index=index))
         return Recording(
             logits=outputs.detach(), targets=resolved.labels(outputs.shape[0], outputs.device), scores=scores.detach(),
             blocks=records, target=resolved,

@@ -63,6 +63,7 @@ class BlockRecord:
         grads: gradient of the target score with respect to any of the fields above, by field name.
         reduced: what the recording's ``reduce`` made of this block's attention (see :class:`Recorder`);
             None where it did not run.
+        index: the block's position in the model (0 first).
     """
 
     residual: Tensor | None = None
@@ -83,6 +84,7 @@ class BlockRecord:
     windows: Any = None
     grads: dict[str, Tensor] = field(default_factory=dict)
     reduced: Any = None
+    index: int = 0
 
     @property
     def output(self) -> Tensor:

@@ -63,8 +63,13 @@ def push_rows(rows: Tensor, layers: Sequence[Any], *, residual: bool = True, nor
     single = rows.ndim == 2
     rows = rows[:, None] if single else rows
     for layer in reversed(layers):
-        rows = _left(to_tokens(rows, tokens_in(layer), stages), layer, residual, normalise)
+        rows = _pushed(rows, layer, residual, normalise, stages)
     return rows[:, 0] if single else rows
+
+
+def _pushed(rows: Tensor, layer: Any, residual: bool, normalise: bool, stages: Sequence[Grid]) -> Tensor:
+    """rows [B, R, N'] (over a later stage's tokens, or the layer's) brought to the layer's tokens and times it."""
+    return _left(to_tokens(rows, tokens_in(layer), stages), layer, residual, normalise)
 
 
 def push_columns(columns: Tensor, layers: Sequence[Any], *, residual: bool = True,
@@ -92,3 +97,34 @@ def readout_map(geometry: TokenGeometry, layers: Sequence[Any], *, residual: boo
     rows = push_rows(geometry.readout_weights(layers[-1]), layers, residual=residual, normalise=normalise,
                      stages=geometry.stages)
     return geometry.patch_map(rows)
+
+
+class ReadoutFold:
+    """:func:`readout_map`'s row pushed through the layers one at a time, the last block's first, as a
+    backward visits the blocks: a reduction for ``record(reduce=)`` that keeps one row [B, N] instead of
+    every block's layer.
+
+    ``fold(geometry, block, layer)`` takes block ``block``'s layer (the readout's weights start the row at
+    the last block); :meth:`map` is then ``readout_map(geometry, layers)`` — the same operations in the same
+    order, so the same numbers. The blocks must come last first, each once (the order in which a backward
+    reaches them: each block's attention waits for the gradient of the block above).
+    """
+
+    def __init__(self, num_blocks: int, *, residual: bool = True, normalise: bool = False):
+        self.residual, self.normalise = residual, normalise
+        self.next_block = num_blocks - 1
+        self.rows: Tensor | None = None
+
+    def __call__(self, geometry: TokenGeometry, block: int, layer: Any) -> None:
+        if block != self.next_block:
+            raise RuntimeError(f"the readout row is folded from the last block down, but block {block} came when "
+                               f"block {self.next_block} was due")
+        rows = geometry.readout_weights(layer)[:, None] if self.rows is None else self.rows
+        self.rows = _pushed(rows, layer, self.residual, self.normalise, geometry.stages)
+        self.next_block -= 1
+
+    def map(self, geometry: TokenGeometry) -> Tensor:
+        """The readout's row of the whole product over the patch tokens on the grid [B, h, w]."""
+        if self.next_block != -1:
+            raise RuntimeError(f"the readout row was folded down to block {self.next_block + 1}, not to block 0")
+        return geometry.patch_map(self.rows[:, 0])

@@ -5,7 +5,7 @@ from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording
 from ..registry import register_method
-from ._products import readout_map
+from ._products import ReadoutFold
 
 
 @register_method("gae", modalities=("image", "text"))
@@ -16,12 +16,16 @@ def gae(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     Encoder-Decoder Transformers", ICCV 2021, Eq. (5)-(6): R = I; for every block
     R <- R + mean_h((∇A ⊙ A)^+) · R; the class token's row over the patches (the readout's row for
     pooled readouts, docs/decisions/readouts.md; hierarchical models, docs/decisions/families.md).
-    Gradients are of the target logit, as in hila-chefer/Transformer-MM-Explainability.
+    Gradients are of the target logit, as in hila-chefer/Transformer-MM-Explainability. The backward
+    reaches the last block first, so the readout's row is pushed through each block's factor as the
+    backward passes it (:class:`~._products.ReadoutFold`): one [B, N] row is kept, not a [B, N, N] factor
+    per block (docs/decisions/performance.md).
     """
-    record = adapter.record(inputs, target, fields=("attn",), grads=("attn",), reduce=_cam)
-    return readout_map(record.geometry, [block.reduced for block in record.blocks])
+    fold = ReadoutFold(adapter.num_blocks)
 
+    def cam(record: Recording, block: BlockRecord) -> None:
+        """Block's mean_h((∇A ⊙ A)^+), folded into the readout's row."""
+        fold(record.geometry, block.index, block.mixing((block.grads["attn"] * block.attn).clamp(min=0).mean(1)))
 
-def _cam(record: Recording, block: BlockRecord):
-    """mean_h((∇A ⊙ A)^+) of one block, as a product factor."""
-    return block.mixing((block.grads["attn"] * block.attn).clamp(min=0).mean(1))
+    record = adapter.record(inputs, target, fields=("attn",), grads=("attn",), reduce=cam)
+    return fold.map(record.geometry)
