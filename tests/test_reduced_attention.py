@@ -128,11 +128,11 @@ def test_the_readout_row_folded_last_block_first_is_the_readout_row_of_the_produ
     record = adapter.record(images(2), fields=("attn",), grads=("attn",),
                             reduce=lambda record, block: block.mixing((block.grads["attn"] * block.attn).mean(1)))
     layers = [block.reduced for block in record.blocks]
-    fold = ReadoutFold(len(layers))
+    fold = ReadoutFold(range(len(layers)))
     with pytest.raises(RuntimeError, match="folded down to block"):
         fold.map(record.geometry)
     for index in reversed(range(len(layers))):
         fold(record.geometry, index, layers[index])
     torch.testing.assert_close(fold.map(record.geometry), readout_map(record.geometry, layers), rtol=0, atol=0)
     with pytest.raises(RuntimeError, match=f"block 0 came when block {len(layers) - 1} was due"):
-        ReadoutFold(len(layers))(record.geometry, 0, layers[0])
+        ReadoutFold(range(len(layers)))(record.geometry, 0, layers[0])

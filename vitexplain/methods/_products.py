@@ -104,15 +104,15 @@ class ReadoutFold:
     backward visits the blocks: a reduction for ``record(reduce=)`` that keeps one row [B, N] instead of
     every block's layer.
 
-    ``fold(geometry, block, layer)`` takes block ``block``'s layer (the readout's weights start the row at
-    the last block); :meth:`map` is then ``readout_map(geometry, layers)`` — the same operations in the same
-    order, so the same numbers. The blocks must come last first, each once (the order in which a backward
+    ``fold(geometry, block, layer)`` takes block ``block``'s layer, for each of ``blocks`` (the readout's weights
+    start the row at the last); :meth:`map` is then ``readout_map(geometry, layers)`` — the same operations in
+    the same order, so the same numbers. The blocks must come last first, each once (the order in which a backward
     reaches them: each block's attention waits for the gradient of the block above).
     """
 
-    def __init__(self, num_blocks: int, *, residual: bool = True, normalise: bool = False):
+    def __init__(self, blocks: range, *, residual: bool = True, normalise: bool = False):
         self.residual, self.normalise = residual, normalise
-        self.next_block = num_blocks - 1
+        self.first, self.next_block = blocks.start, blocks.stop - 1
         self.rows: Tensor | None = None
 
     def __call__(self, geometry: TokenGeometry, block: int, layer: Any) -> None:
@@ -125,6 +125,7 @@ class ReadoutFold:
 
     def map(self, geometry: TokenGeometry) -> Tensor:
         """The readout's row of the whole product over the patch tokens on the grid [B, h, w]."""
-        if self.next_block != -1:
-            raise RuntimeError(f"the readout row was folded down to block {self.next_block + 1}, not to block 0")
+        if self.next_block != self.first - 1:
+            raise RuntimeError(f"the readout row was folded down to block {self.next_block + 1}, not to block "
+                               f"{self.first}")
         return geometry.patch_map(self.rows[:, 0])

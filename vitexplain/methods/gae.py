@@ -21,7 +21,7 @@ def gae(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     backward passes it (:class:`~._products.ReadoutFold`): one [B, N] row is kept, not a [B, N, N] factor
     per block (docs/decisions/performance.md).
     """
-    fold = ReadoutFold(adapter.num_blocks)
+    fold = ReadoutFold(range(adapter.num_blocks))
 
     def cam(record: Recording, block: BlockRecord) -> None:
         """Block's mean_h((∇A ⊙ A)^+), folded into the readout's row."""

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter
+from ..instrumentation import ModelAdapter, TokenGeometry
 from ..instrumentation.lrp import relevance
 from ..options import block_index
 from ..registry import register_method
-from ._products import readout_map
+from ._products import ReadoutFold
 
 
 @register_method("transformer_attribution", cost=6, score_targets=False,
@@ -31,8 +31,11 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     """
     start = block_index("start_layer", start_layer, adapter.num_blocks)
     chosen = range(start, adapter.num_blocks)
-    relevances = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=chosen, gradients=True)
-    geometry = relevances.geometry
-    cams = [geometry.mixing(block, (relevances.attn_grads[block] * relevances.attn[block]).clamp(min=0).mean(1))
-            for block in chosen]
-    return readout_map(geometry, cams)
+    fold = ReadoutFold(chosen)
+
+    def cam(geometry: TokenGeometry, block: int, attn_relevance: Tensor, attn_gradient: Tensor) -> None:
+        """Block's E_h[(∇A ⊙ R^A)⁺], folded into the readout's row as the relevance's backward passes the block."""
+        fold(geometry, block, geometry.mixing(block, (attn_gradient * attn_relevance).clamp(min=0).mean(1)))
+
+    found = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=chosen, gradients=True, reduce=cam)
+    return fold.map(found.geometry)

@@ -35,6 +35,10 @@ class RuleArithmetic(Arithmetic):
         """The attention is written out wherever a gradient will pass it (the rules act on its parts)."""
         return torch.is_grad_enabled()
 
+    def recomputing(self):
+        """Each block's attention is computed again under the rules in the backward (its N×N matrices are not kept)."""
+        return r.restoring_phase() if torch.is_grad_enabled() else None
+
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return self.rules.residual(a, b)
 

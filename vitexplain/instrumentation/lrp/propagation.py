@@ -8,8 +8,9 @@ through the same forward takes the plain gradient at the attention (:func:`~.rul
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,11 +19,10 @@ from ..adapter import ModelAdapter, evaluation_mode
 from ..geometry import TokenGeometry
 from ..precision import float32_scope
 from ..targets import resolve_target
-from ..windows import WindowLayout
 from . import rules as r
 from .composites import RuleSet, one_on_target, resolve_rules
 from .placement import lrp_rules
-from .trace import Trace
+from .trace import AttentionReadings, Trace
 
 #: what :func:`relevance` can return
 STAGES = ("attn", "residuals", "patches", "pixels")
@@ -48,6 +48,8 @@ class Relevance:
             readout rows and block matrices are read.
         attn_grads: with ``gradients=True``, the plain gradient of the target logit at the attention
             probabilities of the blocks asked for, shaped as ``attn`` (None elsewhere).
+        reduced: with ``reduce``, its value for each block asked for (None elsewhere; ``attn`` and
+            ``attn_grads`` are then None).
     """
 
     logits: Tensor
@@ -59,6 +61,7 @@ class Relevance:
     pixels: Tensor | None
     geometry: TokenGeometry
     attn_grads: list[Tensor | None] | None = None
+    reduced: list[Any] | None = None
 
     @property
     def tokens(self) -> Tensor:
@@ -68,7 +71,8 @@ class Relevance:
 
 def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | RuleSet = "chefer", *,
               at: Collection[str] = STAGES, blocks: Collection[int] | None = None,
-              gradients: bool = False) -> Relevance:
+              gradients: bool = False,
+              reduce: Callable[[TokenGeometry, int, Tensor, Tensor | None], Any] | None = None) -> Relevance:
     """One forward and one backward under ``rules``; the relevance at the stages asked for.
 
     Args:
@@ -81,20 +85,26 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
         blocks: for ``attn``, the blocks whose attention relevance is wanted (None: all).
         gradients: also the plain gradient of the target logit at that attention (``attn_grads``), taken
             by a second backward through the same forward (:func:`~.rules.both_gradients`).
+        reduce: ``(geometry, block, relevance, gradient) -> value``: what is kept of each block's attention
+            relevance [B, H, N, N] (windowed: per window) and plain gradient (None without ``gradients``), run
+            as the relevance's backward passes the block, the last block first (``Relevance.reduced``).
+            Without it every block's relevance and gradient are kept; a block's attention probabilities
+            are computed again in the backward either way (docs/decisions/performance.md).
     """
     if not isinstance(adapter, ModelAdapter):
         raise TypeError(f"relevance takes a ModelAdapter (vitexplain.adapter_for(model)), got {type(adapter).__name__}")
     unknown = set(at) - set(STAGES)
     if unknown:
         raise ValueError(f"cannot return relevance at {sorted(unknown)}; choose from {STAGES}")
-    if gradients and "attn" not in at:
-        raise ValueError("gradients are taken at the attention: ask for relevance at 'attn' too")
+    if (gradients or reduce is not None) and "attn" not in at:
+        raise ValueError(f"{'gradients are' if gradients else 'reduce is'} taken at the attention: ask for relevance "
+                         "at 'attn' too")
     with float32_scope(adapter.model):  # the rules' denominators need float32 (precision.py)
-        return _relevance(adapter, images, targets, resolve_rules(rules), at, blocks, gradients)
+        return _relevance(adapter, images, targets, resolve_rules(rules), at, blocks, gradients, reduce)
 
 
 def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, at: Collection[str],
-               blocks: Collection[int] | None, gradients: bool) -> Relevance:
+               blocks: Collection[int] | None, gradients: bool, reduce) -> Relevance:
     below_blocks = "pixels" in at or "patches" in at
     images = adapter.check_images(images).detach().requires_grad_(below_blocks)
     num_blocks = adapter.num_blocks
@@ -105,51 +115,58 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
     with evaluation_mode(adapter.model), torch.enable_grad(), \
             (r.both_gradients() if gradients else contextlib.nullcontext()) as phase:
         with lrp_rules(adapter, rules, pixels="pixels" in at, gradient_from=gradient_from) as trace:
+            readings = trace.readings = AttentionReadings(chosen, phase, reduce, images.device) if "attn" in at else None
             logits = adapter.forward(images)
+        layouts = [trace.layouts.get(block) for block in range(num_blocks)]
+        geometry = adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1],
+                                          trace.readout_attn, trace.readout_selection)
+        if readings is not None:
+            readings.geometry = geometry
         resolved = resolve_target(targets, logits.detach(), has_classes=adapter.family.has_classes)
         if not resolved.is_class:
             raise ValueError("LRP starts from relevance on the class logits: give class targets")
         classes = resolved.classes
         start = rules.start(logits.detach(), classes)
-        wanted = _wanted(trace, images, at, chosen, num_blocks)
-        plain = _plain_gradients(phase, logits, classes, wanted["attn"]) if gradients else None
+        wanted = _wanted(trace, images, at, num_blocks)
+        if gradients:
+            _plain_gradients(phase, logits, classes, wanted["attn"])
         taken = _propagated(logits, r.safe_divide(start, logits.detach()), wanted)
-    layouts = [trace.layouts.get(block) for block in range(num_blocks)]
     patches = taken["patches"][0] if taken["patches"] else None
+    kept = readings is not None and reduce is None
     return Relevance(
         logits=logits.detach(), targets=classes, output=start.gather(1, classes[:, None])[:, 0],
-        attn=_per_block(taken["attn"], chosen, layouts),
+        attn=_per_block(readings.relevance if kept else {}, num_blocks),
         residuals=[value.flatten(1, -2) for value in taken["residuals"]] or [None] * (num_blocks + 1),
         patches=None if patches is None else patches.reshape(patches.shape[0], -1, patches.shape[-1]),
         pixels=_pixels(taken["pixels"], images),
-        geometry=adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1], trace.readout_attn,
-                                        trace.readout_selection),
-        attn_grads=None if plain is None else _per_block(plain, chosen, layouts))
+        geometry=geometry,
+        attn_grads=_per_block(readings.gradients, num_blocks) if kept and gradients else None,
+        reduced=_per_block(readings.reduced, num_blocks) if reduce is not None else None)
 
 
-def _wanted(trace: Trace, images: Tensor, at: Collection[str], chosen: Sequence[int],
-            num_blocks: int) -> dict[str, list[Tensor]]:
+def _wanted(trace: Trace, images: Tensor, at: Collection[str], num_blocks: int) -> dict[str, list[Tensor]]:
     """The tensors whose relevance is asked for, by stage; the pixels' with the z^B rule's bound terms
-    (:class:`~.rules.ZBox`), whose relevance adds to theirs."""
+    (:class:`~.rules.ZBox`), whose relevance adds to theirs; for the attention, the readings' anchor (the
+    attention's relevance is collected as the backward passes it, :class:`~.trace.AttentionReadings`)."""
     bounds = (trace.pixel_rule.bounds or ()) if isinstance(trace.pixel_rule, r.ZBox) else ()
     return {
-        "attn": [trace.attn[block] for block in chosen] if "attn" in at else [],
+        "attn": [trace.readings.anchor] if "attn" in at else [],
         "residuals": [trace.residuals[block] for block in range(num_blocks + 1)] if "residuals" in at else [],
         "patches": [trace.patches] if "patches" in at else [],
         "pixels": [images, *bounds] if "pixels" in at else [],
     }
 
 
-def _plain_gradients(phase: r.Phase, logits: Tensor, classes: Tensor, attn: list[Tensor]) -> list[Tensor]:
-    """The plain gradient of the target logit at each attention in ``attn`` (zero where it does not
-    reach), by a backward that keeps the graph for the relevance's."""
+def _plain_gradients(phase: r.Phase, logits: Tensor, classes: Tensor, anchors: list[Tensor]) -> None:
+    """The plain backward of the target logit through the attention of the blocks read (to the ``anchors``),
+    which leaves each its plain gradient (:class:`~.trace.AttentionReadings`) and keeps the graph for the
+    relevance's."""
     phase.plain = True
     try:
-        found = torch.autograd.grad(logits, attn, grad_outputs=one_on_target(logits, classes), retain_graph=True,
-                                    allow_unused=True)
+        torch.autograd.grad(logits, anchors, grad_outputs=one_on_target(logits, classes), retain_graph=True,
+                            allow_unused=True)
     finally:
         phase.plain = False
-    return [torch.zeros_like(tensor) if gradient is None else gradient for tensor, gradient in zip(attn, found)]
 
 
 def _propagated(logits: Tensor, seed: Tensor, wanted: dict[str, list[Tensor]]) -> dict[str, list[Tensor]]:
@@ -165,14 +182,9 @@ def _propagated(logits: Tensor, seed: Tensor, wanted: dict[str, list[Tensor]]) -
     return {stage: [next(values) for _ in wanted[stage]] for stage in STAGES}
 
 
-def _per_block(values: list[Tensor], chosen: Sequence[int], layouts: list[WindowLayout | None]) -> list[Tensor | None]:
-    """Attention values of the blocks ``chosen`` (in order) as a per-block list, None elsewhere; a windowed
-    block's in the recording's per-window layout."""
-    found: list[Tensor | None] = [None] * len(layouts)
-    for block, value in zip(chosen, values):
-        layout = layouts[block]
-        found[block] = value if layout is None else layout.recorded({"attn": value})["attn"]
-    return found
+def _per_block(values: dict[int, Any], num_blocks: int) -> list[Any]:
+    """Values by block as a per-block list, None elsewhere."""
+    return [values.get(block) for block in range(num_blocks)]
 
 
 def _pixels(taken: list[Tensor], images: Tensor) -> Tensor | None:

@@ -22,7 +22,7 @@ import contextlib
 import contextvars
 import functools
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,22 @@ def both_gradients() -> Iterator[Phase]:
         yield phase
     finally:
         _PHASE.reset(token)
+
+
+def restoring_phase() -> Callable[[], contextlib.AbstractContextManager]:
+    """A function giving a context in which rules applied see the phase of now (None outside
+    :func:`both_gradients`): for a forward computed again in a backward, which may run on another thread."""
+    phase = _PHASE.get()
+
+    @contextlib.contextmanager
+    def restored() -> Iterator[None]:
+        token = _PHASE.set(phase)
+        try:
+            yield
+        finally:
+            _PHASE.reset(token)
+
+    return restored
 
 
 def _plain_phase(phase: Phase | None) -> bool:
