@@ -27,17 +27,33 @@ from .trace import Trace, TraceSink
 class RuleArithmetic(Arithmetic):
     """The written-out blocks' operations under a rule set."""
 
-    def __init__(self, rules: RuleSet):
-        self.rules = rules
-
     @property
     def explicit(self) -> bool:
         """The attention is written out wherever a gradient will pass it (the rules act on its parts)."""
         return torch.is_grad_enabled()
 
+    def __init__(self, rules: RuleSet):
+        self.rules = rules
+        #: whether the module rules are on the model (within :func:`lrp_rules`)
+        self.placed = True
+
     def recomputing(self):
-        """Each block's attention is computed again under the rules in the backward (its N×N matrices are not kept)."""
-        return r.restoring_phase() if torch.is_grad_enabled() else None
+        """Each block's forward, attention included, is computed again under the rules in the backward, so a
+        block's tensors are kept only while the backward passes it; that backward must run while the rules are
+        placed."""
+        if not torch.is_grad_enabled():
+            return None
+        restored = r.restoring_phase()
+
+        @contextlib.contextmanager
+        def placed_and_restored() -> Iterator[None]:
+            if not self.placed:
+                raise RuntimeError("relevance is propagated by a backward within lrp_rules(): each block's forward "
+                                   "is computed again there, under the rules placed")
+            with restored():
+                yield
+
+        return placed_and_restored
 
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return self.rules.residual(a, b)
@@ -157,7 +173,8 @@ def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels:
 
     Forward values are unchanged (up to rounding in the attention, which is computed unfused). The model
     comes back exactly as it was — hooks removed, patched ``forward`` methods restored — also when an
-    exception is raised inside. ``pixels=False`` leaves the patch convolution's rule out (for callers
+    exception is raised inside. The backward must run within the block too: each block's forward is computed
+    again there, under the rules (:meth:`RuleArithmetic.recomputing`). ``pixels=False`` leaves the patch convolution's rule out (for callers
     that do not read the pixels' relevance). ``gradient_from``: blocks below this index run plainly
     without gradients and this block's input starts the graph (the backward stops there; the trace
     holds the attention and residuals from there on).
@@ -168,7 +185,11 @@ def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels:
     _check_covered(adapter)
     trace = Trace()
     sink = TraceSink(trace, gradient_from or 0)
-    with float32_scope(adapter.model), \
-            adapter.instrumented(arithmetic=RuleArithmetic(rules), sink=sink, gradient_from=gradient_from) as patch:
-        _place(adapter, rules, trace, patch, pixels)
-        yield trace
+    arithmetic = RuleArithmetic(rules)
+    try:
+        with float32_scope(adapter.model), \
+                adapter.instrumented(arithmetic=arithmetic, sink=sink, gradient_from=gradient_from) as patch:
+            _place(adapter, rules, trace, patch, pixels)
+            yield trace
+    finally:
+        arithmetic.placed = False

@@ -117,20 +117,21 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
         with lrp_rules(adapter, rules, pixels="pixels" in at, gradient_from=gradient_from) as trace:
             readings = trace.readings = AttentionReadings(chosen, phase, reduce, images.device) if "attn" in at else None
             logits = adapter.forward(images)
-        layouts = [trace.layouts.get(block) for block in range(num_blocks)]
-        geometry = adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1],
-                                          trace.readout_attn, trace.readout_selection)
-        if readings is not None:
-            readings.geometry = geometry
-        resolved = resolve_target(targets, logits.detach(), has_classes=adapter.family.has_classes)
-        if not resolved.is_class:
-            raise ValueError("LRP starts from relevance on the class logits: give class targets")
-        classes = resolved.classes
-        start = rules.start(logits.detach(), classes)
-        wanted = _wanted(trace, images, at, num_blocks)
-        if gradients:
-            _plain_gradients(phase, logits, classes, wanted["attn"])
-        taken = _propagated(logits, r.safe_divide(start, logits.detach()), wanted)
+            # the backward computes each block's forward again under the rules, so it runs while they are placed
+            layouts = [trace.layouts.get(block) for block in range(num_blocks)]
+            geometry = adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1],
+                                              trace.readout_attn, trace.readout_selection)
+            if readings is not None:
+                readings.geometry = geometry
+            resolved = resolve_target(targets, logits.detach(), has_classes=adapter.family.has_classes)
+            if not resolved.is_class:
+                raise ValueError("LRP starts from relevance on the class logits: give class targets")
+            classes = resolved.classes
+            start = rules.start(logits.detach(), classes)
+            wanted = _wanted(trace, images, at, num_blocks)
+            if gradients:
+                _plain_gradients(phase, logits, classes, wanted["attn"])
+            taken = _propagated(logits, r.safe_divide(start, logits.detach()), wanted)
     patches = taken["patches"][0] if taken["patches"] else None
     kept = readings is not None and reduce is None
     return Relevance(
