@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from vitexplain import explain
 from vitexplain.instrumentation import adapter_for, lrp
@@ -305,19 +306,34 @@ def test_clear_errors(tiny):
     assert pooled.shape == (2, 32, 32) and pooled.isfinite().all() and pooled.abs().sum() > 0
 
 
-def test_the_rules_keep_two_attention_maps_per_block():
-    """Memory that does not grow with tokens beyond what the rules need (docs/decisions/performance.md): the
-    scores and the probabilities are the only token-by-token tensors a block's backward keeps; the magnitudes,
-    softmax(|s|) and the absolute rule's ratios are computed again in the backward."""
-    model = make_vit(depth=3)
-    kept: dict[int, tuple[int, ...]] = {}
+def _square_tensors_saved(model, rules: str) -> tuple[int, int, int]:
+    """Token-by-token tensors autograd saves under ``rules``: in the forward, in all, and the most alive at once."""
+    tokens = 1 + model.patch_embed.num_patches  # the class token and the patches
+    saved: list[StorageWeakRef] = []
+    most = 0
 
     def pack(tensor):
-        kept[tensor.untyped_storage().data_ptr()] = tuple(tensor.shape)
-        return tensor
+        nonlocal most
+        if tensor.shape[-2:] == (tokens, tokens):
+            saved.append(StorageWeakRef(tensor.untyped_storage()))
+            most = max(most, sum(not reference.expired() for reference in saved))
+        return tensor.detach()  # the tensor itself would tie an output to its own node, which is then never freed
 
+    adapter = adapter_for(model)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        relevance(model, images_like(), None, "abslrp", at=("pixels",))
-    tokens = 1 + model.patch_embed.num_patches  # the class token and the patches
-    attention_maps = [shape for shape in kept.values() if shape[-2:] == (tokens, tokens)]
-    assert len(attention_maps) == 2 * 3
+        with lrp.lrp_rules(adapter, rules):
+            adapter.forward(images_like())
+        in_forward = len(saved)
+        relevance(model, images_like(), None, rules, at=("pixels",))
+    return in_forward, len(saved) - in_forward, most
+
+
+@pytest.mark.parametrize("rules", ["abslrp", "chefer"])
+def test_no_block_keeps_its_attention_maps_for_the_whole_backward(rules):
+    """Memory that does not grow with tokens × blocks (docs/decisions/performance.md): the forward keeps no
+    token-by-token tensor for the backward, which computes each block again and holds one block's at a time —
+    as many at once with four blocks as with two (before: two per block, all until the backward's end)."""
+    two, four = (_square_tensors_saved(make_vit(depth=depth), rules) for depth in (2, 4))
+    assert two[0] == four[0] == 0
+    assert four[1] == 2 * two[1] > 0  # every block's backward saves them (what the check would catch)
+    assert four[2] == two[2] <= two[1] // 2

@@ -136,3 +136,29 @@ def test_the_readout_row_folded_last_block_first_is_the_readout_row_of_the_produ
     torch.testing.assert_close(fold.map(record.geometry), readout_map(record.geometry, layers), rtol=0, atol=0)
     with pytest.raises(RuntimeError, match=f"block 0 came when block {len(layers) - 1} was due"):
         ReadoutFold(range(len(layers)))(record.geometry, 0, layers[0])
+
+
+@pytest.mark.parametrize("name", ["vit", "swin"])
+def test_lrp_relevance_reduces_each_blocks_attention_as_the_backward_passes_it(name):
+    """``relevance(reduce=)`` (transformer attribution): each block's attention relevance and plain gradient are
+    handed over last block first, are those ``relevance`` keeps without a reduction, and are freed before the next
+    block's are handed over."""
+    from vitexplain.instrumentation import lrp
+
+    adapter, batch = adapter_for(build(name).double()), images(2).double()
+    kept = lrp.relevance(adapter, batch, None, "chefer", at=("attn",), gradients=True)
+    order, handed = [], []
+
+    def reduce(geometry, block, attn_relevance, attn_gradient):
+        assert all(reference.expired() for reference in handed), "an earlier block's attention is still held"
+        handed.extend(StorageWeakRef(t.untyped_storage()) for t in (attn_relevance, attn_gradient))
+        order.append(block)
+        torch.testing.assert_close(attn_relevance, kept.attn[block], rtol=0, atol=0)
+        torch.testing.assert_close(attn_gradient, kept.attn_grads[block], rtol=0, atol=0)
+        return block
+
+    reduced = lrp.relevance(adapter, batch, None, "chefer", at=("attn",), gradients=True, reduce=reduce)
+    blocks = adapter.num_blocks
+    assert order == list(reversed(range(blocks))) and reduced.reduced == list(range(blocks))
+    assert reduced.attn == [None] * blocks and reduced.attn_grads is None
+    assert kept.attn[0].abs().sum() > 0 and kept.attn_grads[0].abs().sum() > 0

@@ -16,11 +16,10 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Callable
 
 import torch
-import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from .attention import NOTHING, PLAIN, Arithmetic, Sink, attend
-from .blocks import BlockParts, block_forward
+from .blocks import BlockParts, block_forward, recomputed_block_forward
 from .families import ForwardOnly
 from .families.base import Family, ProbeParts, UnsupportedModelError, check_images
 from .geometry import Readout, TokenGeometry
@@ -101,20 +100,6 @@ class _State:
     separate_graphs: bool
 
 
-class _Entered:
-    """A context made afresh each time it is entered (a checkpoint enters its recomputation's once per backward)."""
-
-    def __init__(self, make: Callable[[], contextlib.AbstractContextManager]):
-        self.make, self.entered = make, []
-
-    def __enter__(self) -> None:
-        self.entered.append(self.make())
-        self.entered[-1].__enter__()
-
-    def __exit__(self, *exception: Any) -> bool | None:
-        return self.entered.pop().__exit__(*exception)
-
-
 def _instrumented_block(parts: BlockParts, index: int, state: _State, *args: Any, **kwargs: Any) -> Any:
     """A block's ``forward`` while instrumented: the written-out block on the family's call arguments."""
     x, extra = parts.inputs(*args, **kwargs)
@@ -126,14 +111,13 @@ def _instrumented_block(parts: BlockParts, index: int, state: _State, *args: Any
             index == state.gradient_from and not x.requires_grad)
         if starts and torch.is_grad_enabled():
             x = x.detach().requires_grad_(True)  # frozen weights, a cut below, or the block's own graph
-        forward = functools.partial(block_forward, parts, extra=extra, index=index, arithmetic=state.arithmetic,
-                                    sink=state.sink, detach_attention_input=state.detach_attention_input)
         context = state.arithmetic.recomputing() if torch.is_grad_enabled() else None
         if context is None:
-            out = forward(x)
-        else:  # the block's forward computed again in the backward (under LRP rules: Arithmetic.recomputing)
-            out = torch.utils.checkpoint.checkpoint(forward, x, use_reentrant=False,
-                                                    context_fn=lambda: (contextlib.nullcontext(), _Entered(context)))
+            out = block_forward(parts, x, extra, index=index, arithmetic=state.arithmetic, sink=state.sink,
+                                detach_attention_input=state.detach_attention_input)
+        else:  # under LRP rules: the block computed again in the backward (Arithmetic.recomputing)
+            out = recomputed_block_forward(parts, x, extra, index=index, arithmetic=state.arithmetic,
+                                           sink=state.sink, context=context)
     returned = parts.output(out, args[0] if args else next(iter(kwargs.values())))
     if state.sink.wants(index, "output"):
         state.sink.put(index, output=returned)

@@ -19,6 +19,9 @@ on window batches (:mod:`.windows`).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -158,3 +161,59 @@ def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = Attentio
     out = parts.norm2(arithmetic.add(h, fed))
     sink.put(index, block_output=out)
     return out
+
+
+class _InTheBackward(Sink):
+    """The sink of a block computed again in the backward (:func:`recomputed_block_forward`): it hands over the
+    attention as the backward passes it, and window layouts, and nothing of the forward (the block's own tensors
+    there are detached copies)."""
+
+    def __init__(self, sink: Sink):
+        self.sink = weakref.ref(sink)  # the trace keeps its sink; a strong reference would tie the graph to it
+
+    def anchor(self, block: int) -> Tensor | None:
+        return self.sink().anchor(block)
+
+    def put_backward(self, block: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
+        self.sink().put_backward(block, tensors, gradients)
+
+    def layout(self, block: int, layout) -> None:
+        self.sink().layout(block, layout)
+
+
+class _RecomputedBlock(torch.autograd.Function):
+    """A block's forward that keeps only its input for the backward and computes the block again there, in the
+    context of its forward (LRP rules: :meth:`~.attention.Arithmetic.recomputing`), taking the backward through
+    that graph, which is freed before the backward moves on to the block below. The same operations on the same
+    input, so the same numbers; the anchor (when given) takes the backward through the block's attention."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, anchor: Tensor | None, forward: Callable[[Tensor], Tensor],
+                context: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
+        ctx.save_for_backward(x)
+        ctx.block_forward, ctx.context = forward, context
+        with torch.enable_grad(), context():  # the forward as it would run in the graph, which is not kept
+            return forward(x.detach()).detach()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad(), ctx.context():
+            leaf = x.detach().requires_grad_(True)
+            out = ctx.block_forward(leaf)
+        (found,) = torch.autograd.grad(out, [leaf], grad, allow_unused=True)
+        return found, None, None, None
+
+
+def recomputed_block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput, *, index: int,
+                             arithmetic: Arithmetic, sink: Sink,
+                             context: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
+    """:func:`block_forward` keeping only the block's input for the backward, where the block is computed again
+    (``context``: :meth:`~.attention.Arithmetic.recomputing`), so that the backward holds one block's tensors at
+    a time. ``sink`` receives the block's input (``residual``), its window layouts and, in the backward, its
+    attention (when it gives the block an anchor)."""
+    if sink.wants(index, "residual"):
+        sink.put(index, residual=x)
+    forward = functools.partial(block_forward, parts, extra=extra, index=index, arithmetic=arithmetic,
+                                sink=_InTheBackward(sink))
+    return _RecomputedBlock.apply(x, sink.anchor(index), forward, context)
