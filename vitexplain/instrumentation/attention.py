@@ -332,25 +332,34 @@ class _RecomputedAttention(torch.autograd.Function):
     def backward(ctx, grad_mixed: Tensor) -> tuple[Tensor | None, ...]:
         q_scaled, k_scored, v, bias, mask = ctx.saved_tensors
         sink, needs = ctx.sink(), ctx.needs_input_grad
+        logits_gradient = sink.wants_gradient(ctx.block, "attn_logits")
         with torch.enable_grad():  # the scores' and the softmax's own backward, as in the written-out graph
             leaves = {position: None if t is None else t.detach().requires_grad_(needs[position])
                       for position, t in ((0, q_scaled), (1, k_scored), (3, bias))}
             logits = _scores(PLAIN, leaves[0], leaves[1], leaves[3], mask)
             differentiable = {position: t for position, t in leaves.items() if t is not None and t.requires_grad}
-            through_softmax = bool(differentiable) or sink.wants_gradient(ctx.block, "attn_logits")
-            if through_softmax and not differentiable:
+            if logits_gradient and not differentiable:
                 logits.requires_grad_(True)
             attn = PLAIN.softmax(logits)
         grads: list[Tensor | None] = [None] * 8  # one per input of forward
         gradients = {"attn": grad_mixed @ v.transpose(-2, -1)}
         if needs[2]:
             grads[2] = attn.detach().transpose(-2, -1) @ grad_mixed
-        if through_softmax:
-            gradients["attn_logits"], *found = torch.autograd.grad(attn, [logits, *differentiable.values()],
-                                                                   gradients["attn"])
+        handed = {"attn": attn.detach()}
+        if sink.wants(ctx.block, "attn_logits"):
+            handed["attn_logits"] = logits.detach()
+        wrt = ([logits] if logits_gradient else []) + list(differentiable.values())
+        del logits  # the softmax's backward reads its output: the scores are kept only where asked for
+        if not logits_gradient:  # handed over before the softmax's backward: fewer N×N matrices at once
+            sink.put_backward(ctx.block, handed, gradients)
+        if wrt:
+            found = list(torch.autograd.grad(attn, wrt, gradients["attn"]))
+            if logits_gradient:
+                gradients["attn_logits"] = found.pop(0)
             for position, gradient in zip(differentiable, found):
                 grads[position] = gradient
-        sink.put_backward(ctx.block, {"attn_logits": logits.detach(), "attn": attn.detach()}, gradients)
+        if logits_gradient:
+            sink.put_backward(ctx.block, handed, gradients)
         return tuple(grads)
 
 

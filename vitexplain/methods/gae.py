@@ -25,7 +25,7 @@ def gae(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
 
     def cam(record: Recording, block: BlockRecord) -> None:
         """Block's mean_h((∇A ⊙ A)^+), folded into the readout's row."""
-        fold(record.geometry, block.index, block.mixing((block.grads["attn"] * block.attn).clamp(min=0).mean(1)))
+        fold(record.geometry, block.index, block.mixing((block.grads["attn"] * block.attn).clamp_(min=0).mean(1)))
 
     record = adapter.record(inputs, target, fields=("attn",), grads=("attn",), reduce=cam)
     return fold.map(record.geometry)

@@ -35,7 +35,7 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
 
     def cam(geometry: TokenGeometry, block: int, attn_relevance: Tensor, attn_gradient: Tensor) -> None:
         """Block's E_h[(∇A ⊙ R^A)⁺], folded into the readout's row as the relevance's backward passes the block."""
-        fold(geometry, block, geometry.mixing(block, (attn_gradient * attn_relevance).clamp(min=0).mean(1)))
+        fold(geometry, block, geometry.mixing(block, (attn_gradient * attn_relevance).clamp_(min=0).mean(1)))
 
     found = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=chosen, gradients=True, reduce=cam)
     return fold.map(found.geometry)
