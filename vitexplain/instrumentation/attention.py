@@ -21,7 +21,6 @@ Windowed attention (Swin) runs this same function on window batches (:mod:`.wind
 from __future__ import annotations
 
 import contextlib
-import functools
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -81,10 +80,10 @@ class Arithmetic:
         return t if module is None else module(t)
 
     def recomputing(self) -> Callable[[], contextlib.AbstractContextManager] | None:
-        """Where a written-out attention under this arithmetic is computed again in the backward instead of
-        keeping its N×N matrices from the forward: a function giving the context that computes it as this
-        forward did (an autograd backward may run on another thread); None: the attention is kept (plain
-        arithmetic, or no gradient will pass it)."""
+        """Where a block under this arithmetic is computed again in the backward instead of keeping its tensors
+        (N×N matrices included) from the forward: a function giving the context that computes it as this
+        forward did (an autograd backward may run on another thread); None: the block's tensors are kept
+        (plain arithmetic, or no gradient will pass it). See :func:`~.blocks.recomputed_block_forward`."""
         return None
 
 
@@ -93,6 +92,10 @@ PLAIN = Arithmetic()
 
 class Sink:
     """Receives what a written-out forward computes; the base class keeps nothing."""
+
+    #: the forward handing over is a block's computed again in the backward (:func:`~.blocks.recomputed_block_forward`),
+    #: whose attention then keeps its matrices in that block's graph, freed with it
+    block_recomputed = False
 
     def wants(self, block: int, name: str) -> bool:
         return False
@@ -115,9 +118,9 @@ class Sink:
 
     def put_backward(self, block: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
         """Block's ``attn_logits`` and ``attn`` and their gradients, as the backward passes its attention
-        (only for blocks with an :meth:`anchor`). Under an arithmetic that computes the attention again
+        (only for blocks with an :meth:`anchor`). Under an arithmetic that computes the block again
         (:meth:`Arithmetic.recomputing`): ``attn`` and ``v`` and the gradients at ``attn`` and at the attention's
-        output ``mixed`` (A·v, [B, H, N, D]), in the arithmetic's backward."""
+        output ``mixed`` (A·v, [B, H, N, D]), in each backward under that arithmetic."""
 
     def layout(self, block: int, layout) -> None:
         """A windowed block's :class:`~.windows.WindowLayout` for this forward (how its windows map to tokens)."""
@@ -363,57 +366,6 @@ class _RecomputedAttention(torch.autograd.Function):
         return tuple(grads)
 
 
-def _core(arithmetic: Arithmetic, parts: AttentionParts, q_scaled: Tensor, k_scored: Tensor, v: Tensor,
-          bias: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """The scores, the probabilities (after the attention dropout) and A·v, written out under ``arithmetic``."""
-    logits = _scores(arithmetic, q_scaled, k_scored, bias, mask, constant_query=parts.latent is not None)
-    attn = arithmetic.dropout(arithmetic.softmax(logits), parts.attn_drop)
-    return logits, attn, arithmetic.mix(attn, v)
-
-
-class _RecomputedRuleAttention(torch.autograd.Function):
-    """The written-out attention under an arithmetic's rules (:func:`_core`), keeping q, k, v (and the bias) for
-    the backward instead of its N×N matrices: the backward computes the scores and probabilities again under
-    the same rules, in the same context (:meth:`Arithmetic.recomputing`), and takes the rules' backward
-    through them; with an anchor it hands the probabilities and their gradient to the sink.
-
-    The same operations on the same operands as a forward that keeps them, so the same numbers; at most one
-    block's N×N matrices exist at a time in the backward. Costs the scores, softmax and A·v once more per block
-    and backward (docs/decisions/performance.md).
-    """
-
-    @staticmethod
-    def forward(ctx, q_scaled: Tensor, k_scored: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None,
-                anchor: Tensor | None, core: Callable, context: Callable, sink: Sink, block: int) -> Tensor:
-        ctx.save_for_backward(q_scaled, k_scored, v, bias, mask)
-        ctx.core, ctx.context, ctx.block, ctx.handover = core, context, block, anchor is not None
-        ctx.sink = weakref.ref(sink)  # a strong one would tie the graph to what the sink keeps
-        with torch.enable_grad(), context():  # the rules' forward, without keeping its graph
-            return core(q_scaled.detach(), k_scored.detach(), v.detach(), bias if bias is None else bias.detach(),
-                        mask)[2].detach()
-
-    @staticmethod
-    def backward(ctx, grad_mixed: Tensor) -> tuple[Tensor | None, ...]:
-        q_scaled, k_scored, v, bias, mask = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        grad_mixed = grad_mixed.contiguous()  # as a written-out A·v's backward receives it (the same numbers)
-        with torch.enable_grad(), ctx.context():
-            leaves = [None if t is None else t.detach().requires_grad_(True) for t in (q_scaled, k_scored, v, bias)]
-            _, attn, mixed = ctx.core(*leaves, mask)
-        asked = [position for position in range(4) if needs[position] and leaves[position] is not None]
-        inputs = [leaves[position] for position in asked] + ([attn] if ctx.handover and attn.requires_grad else [])
-        found = torch.autograd.grad(mixed, inputs, grad_mixed, allow_unused=True) if inputs else ()
-        grads: list[Tensor | None] = [None] * 10  # one per input of forward
-        for position, gradient in zip(asked, found):
-            grads[position] = gradient
-        if ctx.handover:
-            grad_attn = found[-1] if attn.requires_grad else None
-            grad_attn = torch.zeros_like(attn) if grad_attn is None else grad_attn
-            ctx.sink().put_backward(ctx.block, {"attn": attn.detach(), "v": v},
-                                    {"attn": grad_attn, "mixed": grad_mixed})
-        return tuple(grads)
-
-
 def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionInput(), *,
            arithmetic: Arithmetic = PLAIN, sink: Sink = NOTHING, block: int = -1) -> Tensor:
     """The attention's output for tokens ``x`` [B, N, C], as the module computes it.
@@ -435,18 +387,14 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
         q_scaled, k_scored = arithmetic.normalise(q) * parts.logit_scale(), arithmetic.normalise(k)
     else:
         q_scaled, k_scored = q * parts.scale, k
-    core = functools.partial(_core, arithmetic, parts)
-    context = arithmetic.recomputing() if block >= 0 else None  # a pooling head's attention is kept
-    if context is not None:
-        if any(sink.wants(block, name) for name in ("q", "k", "v")):
-            sink.put(block, q=q, k=k, v=v)
-        mixed = _RecomputedRuleAttention.apply(q_scaled, k_scored, v, bias, mask, anchor, core, context, sink, block)
-    elif anchor is not None:
+    if anchor is not None and not sink.block_recomputed:
         sink.put(block, q=q, k=k, v=v)
         mixed = _RecomputedAttention.apply(q_scaled, k_scored, v, bias, mask, anchor, sink, block)
     elif explicit:
-        logits, attn, mixed = core(q_scaled, k_scored, v, bias, mask)
-        sink.put(block, q=q, k=k, v=v, attn_logits=logits, attn=attn)
+        logits = _scores(arithmetic, q_scaled, k_scored, bias, mask, constant_query=parts.latent is not None)
+        attn = arithmetic.dropout(arithmetic.softmax(logits), parts.attn_drop)
+        mixed = arithmetic.mix(attn, v)
+        sink.put(block, q=q, k=k, v=v, attn_logits=logits, attn=attn, mixed=mixed)
     else:
         if any(sink.wants(block, name) for name in ("q", "k", "v")):
             sink.put(block, q=q, k=k, v=v)

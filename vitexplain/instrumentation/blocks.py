@@ -164,18 +164,24 @@ def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = Attentio
 
 
 class _InTheBackward(Sink):
-    """The sink of a block computed again in the backward (:func:`recomputed_block_forward`): it hands over the
-    attention as the backward passes it, and window layouts, and nothing of the forward (the block's own tensors
-    there are detached copies)."""
+    """The sink of a block computed again in the backward (:func:`recomputed_block_forward`): it hands nothing of
+    the forward over (the block's own tensors there are detached copies) but window layouts; while the backward
+    computes the block again, it takes the attention's probabilities, values and output (:attr:`taken`) when the
+    sink gives the block an anchor."""
+
+    block_recomputed = True
 
     def __init__(self, sink: Sink):
         self.sink = weakref.ref(sink)  # the trace keeps its sink; a strong reference would tie the graph to it
+        #: the attention's ``attn``, ``v`` and ``mixed`` while the backward computes the block again, else None
+        self.taken: dict[str, Tensor] | None = None
 
     def anchor(self, block: int) -> Tensor | None:
         return self.sink().anchor(block)
 
-    def put_backward(self, block: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
-        self.sink().put_backward(block, tensors, gradients)
+    def put(self, block: int, **tensors: Tensor) -> None:
+        if self.taken is not None and "attn" in tensors:
+            self.taken.update(attn=tensors["attn"], v=tensors["v"], mixed=tensors["mixed"])
 
     def layout(self, block: int, layout) -> None:
         self.sink().layout(block, layout)
@@ -185,24 +191,39 @@ class _RecomputedBlock(torch.autograd.Function):
     """A block's forward that keeps only its input for the backward and computes the block again there, in the
     context of its forward (LRP rules: :meth:`~.attention.Arithmetic.recomputing`), taking the backward through
     that graph, which is freed before the backward moves on to the block below. The same operations on the same
-    input, so the same numbers; the anchor (when given) takes the backward through the block's attention."""
+    input, so the same numbers. With an anchor (the sink reads the block's attention), the backward also passes
+    when only the anchor is differentiated, and hands the probabilities and the gradients at them and at the
+    attention's output to the sink (:meth:`~.attention.Sink.put_backward`)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, anchor: Tensor | None, forward: Callable[[Tensor], Tensor],
-                context: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
+    def forward(ctx, x: Tensor, anchor: Tensor | None, forward: Callable[[Tensor], Tensor], sink: _InTheBackward,
+                block: int, context: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
         ctx.save_for_backward(x)
-        ctx.block_forward, ctx.context = forward, context
+        ctx.block_forward, ctx.sink, ctx.block, ctx.context, ctx.handover = forward, sink, block, context, \
+            anchor is not None
         with torch.enable_grad(), context():  # the forward as it would run in the graph, which is not kept
             return forward(x.detach()).detach()
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         (x,) = ctx.saved_tensors
-        with torch.enable_grad(), ctx.context():
-            leaf = x.detach().requires_grad_(True)
-            out = ctx.block_forward(leaf)
-        (found,) = torch.autograd.grad(out, [leaf], grad, allow_unused=True)
-        return found, None, None, None
+        sink = ctx.sink
+        sink.taken = {} if ctx.handover else None
+        try:
+            with torch.enable_grad(), ctx.context():
+                leaf = x.detach().requires_grad_(True)
+                out = ctx.block_forward(leaf)
+            taken = sink.taken
+        finally:
+            sink.taken = None
+        read = [name for name in ("attn", "mixed") if taken and taken[name].requires_grad]
+        found = torch.autograd.grad(out, [leaf, *(taken[name] for name in read)], grad, allow_unused=True)
+        if ctx.handover:
+            gradients = {name: torch.zeros_like(taken[name]) for name in ("attn", "mixed")}
+            gradients.update((name, gradient) for name, gradient in zip(read, found[1:]) if gradient is not None)
+            sink.sink().put_backward(ctx.block, {"attn": taken["attn"].detach(), "v": taken["v"].detach()},
+                                     gradients)
+        return found[0], None, None, None, None, None
 
 
 def recomputed_block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput, *, index: int,
@@ -210,10 +231,10 @@ def recomputed_block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput
                              context: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
     """:func:`block_forward` keeping only the block's input for the backward, where the block is computed again
     (``context``: :meth:`~.attention.Arithmetic.recomputing`), so that the backward holds one block's tensors at
-    a time. ``sink`` receives the block's input (``residual``), its window layouts and, in the backward, its
+    a time. ``sink`` receives the block's input (``residual``), its window layouts and, in each backward, its
     attention (when it gives the block an anchor)."""
     if sink.wants(index, "residual"):
         sink.put(index, residual=x)
-    forward = functools.partial(block_forward, parts, extra=extra, index=index, arithmetic=arithmetic,
-                                sink=_InTheBackward(sink))
-    return _RecomputedBlock.apply(x, sink.anchor(index), forward, context)
+    quiet = _InTheBackward(sink)
+    forward = functools.partial(block_forward, parts, extra=extra, index=index, arithmetic=arithmetic, sink=quiet)
+    return _RecomputedBlock.apply(x, sink.anchor(index), forward, quiet, index, context)
