@@ -366,3 +366,15 @@ def test_clear_errors(tiny):
         explain(tiny, images, "transformer_attribution", start_layer=3)
     with pytest.raises(UnsupportedModelError, match="its attention has a gate"):
         relevance(make_vit(attn_layer=GatedAttention), images)
+
+
+def test_a_backward_after_the_rules_are_removed_is_refused():
+    """Each block is computed again in the backward under the rules placed (docs/decisions/performance.md): a backward
+    taken after ``lrp_rules`` has exited would compute it without the module rules, so it is refused, naming why."""
+    adapter = adapter_for(make_vit(depth=2))
+    with lrp.lrp_rules(adapter, "chefer"):
+        logits = adapter.forward(images_like())
+        inside = torch.autograd.grad(logits[:, 0].sum(), adapter.model.cls_token, retain_graph=True)[0]
+    assert inside.abs().sum() > 0
+    with pytest.raises(RuntimeError, match=r"within lrp_rules\(\)"):
+        torch.autograd.grad(logits[:, 0].sum(), adapter.model.cls_token)
