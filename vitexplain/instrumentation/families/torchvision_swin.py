@@ -18,6 +18,7 @@ from ..attention import AttentionParts
 from ..blocks import BlockParts
 from ..windows import Grid, WindowLayout, Windows
 from .base import (
+    EmbeddingParts,
     Family,
     PatchTokensOnly,
     UnsupportedModelError,
@@ -32,9 +33,9 @@ MODULE = "torchvision.models.swin_transformer"
 #: block class -> (the attention class it holds, the layout its forward computes)
 BLOCKS = {"SwinTransformerBlock": ("ShiftedWindowAttention", "pre_norm"),
           "SwinTransformerBlockV2": ("ShiftedWindowAttentionV2", "res_post_norm")}
-#: why the LRP methods are refused
-LRP_REASON = ("LRP rules are not placed on torchvision Swin models (their patch embedding, patch merging and head "
-              "modules are not described to the rule sets)")
+#: why the LRP methods are refused on V2 blocks
+LRP_REASON_V2 = ("LRP rules are not placed on torchvision Swin V2 blocks: their attention calls its qkv Linear "
+                 "functionally with the key bias left out, where no module rule reaches")
 
 
 def _effective_shift(window: Grid, shift: Grid, padded: Grid) -> Grid:
@@ -187,8 +188,19 @@ class TorchvisionSwin(PatchTokensOnly, Family):
     def token_subsets_reason(self) -> str | None:
         return SWIN_TOKEN_SUBSETS
 
-    def embedding(self):
-        raise UnsupportedModelError(LRP_REASON)
+    def embedding(self) -> EmbeddingParts:
+        """``features[0]``: the patch convolution, a permute to NHWC, a LayerNorm; no position embedding."""
+        if any(layout == "res_post_norm" for layout in (parts.layout for parts in self.blocks)):
+            raise UnsupportedModelError(LRP_REASON_V2)
+        return EmbeddingParts(self.model.features[0], self._convolution, None)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        raise UnsupportedModelError(LRP_REASON)
+        from torchvision.models import swin_transformer as swin
+        from torchvision.ops.misc import Permute
+        from torchvision.ops.stochastic_depth import StochasticDepth
+
+        self.embedding()  # V2 refused with its reason
+        # the merges concatenate 2x2 neighbours (a selection) before their norm and Linear, which the rules cover;
+        # stochastic depth is the identity in evaluation
+        return (swin.SwinTransformer, swin.SwinTransformerBlock, swin.ShiftedWindowAttention, swin.PatchMerging,
+                Permute, StochasticDepth, nn.AdaptiveAvgPool2d, nn.Flatten)
