@@ -1,5 +1,5 @@
 """LeGrad: equal to a written-out LeGrad (one backward per layer) and to the authors' legrad-torch on the
-same weights."""
+same weights, held by timm's and transformers' CLIP and SigLIP towers."""
 from __future__ import annotations
 
 import copy
