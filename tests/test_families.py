@@ -16,7 +16,8 @@ from test_instrumentation import _assert_same, _snapshot
 from test_lrp import assert_conserves
 from zoo import ZOO, build, images
 
-NEW = ["vit_avg", "vit_map", "eva02", "vit_rope", "vit_rope_mixed", "beit", "beit_shared", "relpos", "srelpos"]
+NEW = ["vit_avg", "vit_map", "eva02", "vit_rope", "vit_rope_mixed", "beit", "beit_shared", "relpos", "srelpos",
+       "naflexvit", "naflexvit_parfac_map", "naflexvit_rope_conv"]
 
 
 def _attention_modules(model):

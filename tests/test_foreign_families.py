@@ -115,6 +115,30 @@ def parallel_blocks_by_hand(model, x):
     return model.forward_head(model.norm(tokens)), attentions, readout
 
 
+def naflexvit_by_hand(model, x):
+    """timm's NaFlexVit on images: cut into patches flattened as (row, column, channel), a Linear, the learnt 16×16
+    position table resized to the grid (bicubic, antialiased) added to the patches only, then the register tokens
+    put first; LayerScale on both branches; the mean of the patch tokens, ``fc_norm``, the classifier."""
+    embeds, (batch, channels, height, width) = model.embeds, x.shape
+    ph, pw = embeds.patch_size
+    rows, columns = height // ph, width // pw
+    patches = x.reshape(batch, channels, rows, ph, columns, pw).permute(0, 2, 4, 3, 5, 1).flatten(3).flatten(1, 2)
+    table = F.interpolate(embeds.pos_embed.permute(0, 3, 1, 2), size=(rows, columns), mode="bicubic",
+                          antialias=True, align_corners=False)
+    tokens = embeds.proj(patches) + table.flatten(2).transpose(1, 2)
+    tokens = torch.cat([embeds.reg_token.expand(batch, -1, -1), tokens], 1)
+    attentions = []
+    for block in model.blocks:
+        mixed, attn = _attention(*block.attn.qkv(block.norm1(tokens)).chunk(3, dim=-1), block.attn.num_heads)
+        tokens = tokens + block.ls1.gamma * block.attn.proj(mixed)
+        tokens = tokens + block.ls2.gamma * block.mlp.fc2(F.gelu(block.mlp.fc1(block.norm2(tokens))))
+        attentions.append(attn)
+    prefix = embeds.reg_token.shape[1]
+    readout = torch.zeros(tokens.shape[:2])
+    readout[:, prefix:] = 1 / (tokens.shape[1] - prefix)
+    return model.head(model.fc_norm(tokens[:, prefix:].mean(1))), attentions, readout
+
+
 def max_pooled_by_hand(model, x):
     """timm's ViT pooling by half the mean plus half the per-channel maximum of the patch tokens (``avgmax``), or by
     the maximum alone (``max``); prefix tokens excluded. The readout row is the pooling's derivative summed over
@@ -177,7 +201,7 @@ def open_clip_by_hand(model, x):
     return _open_clip_head(model, tokens), [attn for _, attn in outputs], readout
 
 
-BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand,
+BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "naflexvit": naflexvit_by_hand, "torchvision_vit": torchvision_by_hand,
            "hf_vit_model": transformers_vit_model_by_hand,
            "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand, "vit_avgmax": max_pooled_by_hand,
            "vit_max": max_pooled_by_hand,

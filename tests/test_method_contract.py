@@ -23,7 +23,8 @@ from test_instrumentation import _assert_same, _snapshot
 from zoo import SIZE, ZOO, build, images
 
 #: one model per family description and per readout kind
-FAMILIES = ["vit", "vit_map", "vit_reg_avg", "eva02", "vit_rope_mixed", "beit_shared", "srelpos", "swin", "swinv2"]
+FAMILIES = ["vit", "vit_map", "vit_reg_avg", "eva02", "vit_rope_mixed", "beit_shared", "srelpos", "naflexvit", "swin",
+            "swinv2"]
 #: small settings of the sampling methods, to keep the suite fast
 QUICK = {"tis": {"n_masks": 8}, "rise": {"n_masks": 12, "batch_size": 16}, "integrated_gradients": {"n_steps": 4},
          "smoothgrad": {"n_samples": 3}, "tam": {"n_steps": 3}, "bt_token": {"n_steps": 3}, "bt_head": {"n_steps": 3}}

@@ -38,6 +38,10 @@ ZOO = {
     "vit_pwee": ("vit_pwee_patch16_reg1_gap_256", dict(qkv_bias=False), "avg"),  # a separate MLP bias
     "vit_avgmax": ("vit_base_patch16_224", dict(class_token=False, reg_tokens=1, global_pool="avgmax"), "avgmax"),
     "vit_max": ("vit_base_patch16_224", dict(global_pool="max"), "max"),
+    "naflexvit": ("naflexvit_base_patch16_gap", dict(), "avg"),  # linear patches, 4 registers, LayerScale
+    "naflexvit_parfac_map": ("naflexvit_base_patch16_parfac_gap", dict(global_pool="map"), "map"),
+    "naflexvit_rope_conv": ("naflexvit_base_patch16_gap", dict(embed_proj_type="conv", class_token=True,
+                                                               global_pool="token", rope_type="axial"), "token"),
     "swin": ("swin_tiny_patch4_window7_224", dict(), "avg"),
     "swinv2": ("swinv2_tiny_window8_256", dict(), "avg"),
 }

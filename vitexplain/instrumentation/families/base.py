@@ -58,14 +58,18 @@ class EmbeddingParts:
 
     Attributes:
         patch_embedding: the module whose output is the patch tokens (before prefix tokens and positions).
-        convolution: the patch convolution (its input is the image), or None.
+        convolution: the patch convolution (its input is the image), or None; or a Linear of the flattened
+            patches, with ``as_pixels``.
         position_module: the module right after the position-embedding add (the add's rule is placed on
             its output), or None when the family adds no absolute position embedding.
+        as_pixels: for a Linear patch projection, ``as_pixels(values, grid)`` lays values shaped as its input
+            [B, h·w, P·P·C] out as the image it was cut from, [B, C, h·P, w·P] (padding included).
     """
 
     patch_embedding: nn.Module
-    convolution: nn.Conv2d | None
+    convolution: nn.Conv2d | nn.Linear | None
     position_module: nn.Module | None
+    as_pixels: Callable[[Tensor, tuple[int, int]], Tensor] | None = None
 
 
 @dataclass
@@ -186,12 +190,8 @@ class Family(ABC):
                 raise ValueError(
                     f"this model takes {embed.img_size[0]}x{embed.img_size[1]} images, got {size[0]}x{size[1]}; "
                     "resize them, or build the model with dynamic_img_size=True")
-        elif (not getattr(embed, "dynamic_img_pad", False)
-              and any(side % patch for side, patch in zip(size, self.patch_size))):
-            raise ValueError(
-                f"this model cuts images into {self.patch_size[0]}x{self.patch_size[1]} patches, which do not tile a "
-                f"{size[0]}x{size[1]} image; resize or crop it to a multiple "
-                "(or build the model with dynamic_img_pad=True)")
+        else:
+            require_tiling(size, self.patch_size, getattr(embed, "dynamic_img_pad", False))
         return tuple(embed.dynamic_feat_size(size)) if dynamic else tuple(embed.grid_size)
 
     def check_inputs(self, inputs: Any) -> Any:
@@ -284,6 +284,15 @@ def timm_example(architecture: str, settings: dict[str, Any] = TINY,
         return timm.create_model(architecture, pretrained=False, **{**settings, **arguments})
 
     return example(make)
+
+
+def require_tiling(size: Sequence[int], patch: Sequence[int], pads: bool) -> None:
+    """Raise unless ``patch``-sized patches tile an image of ``size`` (h, w), or the model ``pads`` it to a multiple."""
+    if not pads and any(side % step for side, step in zip(size, patch)):
+        raise ValueError(
+            f"this model cuts images into {patch[0]}x{patch[1]} patches, which do not tile a "
+            f"{size[0]}x{size[1]} image; resize or crop it to a multiple "
+            "(or build the model with dynamic_img_pad=True)")
 
 
 def max_selection(tokens: Tensor) -> Tensor:
@@ -387,7 +396,7 @@ def optional(module: nn.Module | None) -> nn.Module | None:
 
 __all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "PatchTokensOnly", "ProbeParts",
            "TokenContext", "UnsupportedModelError", "check_images", "example", "layer_scale", "loaded_class",
-           "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
+           "max_selection", "missing", "optional", "projection_head", "require_tiling", "wrong_channels"]
 
 
 #: the families a model is described by, registered by their modules (see :func:`served_families`)

@@ -116,6 +116,8 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
     activations = {id(activation) for activation in _activations(family)}
     places = _linear_places(family)
     for module in model.modules():
+        if module is embedding.convolution:  # the patch projection (a Linear in NaFlexVit): the pixels' rule, or none
+            continue
         if isinstance(module, nn.Linear):
             rule = rules.linear_rule(*places.get(id(module), ("head", None)))
             rule.place(module, patch, renormalise_input=id(module) not in projections)
@@ -131,7 +133,7 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
         for head in family.head_without_dropout():
             patch.hook(head.register_forward_pre_hook(lambda module, args: (r.absolute_passthrough(args[0]),)))
     patch.hook(embedding.patch_embedding.register_forward_hook(
-        lambda module, args, output: setattr(trace, "patches", output)))
+        lambda module, args, output: _kept_patches(trace, output)))
     if rules.position is not None and embedding.position_module is not None:
         prefix = adapter.num_prefix_tokens
         patch.hook(embedding.position_module.register_forward_pre_hook(
@@ -144,6 +146,13 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
     last = family.blocks[-1].module
     patch.hook(last.register_forward_hook(lambda module, args, output: trace.residuals.__setitem__(
         len(family.blocks), output[0] if isinstance(output, tuple) else output)))
+
+
+def _kept_patches(trace: Trace, patches: Tensor) -> Tensor:
+    """Keep the patch embeddings in ``trace``; the model goes on with a copy, so that a position embedding added to
+    them in place (NaFlexVit's) leaves the kept tensor as the patch embedding made it."""
+    trace.patches = patches
+    return patches.clone()
 
 
 @contextlib.contextmanager

@@ -121,7 +121,7 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
         attn=_per_block(taken["attn"], chosen, layouts),
         residuals=[value.flatten(1, -2) for value in taken["residuals"]] or [None] * (num_blocks + 1),
         patches=None if patches is None else patches.reshape(patches.shape[0], -1, patches.shape[-1]),
-        pixels=_pixels(taken["pixels"], images),
+        pixels=_pixels(taken["pixels"], images, adapter),
         geometry=adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1], trace.readout_attn,
                                         trace.readout_selection),
         attn_grads=None if plain is None else _per_block(plain, chosen, layouts))
@@ -175,13 +175,15 @@ def _per_block(values: list[Tensor], chosen: Sequence[int], layouts: list[Window
     return found
 
 
-def _pixels(taken: list[Tensor], images: Tensor) -> Tensor | None:
-    """The pixels' relevance plus the z^B rule's bound terms (cropped in case the patch embedding padded
-    the image); None when not asked for."""
+def _pixels(taken: list[Tensor], images: Tensor, adapter: ModelAdapter) -> Tensor | None:
+    """The pixels' relevance plus the z^B rule's bound terms (laid out as pixels where the patch projection is a
+    Linear of flattened patches; cropped in case the patch embedding padded the image); None when not asked for."""
     if not taken:
         return None
     pixels, *bounds = taken
     height, width = images.shape[-2:]
+    as_pixels = adapter.family.embedding().as_pixels if bounds else None
     for bound in bounds:
+        bound = bound if as_pixels is None else as_pixels(bound, tuple(adapter.grid_size(images)))
         pixels = pixels + bound[..., :height, :width]
     return pixels
