@@ -192,7 +192,11 @@ class Family(ABC):
                     "resize them, or build the model with dynamic_img_size=True")
         else:
             require_tiling(size, self.patch_size, getattr(embed, "dynamic_img_pad", False))
-        return tuple(embed.dynamic_feat_size(size)) if dynamic else tuple(embed.grid_size)
+        if not dynamic:
+            return tuple(embed.grid_size)
+        if hasattr(embed, "dynamic_feat_size"):
+            return tuple(embed.dynamic_feat_size(size))
+        return tuple(side // patch for side, patch in zip(size, self.patch_size))  # a plain strided convolution
 
     def check_inputs(self, inputs: Any) -> Any:
         """What the user passed, checked (images [B, C, H, W] by default); the adapter moves it to the model."""

@@ -14,19 +14,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import AttentionParts
+from ..attention import AttentionParts, clamped_logit_scale
 from ..blocks import BlockParts
 from ..windows import Grid, WindowLayout, Windows
 from .base import (
     EmbeddingParts,
     Family,
-    PatchTokensOnly,
     UnsupportedModelError,
     example,
     loaded_class,
     register_family,
 )
-from .timm_swin import SWIN_TOKEN_SUBSETS, grid_back, grid_tokens
+from .timm_swin import HierarchicalSwin, grid_back, grid_tokens
 
 #: where torchvision keeps the classes described
 MODULE = "torchvision.models.swin_transformer"
@@ -102,16 +101,15 @@ def _attention(attn: nn.Module, version: str) -> AttentionParts:
                               proj=attn.proj, qkv=attn.qkv, position_bias=attn.get_relative_position_bias)
     return AttentionParts(module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5,
                           proj=attn.proj, qkv=_KeyBiasLeftOut(attn.qkv), position_bias=attn.get_relative_position_bias,
-                          logit_scale=lambda: torch.clamp(attn.logit_scale, max=math.log(100.0)).exp())
+                          logit_scale=clamped_logit_scale(attn))
 
 
 @register_family
-class TorchvisionSwin(PatchTokensOnly, Family):
+class TorchvisionSwin(HierarchicalSwin, Family):
     """Where torchvision's ``SwinTransformer`` (V1 and V2 blocks) keeps its parts; blocks of all stages in order."""
 
     name = "torchvision Swin Transformer (V1, V2)"
     listing_order = 32
-    readout = "avg"
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
@@ -184,9 +182,6 @@ class TorchvisionSwin(PatchTokensOnly, Family):
         model = self.model
         tokens = model.norm(tokens) if final_norm else tokens
         return model.head(model.flatten(model.avgpool(model.permute(tokens))))
-
-    def token_subsets_reason(self) -> str | None:
-        return SWIN_TOKEN_SUBSETS
 
     def embedding(self) -> EmbeddingParts:
         """``features[0]``: the patch convolution, a permute to NHWC, a LayerNorm; no position embedding."""
