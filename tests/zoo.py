@@ -2,8 +2,8 @@
 
 Parameters that their constructors set to zero or one (relative position tables, q / v biases,
 LayerScale gains, heads, pooling latents, Swin V2's position-bias MLP) are drawn at random too, and
-norm gains set to zero (Swin V2's res-post norms) are drawn around one, so that a part left out of a
-computation shows in its result.
+norm gains set to zero (Swin V2's and SwinV2-CR's res-post norms) are drawn around one, so that a part left out
+of a computation shows in its result.
 
 Swin models are hierarchical: 32 px images, 8 px patches (a 4×4 first-stage grid, as every other
 model's), two stages of two blocks, 2×2 windows, so the first stage has four windows and its second
@@ -44,6 +44,7 @@ ZOO = {
                                                                global_pool="token", rope_type="axial"), "token"),
     "swin": ("swin_tiny_patch4_window7_224", dict(), "avg"),
     "swinv2": ("swinv2_tiny_window8_256", dict(), "avg"),
+    "swinv2_cr": ("swinv2_cr_tiny_ns_224", dict(), "avg"),  # an extra norm ending each stage
 }
 
 #: what a zero-initialised parameter is called, in any family
