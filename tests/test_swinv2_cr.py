@@ -150,5 +150,8 @@ def test_methods_without_a_reading_are_refused_with_the_reason():
     for method in ("tokentm", "bt_token"):
         with pytest.raises(UnsupportedModelError, match="res-post-norm"):
             explain(model, x, method, **({"n_steps": 2} if method == "bt_token" else {}))
+    with pytest.raises(UnsupportedModelError, match="stages with different tokens"):
+        explain(model, x, "gradtoken")
+    assert explain(model, x, "gradtoken", start_layer=2).shape == (1, 4, 4)  # the last stage alone: an average exists
     with pytest.raises(UnsupportedModelError, match="global_pool='max'"):
         explain(build("swinv2_cr", global_pool="max"), x, "gae")
