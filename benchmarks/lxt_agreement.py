@@ -8,14 +8,14 @@ LXT explains torchvision's ViT: a tiny ``torchvision.models.VisionTransformer`` 
 blocks, ``--heads`` heads, width 48, MLP 96, 10 classes) gets random weights — biases, LayerNorm affines, class
 token, position embedding and head included. vitexplain explains that very model (its ``nn.MultiheadAttention``
 read through the packed projection's rows); the largest difference between the model's own logits and those of
-vitexplain's forward under the rules is checked below 1e-10. LXT runs in a subprocess, since importing it patches ``torch.nn`` classes for the whole process:
-``cp_LRP`` of ``lxt/efficient/models/vit_torch.py`` (the patch map of LXT's ViT example), or AttnLRP assembled
-from LXT's own rules as its BERT patch does (the gradient halved at the query, the key and the attention's
-output, written here as ``divide_gradient`` by 4 at the query and key and by 2 at the value; the softmax left to
-autograd), with zennit's ``Gamma`` on every Linear and the patch convolution as in ``examples/vit_torch.py``, made
-Gradient×Input by ``monkey_patch_zennit``; the map is input × gradient at the image, summed over channels.
-Printed per γ setting: Pearson r per image (lowest, mean) and the largest difference over the map's largest
-magnitude.
+vitexplain's forward under the rules is checked below 1e-10. LXT runs in a subprocess, since importing it patches
+``torch.nn`` classes for the whole process: ``cp_LRP`` of ``lxt/efficient/models/vit_torch.py`` (the patch map of
+LXT's ViT example), or AttnLRP assembled from LXT's own rules as its BERT patch does (the gradient halved at the
+query, the key and the attention's output, written here as ``divide_gradient`` by 4 at the query and key and by 2
+at the value; the softmax left to autograd), with zennit's ``Gamma`` on every Linear and the patch convolution as
+in ``examples/vit_torch.py``, made Gradient×Input by ``monkey_patch_zennit``; the map is input × gradient at the
+image, summed over channels. Printed per γ setting: Pearson r per image (lowest, mean) and the largest difference
+over the map's largest magnitude.
 
 LXT 2.1's ``lxt.efficient.models`` imports every Hugging Face patch it ships, one of which imports a module
 transformers 5 no longer has; the subprocess stands that package in with an empty one, from which only

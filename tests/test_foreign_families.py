@@ -328,6 +328,17 @@ def test_lrp_leaves_packed_attention_models_and_their_description_as_found(name)
     assert vars(adapter.family) == described  # the LRP forward put in place of the family's is gone
 
 
+def test_torchvision_lrp_refuses_a_convolutional_stem_and_a_tanh_head_naming_them():
+    from torchvision.models.vision_transformer import ConvStemConfig
+
+    stem = build("torchvision_vit", conv_stem_configs=[ConvStemConfig(out_channels=8, kernel_size=3, stride=2)] * 3)
+    assert explain(stem, images(1), "gae").shape == (1, 4, 4)  # the stem is part of the patch embedding
+    with pytest.raises(UnsupportedModelError, match="its patch embedding is a convolutional stem"):
+        explain(stem, images(1), "attnlrp")
+    with pytest.raises(UnsupportedModelError, match=r"heads.act \(Tanh\) has no LRP rule"):
+        explain(build("torchvision_vit", representation_size=20), images(1), "lrp")
+
+
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
 @pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee", "vit_avgmax", "vit_max",
                                   "torchvision_vit", "open_clip_vit"])

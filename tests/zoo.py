@@ -61,8 +61,8 @@ def torchvision_vit(**overrides) -> torch.nn.Module:
                                        mlp_dim=96, num_classes=10), **overrides})
 
 
-def _timm_holding(source: torch.nn.Module, names: dict[str, str], blocks: dict[str, str], transposed: tuple[str, ...] = (),
-                  **settings) -> torch.nn.Module:
+def _timm_holding(source: torch.nn.Module, names: dict[str, str], blocks: dict[str, str],
+                  transposed: tuple[str, ...] = (), **settings) -> torch.nn.Module:
     """A timm ViT (``settings``) holding ``source``'s parameters: ``names`` maps their names (or name prefixes) to
     timm's, ``blocks`` those inside block ``{i}`` of each; the ``transposed`` ones are transposed, every one is
     reshaped to timm's shape, and timm's parameters the source lacks (biases) are zero. In ``source``'s dtype, eval

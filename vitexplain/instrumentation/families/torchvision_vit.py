@@ -13,6 +13,7 @@ from .base import (
     EmbeddingParts,
     Family,
     TokenContext,
+    UnsupportedModelError,
     example,
     loaded_class,
     register_family,
@@ -74,7 +75,8 @@ class TorchvisionViT(ClassTokenFirst, Family):
 
     @property
     def in_channels(self) -> int:
-        return self.model.conv_proj.in_channels
+        """The first convolution's input channels (``conv_proj``, or the first of a convolutional stem)."""
+        return next(module for module in self.model.conv_proj.modules() if isinstance(module, nn.Conv2d)).in_channels
 
     def grid_size(self, images: Tensor) -> tuple[int, int]:
         size, given = self.model.image_size, tuple(images.shape[-2:])
@@ -102,6 +104,9 @@ class TorchvisionViT(ClassTokenFirst, Family):
         """``conv_proj`` (flattened to tokens by ``_process_input``); ``encoder.dropout`` right after the position
         add. A convolutional stem (``conv_stem_configs``: BatchNorm, ReLU) has no LRP rule and is refused."""
         convolution = self.model.conv_proj
+        if not isinstance(convolution, nn.Conv2d):
+            raise UnsupportedModelError(f"LRP rules are not placed on this {self.name}: its patch embedding is a "
+                                        "convolutional stem (conv_stem_configs: convolutions, BatchNorm, ReLU)")
         return EmbeddingParts(convolution, convolution, self.model.encoder.dropout, channels_first=True)
 
     def head_without_dropout(self) -> tuple[nn.Module, ...]:

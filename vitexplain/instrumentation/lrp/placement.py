@@ -142,8 +142,9 @@ def _keep_output(trace: Trace, index: int, sequence_first: bool, module: nn.Modu
 
 
 def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatch, pixels: bool) -> None:
-    """Put the rule set's module rules on the model's modules, from its family description."""
-    family, model = adapter.family, adapter.model
+    """Put the rule set's module rules on the model's modules (and the description's Linear views), from its family
+    description."""
+    family = adapter.family
     embedding = family.embedding()
     projections = {id(linear) for parts in family.blocks for linear in parts.attention.projections}
     if family.probe is not None:
