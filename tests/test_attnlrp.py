@@ -178,7 +178,7 @@ def test_cp_lrp_at_gamma_zero_is_the_conservative_rule_set_read_at_the_pixels(ti
 # -- against LXT itself ---------------------------------------------------------------------------
 @pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("lxt", "zennit")),
                     reason="LXT is not installed (pip install lxt; the test extra has it)")
-def test_maps_equal_lxts_on_the_same_weights(tmp_path):
+def test_maps_equal_lxts_on_the_same_model(tmp_path):
     """LXT and vitexplain explain the same torchvision ViT (random weights, nn.MultiheadAttention's packed
     projection); the benchmark compares the maps in float64, per image, at four γ settings (one per block among
     them), and vitexplain's logits under the rules with the model's own. It runs LXT in subprocesses of its own, since
