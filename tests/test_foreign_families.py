@@ -12,7 +12,7 @@ from vitexplain import explain
 from vitexplain.instrumentation import UnsupportedModelError, adapter_for
 
 from test_instrumentation import _assert_same, _snapshot
-from zoo import FOREIGN, ZOO, build, images
+from zoo import FOREIGN, ZOO, build, images, timm_copy_of_open_clip_vit, timm_copy_of_torchvision_vit
 
 
 def _attention(q, k, v, heads):
@@ -278,17 +278,75 @@ def test_model_left_as_found_also_after_an_exception(name):
     handle.remove()
 
 
-def test_torchvision_vit_refuses_lrp_naming_its_packed_attention():
-    with pytest.raises(UnsupportedModelError, match="nn.MultiheadAttention, whose packed input projection"):
-        explain(build("torchvision_vit"), images(1), "transformer_attribution")
+#: models whose attention is torch's nn.MultiheadAttention (packed input projection), and the timm ViT holding the
+#: same weights
+TIMM_COPIES = {"torchvision_vit": timm_copy_of_torchvision_vit, "open_clip_vit": timm_copy_of_open_clip_vit,
+               "open_clip_vit_avg": timm_copy_of_open_clip_vit}
+
+
+@pytest.mark.parametrize("name", list(TIMM_COPIES))
+def test_lrp_through_packed_attention_equals_lrp_on_the_timm_copy(name):
+    """One network, one relevance: every rule set gives torchvision's and open_clip's ViTs (q, k, v from rows of the
+    packed in_proj_weight, open_clip's bare ``@ proj`` as the head, sequence-first blocks) the relevance of the timm
+    ViT holding their weights, at every attention map, block boundary, patch embedding and pixel; the forward under
+    the rules gives the model's own outputs."""
+    from vitexplain.instrumentation import lrp
+
+    model = build(name).double()
+    copy, x, targets = TIMM_COPIES[name](model), images(2).double(), torch.tensor([3, 7])
+    with torch.no_grad():
+        own = model(x)
+    for rules in lrp.RULE_SETS:
+        found = lrp.relevance(adapter_for(model, classes=True), x, targets, rules)
+        expected = lrp.relevance(adapter_for(copy), x, targets, rules)
+        torch.testing.assert_close(found.logits, own, rtol=0, atol=1e-12)
+        assert all(ours.abs().amax() > 0 for ours in (*found.residuals, found.patches, found.pixels))
+        for ours, timms in zip([*found.attn, *found.residuals, found.patches, found.pixels],
+                               [*expected.attn, *expected.residuals, expected.patches, expected.pixels]):
+            torch.testing.assert_close(ours, timms, rtol=1e-9, atol=1e-12 * timms.abs().amax().item(), msg=rules)
+
+
+@pytest.mark.parametrize("name", ["torchvision_vit", "open_clip_vit"])
+def test_lrp_leaves_packed_attention_models_and_their_description_as_found(name):
+    from vitexplain.instrumentation import lrp
+
+    model, x = build(name).train(), images(2)
+    adapter = adapter_for(model, classes=True)
+    before, described = _snapshot(model), dict(vars(adapter.family))
+    for rules in lrp.RULE_SETS:
+        lrp.relevance(adapter, x, None, rules)
+
+    def explode(module, args, output):
+        raise RuntimeError("injected")
+
+    handle = model.conv_proj.register_forward_hook(explode) if name == "torchvision_vit" else \
+        model.ln_post.register_forward_hook(explode)
+    with pytest.raises(RuntimeError, match="injected"):
+        lrp.relevance(adapter, x, None, "attnlrp")
+    handle.remove()
+    _assert_same(before, _snapshot(model))
+    assert vars(adapter.family) == described  # the LRP forward put in place of the family's is gone
+
+
+def test_torchvision_lrp_refuses_a_convolutional_stem_and_a_tanh_head_naming_them():
+    from torchvision.models.vision_transformer import ConvStemConfig
+
+    stem = build("torchvision_vit", conv_stem_configs=[ConvStemConfig(out_channels=8, kernel_size=3, stride=2)] * 3)
+    assert explain(stem, images(1), "gae").shape == (1, 4, 4)  # the stem is part of the patch embedding
+    with pytest.raises(UnsupportedModelError, match="its patch embedding is a convolutional stem"):
+        explain(stem, images(1), "attnlrp")
+    with pytest.raises(UnsupportedModelError, match=r"heads.act \(Tanh\) has no LRP rule"):
+        explain(build("torchvision_vit", representation_size=20), images(1), "lrp")
 
 
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
-@pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee", "vit_avgmax", "vit_max"])
+@pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee", "vit_avgmax", "vit_max",
+                                  "torchvision_vit", "open_clip_vit"])
 def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
     """LayerScale, the SwiGLU gate (signal-take-all), the registers, parallel blocks (in_proj read by both
-    branches, the MLP bias a constant) and avgmax / max pooling (the maximum passes its relevance to the token holding
-    it) keep the Chefer-style sets conservative."""
+    branches, the MLP bias a constant), avgmax / max pooling (the maximum passes its relevance to the token holding
+    it) and nn.MultiheadAttention's packed projection (torchvision, open_clip; its output taken as class scores) keep
+    the Chefer-style sets conservative."""
     from vitexplain.instrumentation import lrp
 
     monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
@@ -298,7 +356,7 @@ def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
             if parameter_name.endswith("bias"):
                 parameter.normal_(0, 0.3)
     model = model.double()
-    found = lrp.relevance(adapter_for(model), images(2).double(), None, rules)
+    found = lrp.relevance(adapter_for(model, classes=True), images(2).double(), None, rules)
     for relevance in found.residuals:
         torch.testing.assert_close(relevance.sum((1, 2)), torch.ones(2, dtype=torch.float64))
     torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))

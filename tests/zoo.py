@@ -12,6 +12,8 @@ padding).
 """
 from __future__ import annotations
 
+import functools
+
 import timm
 import torch
 
@@ -58,6 +60,62 @@ def torchvision_vit(**overrides) -> torch.nn.Module:
 
     return VisionTransformer(**{**dict(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48,
                                        mlp_dim=96, num_classes=10), **overrides})
+
+
+def _timm_holding(source: torch.nn.Module, names: dict[str, str], blocks: dict[str, str],
+                  transposed: tuple[str, ...] = (), **settings) -> torch.nn.Module:
+    """A timm ViT (``settings``) holding ``source``'s parameters: ``names`` maps their names (or name prefixes) to
+    timm's, ``blocks`` those inside block ``{i}`` of each; the ``transposed`` ones are transposed, every one is
+    reshaped to timm's shape, and timm's parameters the source lacks (biases) are zero. In ``source``'s dtype, eval
+    mode."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(**settings)
+    for index in range(settings["depth"]):
+        names.update({theirs.format(i=index): ours.format(i=index) for theirs, ours in blocks.items()})
+    own = model.state_dict()
+    state = {name: torch.zeros_like(value) for name, value in own.items()}
+    for key, value in source.state_dict().items():
+        prefix = max((p for p in names if key == p or key.startswith(p + ".")), key=len)
+        target = names[prefix] + key[len(prefix):]
+        state[target] = (value.t() if key in transposed else value).reshape(own[target].shape)
+    model.load_state_dict(state)
+    return model.to(next(source.parameters()).dtype).eval()
+
+
+def timm_copy_of_torchvision_vit(source: torch.nn.Module) -> torch.nn.Module:
+    """The timm ViT holding torchvision ViT ``source``'s weights (``qkv`` = ``in_proj``, ``proj`` = ``out_proj``)."""
+    block = "encoder.layers.encoder_layer_{i}."
+    return _timm_holding(
+        source, {"conv_proj": "patch_embed.proj", "class_token": "cls_token", "encoder.pos_embedding": "pos_embed",
+                 "encoder.ln": "norm", "heads.head": "head"},
+        {block + theirs: "blocks.{i}." + ours for theirs, ours in [
+            ("ln_1", "norm1"), ("ln_2", "norm2"), ("self_attention.in_proj_weight", "attn.qkv.weight"),
+            ("self_attention.in_proj_bias", "attn.qkv.bias"), ("self_attention.out_proj", "attn.proj"),
+            ("mlp.0", "mlp.fc1"), ("mlp.3", "mlp.fc2")]},
+        img_size=source.image_size, patch_size=source.patch_size, embed_dim=source.hidden_dim,
+        depth=len(source.encoder.layers), num_heads=source.encoder.layers[0].self_attention.num_heads,
+        mlp_ratio=source.mlp_dim / source.hidden_dim, num_classes=source.num_classes, qkv_bias=True)
+
+
+def timm_copy_of_open_clip_vit(source: torch.nn.Module) -> torch.nn.Module:
+    """The timm ViT holding open_clip image tower ``source``'s weights (LayerScale on both branches, ``ln_pre`` as
+    ``norm_pre``, the projection ``proj`` as a head with zero bias; ``ln_post`` after the pooling as ``fc_norm``;
+    open_clip's LayerNorm ε)."""
+    blocks = source.transformer.resblocks
+    after_pool = source.final_ln_after_pool
+    return _timm_holding(
+        source, {"conv1": "patch_embed.proj", "class_embedding": "cls_token", "positional_embedding": "pos_embed",
+                 "ln_pre": "norm_pre", "ln_post": "fc_norm" if after_pool else "norm", "proj": "head.weight"},
+        {"transformer.resblocks.{i}." + theirs: "blocks.{i}." + ours for theirs, ours in [
+            ("ln_1", "norm1"), ("ln_2", "norm2"), ("attn.in_proj_weight", "attn.qkv.weight"),
+            ("attn.in_proj_bias", "attn.qkv.bias"), ("attn.out_proj", "attn.proj"), ("ls_1", "ls1"), ("ls_2", "ls2"),
+            ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")]}, transposed=("proj",),
+        img_size=source.image_size[0], patch_size=source.patch_size[0], embed_dim=blocks[0].attn.embed_dim,
+        depth=len(blocks), num_heads=blocks[0].attn.num_heads,
+        mlp_ratio=blocks[0].mlp.c_fc.out_features / blocks[0].attn.embed_dim, num_classes=source.proj.shape[1],
+        qkv_bias=True, init_values=1.0, pre_norm=True, global_pool="avg" if source.pool_type == "avg" else "token",
+        fc_norm=after_pool, norm_layer=functools.partial(torch.nn.LayerNorm, eps=source.ln_pre.eps))
 
 
 def transformers_vit_model(**overrides) -> torch.nn.Module:
