@@ -8,9 +8,10 @@ neighbour stencil applied to the whole image (8 shifted views of a zero-padded c
 pixels, so every image and channel of a batch iterates together (Hestenes & Stiefel 1952, preconditioned CG
 with the Jacobi preconditioner 1 / d_i; Saad, "Iterative Methods for Sparse Linear Systems", Algorithm 9.1).
 
-Float64 throughout: for a hole of width D pixels the matrix's condition number grows as D^2 (about 10^5 for a
-224 px image with 90 % removed), so reaching the exact solve to ~1e-6 in pixel units needs relative residuals
-near 1e-10, below float32's rounding (decisions in docs/decisions/metrics.md, ROAD).
+Float64 throughout: for a hole of width D pixels the matrix's condition number grows as D^2 (of order 10^4 to
+10^5 for a 224 px image with 90 % removed), and float32's rounding leaves the solution 1e-4 off the exact one
+whatever the tolerance, while float64 at 1e-10 lands within ~1e-9 (measurements in docs/decisions/metrics.md,
+ROAD).
 
 Each system stops on its own (its step is zeroed once its residual is below the tolerance), so a value does not
 depend on which other images share the batch; the host checks for convergence only every
@@ -57,9 +58,11 @@ def conjugate_gradient_imputation(pixels: Tensor, removed: Tensor, neighbours: S
     def weighted_sum(u: Tensor) -> Tensor:
         """sum_j w_ij u_j over the neighbours j of every pixel i inside the image."""
         padded = F.pad(u, (1, 1, 1, 1))
-        total = torch.zeros_like(u)
-        for d_row, d_column, weight in neighbours:
-            total.add_(padded[..., 1 + d_row:1 + d_row + height, 1 + d_column:1 + d_column + width], alpha=weight)
+        views = [(padded[..., 1 + d_row:1 + d_row + height, 1 + d_column:1 + d_column + width], weight)
+                 for d_row, d_column, weight in neighbours]
+        total = views[0][0] * views[0][1]
+        for view, weight in views[1:]:
+            total.add_(view, alpha=weight)
         return total
 
     def system(u: Tensor) -> Tensor:
@@ -67,7 +70,8 @@ def conjugate_gradient_imputation(pixels: Tensor, removed: Tensor, neighbours: S
         return gone * (diagonal * u - weighted_sum(u))
 
     def dot(a: Tensor, b: Tensor) -> Tensor:
-        return (a * b).sum((-2, -1), keepdim=True)
+        """Per image and channel, sum_i a_i b_i [N, C, 1, 1] (one kernel, no product kept)."""
+        return torch.linalg.vecdot(a.flatten(-2), b.flatten(-2))[..., None, None]
 
     diagonal = weighted_sum(torch.ones_like(values[:1, :1]))
     rhs = gone * weighted_sum(values * (1 - gone))
