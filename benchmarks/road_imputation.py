@@ -59,6 +59,19 @@ def compare(images: torch.Tensor, removed: torch.Tensor, device: torch.device, r
     return f"{lu:9.3f} {cg:9.3f} {lu / cg:9.2f} {iterations:6d} {gap.item():10.1e}"
 
 
+def table(device: torch.device, batch: int, sizes: list[int], repeats: int, per_fraction: bool = False) -> None:
+    """Print the comparison (see the module docstring), one row per image size (and fraction)."""
+    generator = torch.Generator().manual_seed(0)
+    print(f"{batch} images per call; seconds per call (median of {repeats})")
+    print(f"{'size':>5} {'removed':>10} {'LU (CPU)':>9} {'CG':>9} {'LU / CG':>9} {'iters':>6} {'max |diff|':>10}")
+    for size in sizes:
+        images = smooth_images(batch, size, generator).to(device)
+        rows = [("mixed", list(FRACTIONS))] + ([(f"{f:.0%}", [f]) for f in FRACTIONS] if per_fraction else [])
+        for label, fractions in rows:
+            removed = road_masks(batch, size, fractions, generator).to(device)
+            print(f"{size:5d} {label:>10} {compare(images, removed, device, repeats)}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -67,18 +80,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round")
     parser.add_argument("--per-fraction", action="store_true")
     args = parser.parse_args()
-
     device = torch.device(args.device)
-    generator = torch.Generator().manual_seed(0)
     print(describe_machine(device))
-    print(f"{args.batch} images per call; seconds per call (median of {args.repeats})")
-    print(f"{'size':>5} {'removed':>10} {'LU (CPU)':>9} {'CG':>9} {'LU / CG':>9} {'iters':>6} {'max |diff|':>10}")
-    for size in args.sizes:
-        images = smooth_images(args.batch, size, generator).to(device)
-        rows = [("mixed", list(FRACTIONS))] + ([(f"{f:.0%}", [f]) for f in FRACTIONS] if args.per_fraction else [])
-        for label, fractions in rows:
-            removed = road_masks(args.batch, size, fractions, generator).to(device)
-            print(f"{size:5d} {label:>10} {compare(images, removed, device, args.repeats)}", flush=True)
+    table(device, args.batch, args.sizes, args.repeats, args.per_fraction)
 
 
 if __name__ == "__main__":
