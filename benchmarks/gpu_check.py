@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import torch
+from road_imputation import table as road_table
 
 import vitexplain
 from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
@@ -37,7 +38,6 @@ from vitexplain.models import load_model
 from vitexplain.registry import get_method
 
 from common import describe_machine, pearson
-from road_imputation import table as road_table
 
 SHIPPED = ("digits_vit", "digits_deit")
 PARTS = ("fidelity", "seeds", "bench", "cost", "road")

@@ -50,8 +50,8 @@ from torch import Tensor
 from ..options import NonNegative, OpenShare, PositiveInt
 from ..seeding import seeded_draw
 from ._common import check_images, check_maps, check_targets
-from ._stencil_cg import conjugate_gradient_imputation
 from ._perturb import mixed_logits, normalisation, ranked_by_relevance
+from ._stencil_cg import conjugate_gradient_imputation
 from .base import Curves, EvalBatch, Metric, register_metric
 
 #: the removal fractions of the authors' runs (``noretrain_params.json``, RoadBenchmarkDemo.ipynb)
