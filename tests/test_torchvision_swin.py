@@ -99,6 +99,7 @@ def test_rollout_and_gae_equal_dense_products_and_the_forward_the_models(version
     assert len(probabilities) == len(grids) == 4
     assert_rollout_and_gae_are_dense_products(model, x, target, blocks(model), grids, probabilities, slot_tokens)
 
+
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
 @pytest.mark.parametrize("version, config", [(1, "shifted"), (2, "shifted"), (2, "padded")])
 def test_lrp_conserves_relevance_across_windows_and_patch_merging(version, config, rules, monkeypatch):
