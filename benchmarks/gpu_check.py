@@ -15,6 +15,8 @@ Parts (``--parts``, default all):
 * ``bench``: the default bench (``vitexplain bench``) on the device, in float32 and in bfloat16 autocast: wall seconds.
 * ``cost``: ``method_cost.py`` at batch 64 (ViT-B/16, random weights): ratios to one forward+backward in
   float32, and each method's time under bfloat16 autocast relative to its float32 time.
+* ``road``: ``road_imputation.py`` with ``--batch`` images: ROAD's imputation by SciPy's LU on the CPU against
+  conjugate gradients on the device (what ``solver="auto"`` picks there), at 112 and 224 px, one timed round.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import tempfile
 import time
 
 import torch
+from road_imputation import table as road_table
 
 import vitexplain
 from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
@@ -37,7 +40,7 @@ from vitexplain.registry import get_method
 from common import describe_machine, pearson
 
 SHIPPED = ("digits_vit", "digits_deit")
-PARTS = ("fidelity", "seeds", "bench", "cost")
+PARTS = ("fidelity", "seeds", "bench", "cost", "road")
 #: the methods of method_cost's batch-64 part: the single-pass ones and two samplers at bench sample counts
 COST_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken", "tokentm", "transformer_attribution",
                 "lrp", "attcat", "agcam"]
@@ -170,7 +173,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=None, help="methods of the fidelity part (default: all)")
     parser.add_argument("--limit", type=int, help="images per model of the bench part (default: the bench's)")
     parser.add_argument("--model", default="vit_base_patch16_224", help="timm model of the cost part")
-    parser.add_argument("--batch", type=int, default=64, help="batch of the cost part")
+    parser.add_argument("--batch", type=int, default=64, help="batch of the cost and road parts")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the cost part")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -185,6 +188,9 @@ def main() -> None:
             seeds(device, args.images)
         elif part == "bench":
             bench(device, args.limit)
+        elif part == "road":
+            print("\n## ROAD's imputation: LU on the CPU against conjugate gradients on the device\n")
+            road_table(device, args.batch, [112, 224], 1)
         else:
             cost(device, args.model, args.batch, args.repeats)
         print(f"\n({part}: {time.perf_counter() - begun:.0f} s)", flush=True)

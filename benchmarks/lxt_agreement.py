@@ -1,4 +1,4 @@
-"""attnlrp and cp_lrp against LXT (rachtibat/LRP-eXplains-Transformers) on the same weights, in float64.
+"""attnlrp and cp_lrp against LXT (rachtibat/LRP-eXplains-Transformers) on the same model, in float64.
 
     pip install lxt                                              # LXT 2.1 and zennit 0.5.1 (the `test` extra has it)
     python benchmarks/lxt_agreement.py                           # or --lxt-path FOLDER: LXT installed elsewhere
@@ -6,16 +6,16 @@
 
 LXT explains torchvision's ViT: a tiny ``torchvision.models.VisionTransformer`` (32 px, patch 8, ``--layers``
 blocks, ``--heads`` heads, width 48, MLP 96, 10 classes) gets random weights — biases, LayerNorm affines, class
-token, position embedding and head included — and they are copied into the matching timm ViT (``qkv`` =
-``in_proj``, ``proj`` = ``out_proj``; logits checked equal to 1e-10). LXT runs in a subprocess, since importing it
-patches ``torch.nn`` classes for the whole process: ``cp_LRP`` of ``lxt/efficient/models/vit_torch.py`` (the
-patch map of LXT's ViT example), or AttnLRP assembled from LXT's own rules as its BERT patch does (the gradient
-halved at the query, the key and the attention's output, written here as ``divide_gradient`` by 4 at the
-query and key and by 2 at the value; the softmax left to autograd),
-with zennit's ``Gamma`` on every Linear and the patch convolution as in ``examples/vit_torch.py``, made
-Gradient×Input by ``monkey_patch_zennit``; the map is input × gradient at the image, summed over channels.
-vitexplain runs ``explain`` on the timm model. Printed per γ setting: Pearson r per image (lowest, mean) and
-the largest difference over the map's largest magnitude.
+token, position embedding and head included. vitexplain explains that very model (its ``nn.MultiheadAttention``
+read through the packed projection's rows); the largest difference between the model's own logits and those of
+vitexplain's forward under the rules is checked below 1e-10. LXT runs in a subprocess, since importing it patches
+``torch.nn`` classes for the whole process: ``cp_LRP`` of ``lxt/efficient/models/vit_torch.py`` (the patch map of
+LXT's ViT example), or AttnLRP assembled from LXT's own rules as its BERT patch does (the gradient halved at the
+query, the key and the attention's output, written here as ``divide_gradient`` by 4 at the query and key and by 2
+at the value; the softmax left to autograd), with zennit's ``Gamma`` on every Linear and the patch convolution as
+in ``examples/vit_torch.py``, made Gradient×Input by ``monkey_patch_zennit``; the map is input × gradient at the
+image, summed over channels. Printed per γ setting: Pearson r per image (lowest, mean) and the largest difference
+over the map's largest magnitude.
 
 LXT 2.1's ``lxt.efficient.models`` imports every Hugging Face patch it ships, one of which imports a module
 transformers 5 no longer has; the subprocess stands that package in with an empty one, from which only
@@ -61,27 +61,6 @@ def torchvision_vit(layers: int, heads: int, seed: int) -> nn.Module:
                 parameter.normal_(0, 0.5)
             elif ".ln" in name or name.startswith("encoder.ln"):
                 parameter.normal_(1, 0.2)
-    return model
-
-
-def timm_copy(source: nn.Module, layers: int, heads: int) -> nn.Module:
-    """The timm ViT holding ``source``'s weights."""
-    from timm.models.vision_transformer import VisionTransformer
-
-    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=layers, num_heads=heads, mlp_ratio=2.0,
-                              num_classes=10, qkv_bias=True).double().eval()
-    names = {"conv_proj": "patch_embed.proj", "class_token": "cls_token", "encoder.pos_embedding": "pos_embed",
-             "encoder.ln": "norm", "heads.head": "head"}
-    for block in range(layers):
-        names.update({f"encoder.layers.encoder_layer_{block}.{theirs}": f"blocks.{block}.{ours}" for theirs, ours in [
-            ("ln_1", "norm1"), ("ln_2", "norm2"), ("self_attention.in_proj_weight", "attn.qkv.weight"),
-            ("self_attention.in_proj_bias", "attn.qkv.bias"), ("self_attention.out_proj", "attn.proj"),
-            ("mlp.0", "mlp.fc1"), ("mlp.3", "mlp.fc2")]})
-    state = {}
-    for key, value in source.state_dict().items():
-        prefix = max((p for p in names if key == p or key.startswith(p + ".")), key=len)
-        state[names[prefix] + key[len(prefix):]] = value
-    model.load_state_dict(state)
     return model
 
 
@@ -154,19 +133,19 @@ def main() -> None:
 
     from common import pearson
 
-    source = torchvision_vit(args.layers, args.heads, args.seed)
-    model = timm_copy(source, args.layers, args.heads)
+    model = torchvision_vit(args.layers, args.heads, args.seed)
     images = torch.randn(args.images, 3, 32, 32, generator=torch.Generator().manual_seed(args.seed + 1),
                          dtype=torch.float64)
     with torch.no_grad():
-        theirs, ours = source(images), model(images)
-    logit_difference = (theirs - ours).abs().max().item()
-    print(f"torchvision ViT -> timm ViT, {args.layers} blocks, {args.heads} heads, float64: largest logit difference "
-          f"{logit_difference:.1e}")
-    assert torch.allclose(theirs, ours, rtol=0, atol=1e-10)
+        theirs = model(images)
     targets = theirs.argmax(-1)
+    ours = relevance(adapter_for(model), images, targets, "cplrp", at=("attn",), blocks=(-1,)).logits
+    logit_difference = (theirs - ours).abs().max().item()
+    print(f"torchvision ViT, {args.layers} blocks, {args.heads} heads, float64: largest difference of the logits under "
+          f"vitexplain's rules from the model's own {logit_difference:.1e}")
+    assert torch.allclose(theirs, ours, rtol=0, atol=1e-10)
     with tempfile.TemporaryDirectory() as folder:
-        torch.save({"model": source, "images": images, "targets": targets}, Path(folder) / "inputs.pt")
+        torch.save({"model": model, "images": images, "targets": targets}, Path(folder) / "inputs.pt")
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (args.lxt_path, os.environ.get("PYTHONPATH", "")) if p)}
         found = {}

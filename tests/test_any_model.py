@@ -100,6 +100,8 @@ def test_every_other_method_is_refused_naming_what_it_reads_and_the_model_is_lef
             with pytest.raises(UnsupportedModelError, match=rf"^method '{method}' reads {spec.reads}; ResNet has none "
                                                              r"that vitexplain can reach \(it instruments timm "):
                 explain(model, x, method)
+    with pytest.raises(UnsupportedModelError, match=r"^record reads the model's blocks; ResNet has none "):
+        adapter_for(model).record(x, fields=(), grads=["input"])
     _assert_state(before, _state(model))  # once: a change any call left would still show
 
 

@@ -1,5 +1,5 @@
 """AttnLRP and CP-LRP as LXT runs them on ViTs: the "attnlrp" / "cplrp" rule sets, their rules, the two methods,
-and their maps against LXT's own on the same weights (benchmarks/lxt_agreement.py, docs/decisions/lrp.md).
+and their maps against LXT's own on the same model (benchmarks/lxt_agreement.py, docs/decisions/lrp.md).
 """
 from __future__ import annotations
 
@@ -178,10 +178,11 @@ def test_cp_lrp_at_gamma_zero_is_the_conservative_rule_set_read_at_the_pixels(ti
 # -- against LXT itself ---------------------------------------------------------------------------
 @pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("lxt", "zennit")),
                     reason="LXT is not installed (pip install lxt; the test extra has it)")
-def test_maps_equal_lxts_on_the_same_weights(tmp_path):
-    """LXT explains torchvision's ViT; the benchmark copies its random weights into the matching timm ViT and
-    compares the maps in float64, per image, at four γ settings (one per block among them). It runs LXT in
-    subprocesses of its own, since importing LXT patches torch.nn classes for the whole process."""
+def test_maps_equal_lxts_on_the_same_model(tmp_path):
+    """LXT and vitexplain explain the same torchvision ViT (random weights, nn.MultiheadAttention's packed
+    projection); the benchmark compares the maps in float64, per image, at four γ settings (one per block among
+    them), and vitexplain's logits under the rules with the model's own. It runs LXT in subprocesses of its own, since
+    importing LXT patches torch.nn classes for the whole process."""
     script = Path(__file__).parents[1] / "benchmarks" / "lxt_agreement.py"
     figures = tmp_path / "figures.json"
     run = subprocess.run([sys.executable, str(script), "--layers", "2", "--heads", "2", "--images", "3", "--json",

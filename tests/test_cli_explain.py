@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import safetensors.torch
+import timm
 import torch
 from PIL import Image
 
@@ -32,6 +33,9 @@ OUTPUTS = {"rgb.png": "rgb", "gray.jpg": "gray", "rgba.png": "rgba", "palette.pn
            "a/x.jpg": "a/x.jpg", "b/x.jpg": "b/x.jpg", "x.png": "x.png"}
 LARGE = (4000, 3000)  # one decoded RGB image: 36 MB
 RISE = {"n_masks": 16, "seed": 1}
+#: a CLIP image tower as timm builds it (its projection kept as the head), tiny
+CLIP_TOWER = "vit_base_patch16_clip_224.openai"
+CLIP_SIZE = dict(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=3)
 
 
 def builtin_methods(modality=None, controls=True) -> list[str]:
@@ -62,6 +66,9 @@ def runs(tmp_path_factory):
     safetensors.torch.save_file(model.state_dict(), str(folder / "tiny.safetensors"))
     (folder / "tiny.json").write_text(json.dumps({"arch": "vit_tiny_patch16_224", "model_kwargs": TINY}))
     torch.save({"head.weight": torch.zeros(3, 3), "extra.bias": torch.zeros(2)}, folder / "other.pth")
+    clip_tower = timm.create_model(CLIP_TOWER, pretrained=False, **CLIP_SIZE)  # its head: the 512-d projection
+    safetensors.torch.save_file(clip_tower.state_dict(), str(folder / "clip.safetensors"))
+    (folder / "clip.json").write_text(json.dumps({"arch": CLIP_TOWER, "model_kwargs": CLIP_SIZE}))
     (folder / "out.png").write_text("a file where the output folder should go")
     model_args = ["--model", "tiny.safetensors", "--device", "cpu"]
     one = ["rgb.png", *model_args]
@@ -91,6 +98,9 @@ def runs(tmp_path_factory):
         "output_is_file": [*one, "--method", "gae", "-o", "out.png"],
         "output_under_file": [*one, "--method", "gae", "-o", "out.png/maps"],
         "bad_only": ["notes.png", *model_args, "--method", "gae", "-o", "bad_only"],
+        "projection": ["rgb.png", "--model", "clip.safetensors", "--device", "cpu", "--method", "gae", "-o", "proj"],
+        "projection_classes": ["rgb.png", "--model", "clip.safetensors", "--device", "cpu", "--method", "gae",
+                               "--classes", "-o", "proj_classes"],
     }
     finished = run_cli_many(*(["explain", *args] for args in commands.values()), cwd=folder)
     return folder, dict(zip(commands, finished))
@@ -235,6 +245,20 @@ def test_checkpoint_errors_list_keys_with_counts(runs):
     error = done["checkpoint"].stderr
     assert re.search(r"\d+ missing keys \(cls_token, pos_embed, patch_embed\.proj\.weight, \.\.\.\)", error)
     assert "1 unexpected key (extra.bias)" in error
+
+
+def test_a_projection_head_is_refused_before_any_image_unless_classes_is_given(runs):
+    folder, done = runs
+    refused = done["projection"]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "projects to the 512-d image-text embedding" in refused.stderr
+    assert "--classes" in refused.stderr and not (folder / "proj").exists()
+    given = done["projection_classes"]
+    assert given.returncode == 0, given.stderr
+    model, config = load_model(str(folder / "clip.safetensors"), device="cpu")
+    image = make_transform(config)(load_image(folder / "rgb.png"))[None]
+    expected = vitexplain.explain(model, image, "gae", classes=True)[0].numpy()  # the predicted coordinate
+    np.testing.assert_allclose(np.load(folder / "proj_classes" / "rgb.gae.npy"), expected, rtol=1e-4, atol=1e-6)
 
 
 def test_output_names_are_unique_stable_and_short():

@@ -16,7 +16,8 @@ from test_instrumentation import _assert_same, _snapshot
 from test_lrp import assert_conserves
 from zoo import ZOO, build, images
 
-NEW = ["vit_avg", "vit_map", "eva02", "vit_rope", "vit_rope_mixed", "beit", "beit_shared", "relpos", "srelpos"]
+NEW = ["vit_avg", "vit_map", "eva02", "vit_rope", "vit_rope_mixed", "beit", "beit_shared", "relpos", "srelpos",
+       "naflexvit", "naflexvit_parfac_map", "naflexvit_rope_conv"]
 
 
 def _attention_modules(model):
@@ -97,7 +98,7 @@ def test_recorded_attention_and_values_equal_hooks_on_the_real_modules(name):
         torch.testing.assert_close(again, probabilities[index], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", NEW + ["swin", "swinv2"])
+@pytest.mark.parametrize("name", NEW + ["swin", "swinv2", "swinv2_cr"])
 def test_outputs_unchanged_and_model_restored_also_after_an_exception(name):
     model, x = build(name).train(), images()
     before = _snapshot(model)
@@ -138,10 +139,12 @@ def test_the_head_reads_any_blocks_output_as_the_model_would_if_it_ended_there(n
         for handle in handles:
             handle.remove()
         torch.testing.assert_close(family.head(outputs[-1]), expected)
-        torch.testing.assert_close(family.head(model.norm(outputs[-1]), final_norm=False), expected)
+        final_norm = getattr(model, "norm", torch.nn.Identity())  # SwinV2-CR: none after the blocks
+        torch.testing.assert_close(family.head(final_norm(outputs[-1]), final_norm=False), expected)
         cut = copy.deepcopy(model)
         if name.startswith("swin"):
-            cut.layers[-1].blocks, earlier = cut.layers[-1].blocks[:1], outputs[-2]
+            stage = (cut.stages if name == "swinv2_cr" else cut.layers)[-1]
+            stage.blocks, earlier = stage.blocks[:1], outputs[-2]
         else:
             cut.blocks, earlier = cut.blocks[:1], outputs[0]
         torch.testing.assert_close(family.head(earlier), cut(x))

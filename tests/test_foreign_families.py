@@ -12,7 +12,7 @@ from vitexplain import explain
 from vitexplain.instrumentation import UnsupportedModelError, adapter_for
 
 from test_instrumentation import _assert_same, _snapshot
-from zoo import FOREIGN, ZOO, build, images
+from zoo import FOREIGN, ZOO, build, images, timm_copy_of_open_clip_vit, timm_copy_of_torchvision_vit
 
 
 def _attention(q, k, v, heads):
@@ -115,6 +115,30 @@ def parallel_blocks_by_hand(model, x):
     return model.forward_head(model.norm(tokens)), attentions, readout
 
 
+def naflexvit_by_hand(model, x):
+    """timm's NaFlexVit on images: cut into patches flattened as (row, column, channel), a Linear, the learnt 16×16
+    position table resized to the grid (bicubic, antialiased) added to the patches only, then the register tokens
+    put first; LayerScale on both branches; the mean of the patch tokens, ``fc_norm``, the classifier."""
+    embeds, (batch, channels, height, width) = model.embeds, x.shape
+    ph, pw = embeds.patch_size
+    rows, columns = height // ph, width // pw
+    patches = x.reshape(batch, channels, rows, ph, columns, pw).permute(0, 2, 4, 3, 5, 1).flatten(3).flatten(1, 2)
+    table = F.interpolate(embeds.pos_embed.permute(0, 3, 1, 2), size=(rows, columns), mode="bicubic",
+                          antialias=True, align_corners=False)
+    tokens = embeds.proj(patches) + table.flatten(2).transpose(1, 2)
+    tokens = torch.cat([embeds.reg_token.expand(batch, -1, -1), tokens], 1)
+    attentions = []
+    for block in model.blocks:
+        mixed, attn = _attention(*block.attn.qkv(block.norm1(tokens)).chunk(3, dim=-1), block.attn.num_heads)
+        tokens = tokens + block.ls1.gamma * block.attn.proj(mixed)
+        tokens = tokens + block.ls2.gamma * block.mlp.fc2(F.gelu(block.mlp.fc1(block.norm2(tokens))))
+        attentions.append(attn)
+    prefix = embeds.reg_token.shape[1]
+    readout = torch.zeros(tokens.shape[:2])
+    readout[:, prefix:] = 1 / (tokens.shape[1] - prefix)
+    return model.head(model.fc_norm(tokens[:, prefix:].mean(1))), attentions, readout
+
+
 def max_pooled_by_hand(model, x):
     """timm's ViT pooling by half the mean plus half the per-channel maximum of the patch tokens (``avgmax``), or by
     the maximum alone (``max``); prefix tokens excluded. The readout row is the pooling's derivative summed over
@@ -177,7 +201,7 @@ def open_clip_by_hand(model, x):
     return _open_clip_head(model, tokens), [attn for _, attn in outputs], readout
 
 
-BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "torchvision_vit": torchvision_by_hand,
+BY_HAND = {"vit_pwee": parallel_blocks_by_hand, "naflexvit": naflexvit_by_hand, "torchvision_vit": torchvision_by_hand,
            "hf_vit_model": transformers_vit_model_by_hand,
            "dinov2": dinov2_by_hand, "dinov2_reg_swiglu_classifier": dinov2_by_hand, "vit_avgmax": max_pooled_by_hand,
            "vit_max": max_pooled_by_hand,
@@ -254,17 +278,75 @@ def test_model_left_as_found_also_after_an_exception(name):
     handle.remove()
 
 
-def test_torchvision_vit_refuses_lrp_naming_its_packed_attention():
-    with pytest.raises(UnsupportedModelError, match="nn.MultiheadAttention, whose packed input projection"):
-        explain(build("torchvision_vit"), images(1), "transformer_attribution")
+#: models whose attention is torch's nn.MultiheadAttention (packed input projection), and the timm ViT holding the
+#: same weights
+TIMM_COPIES = {"torchvision_vit": timm_copy_of_torchvision_vit, "open_clip_vit": timm_copy_of_open_clip_vit,
+               "open_clip_vit_avg": timm_copy_of_open_clip_vit}
+
+
+@pytest.mark.parametrize("name", list(TIMM_COPIES))
+def test_lrp_through_packed_attention_equals_lrp_on_the_timm_copy(name):
+    """One network, one relevance: every rule set gives torchvision's and open_clip's ViTs (q, k, v from rows of the
+    packed in_proj_weight, open_clip's bare ``@ proj`` as the head, sequence-first blocks) the relevance of the timm
+    ViT holding their weights, at every attention map, block boundary, patch embedding and pixel; the forward under
+    the rules gives the model's own outputs."""
+    from vitexplain.instrumentation import lrp
+
+    model = build(name).double()
+    copy, x, targets = TIMM_COPIES[name](model), images(2).double(), torch.tensor([3, 7])
+    with torch.no_grad():
+        own = model(x)
+    for rules in lrp.RULE_SETS:
+        found = lrp.relevance(adapter_for(model, classes=True), x, targets, rules)
+        expected = lrp.relevance(adapter_for(copy), x, targets, rules)
+        torch.testing.assert_close(found.logits, own, rtol=0, atol=1e-12)
+        assert all(ours.abs().amax() > 0 for ours in (*found.residuals, found.patches, found.pixels))
+        for ours, timms in zip([*found.attn, *found.residuals, found.patches, found.pixels],
+                               [*expected.attn, *expected.residuals, expected.patches, expected.pixels]):
+            torch.testing.assert_close(ours, timms, rtol=1e-9, atol=1e-12 * timms.abs().amax().item(), msg=rules)
+
+
+@pytest.mark.parametrize("name", ["torchvision_vit", "open_clip_vit"])
+def test_lrp_leaves_packed_attention_models_and_their_description_as_found(name):
+    from vitexplain.instrumentation import lrp
+
+    model, x = build(name).train(), images(2)
+    adapter = adapter_for(model, classes=True)
+    before, described = _snapshot(model), dict(vars(adapter.family))
+    for rules in lrp.RULE_SETS:
+        lrp.relevance(adapter, x, None, rules)
+
+    def explode(module, args, output):
+        raise RuntimeError("injected")
+
+    handle = model.conv_proj.register_forward_hook(explode) if name == "torchvision_vit" else \
+        model.ln_post.register_forward_hook(explode)
+    with pytest.raises(RuntimeError, match="injected"):
+        lrp.relevance(adapter, x, None, "attnlrp")
+    handle.remove()
+    _assert_same(before, _snapshot(model))
+    assert vars(adapter.family) == described  # the LRP forward put in place of the family's is gone
+
+
+def test_torchvision_lrp_refuses_a_convolutional_stem_and_a_tanh_head_naming_them():
+    from torchvision.models.vision_transformer import ConvStemConfig
+
+    stem = build("torchvision_vit", conv_stem_configs=[ConvStemConfig(out_channels=8, kernel_size=3, stride=2)] * 3)
+    assert explain(stem, images(1), "gae").shape == (1, 4, 4)  # the stem is part of the patch embedding
+    with pytest.raises(UnsupportedModelError, match="its patch embedding is a convolutional stem"):
+        explain(stem, images(1), "attnlrp")
+    with pytest.raises(UnsupportedModelError, match=r"heads.act \(Tanh\) has no LRP rule"):
+        explain(build("torchvision_vit", representation_size=20), images(1), "lrp")
 
 
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
-@pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee", "vit_avgmax", "vit_max"])
+@pytest.mark.parametrize("name", ["dinov2_reg_swiglu_classifier", "vit_pwee", "vit_avgmax", "vit_max",
+                                  "torchvision_vit", "open_clip_vit"])
 def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
     """LayerScale, the SwiGLU gate (signal-take-all), the registers, parallel blocks (in_proj read by both
-    branches, the MLP bias a constant) and avgmax / max pooling (the maximum passes its relevance to the token holding
-    it) keep the Chefer-style sets conservative."""
+    branches, the MLP bias a constant), avgmax / max pooling (the maximum passes its relevance to the token holding
+    it) and nn.MultiheadAttention's packed projection (torchvision, open_clip; its output taken as class scores) keep
+    the Chefer-style sets conservative."""
     from vitexplain.instrumentation import lrp
 
     monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
@@ -274,7 +356,7 @@ def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
             if parameter_name.endswith("bias"):
                 parameter.normal_(0, 0.3)
     model = model.double()
-    found = lrp.relevance(adapter_for(model), images(2).double(), None, rules)
+    found = lrp.relevance(adapter_for(model, classes=True), images(2).double(), None, rules)
     for relevance in found.residuals:
         torch.testing.assert_close(relevance.sum((1, 2)), torch.ones(2, dtype=torch.float64))
     torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))

@@ -23,15 +23,16 @@ from test_instrumentation import _assert_same, _snapshot
 from zoo import SIZE, ZOO, build, images
 
 #: one model per family description and per readout kind
-FAMILIES = ["vit", "vit_map", "vit_reg_avg", "eva02", "vit_rope_mixed", "beit_shared", "srelpos", "swin", "swinv2"]
+FAMILIES = ["vit", "vit_map", "vit_reg_avg", "eva02", "vit_rope_mixed", "beit_shared", "srelpos", "naflexvit", "swin",
+            "swinv2", "swinv2_cr"]
 #: small settings of the sampling methods, to keep the suite fast
 QUICK = {"tis": {"n_masks": 8}, "rise": {"n_masks": 12, "batch_size": 16}, "integrated_gradients": {"n_steps": 4},
          "smoothgrad": {"n_samples": 3}, "tam": {"n_steps": 3}, "bt_token": {"n_steps": 3}, "bt_head": {"n_steps": 3}}
 #: options that have a reading on a hierarchical model, where the defaults are refused
 HIERARCHICAL = {"tis": {"input_space": True}, "gradtoken": {"aggregation": "rollout"}}
 #: (model, method) refused whatever the options: TokenTM and BT-T need per-head outputs, which a
-#: res-post-norm block (Swin V2) has not
-REFUSED = {("swinv2", "tokentm"), ("swinv2", "bt_token")}
+#: res-post-norm block (Swin V2, SwinV2-CR) has not
+REFUSED = {(name, method) for name in ("swinv2", "swinv2_cr") for method in ("tokentm", "bt_token")}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

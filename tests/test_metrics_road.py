@@ -5,7 +5,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitexplain.metrics import EvalBatch, get_metric
-from vitexplain.metrics.road import linear_imputation, reduce_road, road
+from vitexplain.metrics import road as road_module
+from vitexplain.metrics._stencil_cg import conjugate_gradient_imputation
+from vitexplain.metrics.road import NEIGHBOURS, chosen_solver, linear_imputation, reduce_road, road
 
 from test_metrics_perturbation import WeightedPixels
 
@@ -50,6 +52,89 @@ def test_linear_imputation_solves_the_neighbour_system():
         assert torch.equal(got[:, ~mask], image[:, ~mask])
     with pytest.raises(ValueError, match="kept pixel"):
         linear_imputation(images[:1], torch.ones(1, 6, 7, dtype=torch.bool))
+
+
+def hard_masks(height, width, generator):
+    """Removal masks [12, H, W] with 10 to 90 % removed: random pixels, whole rows and columns, blocks on the
+    borders and corners, the whole border ring, everything but one corner block."""
+    masks = [torch.rand(height, width, generator=generator) < share for share in (0.1, 0.5, 0.9)]
+    rows = torch.zeros(height, width, dtype=torch.bool)
+    rows[::2] = True                                                     # every other row: 50 %
+    columns = torch.zeros(height, width, dtype=torch.bool)
+    columns[:, : width * 9 // 10] = True                                 # 90 %, touching three borders
+    block = torch.zeros(height, width, dtype=torch.bool)
+    block[2:height - 3, 3:width - 2] = True                              # one interior hole
+    corner = torch.zeros(height, width, dtype=torch.bool)
+    corner[: height // 3, : width // 3] = True                           # ~10 %, in a corner
+    ring = torch.ones(height, width, dtype=torch.bool)
+    ring[2:-2, 2:-2] = False                                             # the image border
+    kept_corner = torch.ones(height, width, dtype=torch.bool)
+    kept_corner[-height // 3:, -width // 3:] = False                     # ~90 %, kept only in a corner
+    top = torch.zeros(height, width, dtype=torch.bool)
+    top[: height * 7 // 10] = True                                       # the top rows, 70 %
+    blobs = F.interpolate(torch.rand(1, 1, 3, 3, generator=generator), size=(height, width), mode="bilinear")[0, 0]
+    smooth = [blobs > blobs.quantile(q) for q in (0.2, 0.6)]             # as a ROAD mask of a smooth map
+    return torch.stack(masks + [rows, columns, block, corner, ring, kept_corner, top] + smooth)
+
+
+def test_conjugate_gradients_match_the_exact_solve():
+    g = torch.Generator().manual_seed(5)
+    for height, width in ((24, 24), (17, 30)):
+        removed = hard_masks(height, width, g)
+        shares = removed.flatten(1).double().mean(1)
+        assert shares.min() < 0.15 and shares.max() > 0.85
+        images = torch.rand(removed.shape[0], 3, height, width, generator=g, dtype=torch.float64)
+        exact = linear_imputation(images, removed, solver="lu")
+        imputed, iterations = conjugate_gradient_imputation(images, removed, NEIGHBOURS)
+        assert 0 < iterations
+        assert (imputed - exact).abs().max() < 1e-6
+        assert torch.equal(imputed[~removed[:, None].expand_as(images)], images[~removed[:, None].expand_as(images)])
+        alone, _ = conjugate_gradient_imputation(images[1:2], removed[1:2], NEIGHBOURS)
+        assert torch.allclose(alone, imputed[1:2], rtol=0, atol=1e-12)      # no value depends on the batch
+        float32 = linear_imputation(images.float(), removed, solver="cg")
+        assert float32.dtype == torch.float32 and (float32.double() - exact).abs().max() < 1e-6
+
+
+def test_conjugate_gradients_refuse_to_return_an_unconverged_solve():
+    g = torch.Generator().manual_seed(6)
+    removed = hard_masks(20, 20, g)[[2]]
+    with pytest.raises(RuntimeError, match="did not reach relative residual .* in 5 iterations.*solver='lu'"):
+        conjugate_gradient_imputation(torch.rand(1, 3, 20, 20, generator=g), removed, NEIGHBOURS, max_iterations=5)
+
+
+def test_auto_picks_conjugate_gradients_on_cuda_only():
+    assert chosen_solver("auto", torch.device("cuda")) == "cg"
+    assert chosen_solver("auto", torch.device("cuda", 1)) == "cg"
+    assert chosen_solver("auto", torch.device("cpu")) == "lu"
+    assert chosen_solver("lu", torch.device("cuda")) == "lu" and chosen_solver("cg", torch.device("cpu")) == "cg"
+    with pytest.raises(ValueError, match="solver"):
+        chosen_solver("qr", torch.device("cpu"))
+
+
+def test_road_curves_are_the_same_with_either_solver(monkeypatch):
+    """On a stubbed CUDA device, ``auto`` goes through conjugate gradients, and the curves match the LU ones."""
+    g = torch.Generator().manual_seed(7)
+    images, maps = torch.randn(3, 3, 12, 12, generator=g), torch.rand(3, 3, 3, generator=g)
+    targets, model = torch.tensor([0, 2, 1]), Linear(144)
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return conjugate_gradient_imputation(*args, **kwargs)
+
+    monkeypatch.setattr(road_module, "conjugate_gradient_imputation", spy)
+    plain = dict(pixel_mean=MEAN, pixel_std=STD, fractions=(0.1, 0.5, 0.9), batch_size=4, seed=3)
+    with torch.no_grad():
+        exact = road(model, images, maps, targets, solver="lu", **plain)
+        assert not calls
+        monkeypatch.setattr(road_module, "_on_cuda", lambda device: True)
+        automatic = road(model, images, maps, targets, **plain)
+        assert sum(calls) == 2 * 3 * 3                                   # every imputation, both orders
+        road(model, images, maps, targets, solver="lu", **plain)
+        assert sum(calls) == 2 * 3 * 3                                   # "lu" is never overridden
+    for key in ("morf", "lerf"):
+        assert torch.allclose(automatic[key], exact[key], rtol=0, atol=1e-6)
+        assert not torch.allclose(automatic[key][:, 0], automatic[key][:, -1], atol=1e-3)   # the curves move
 
 
 class Linear(nn.Module):
@@ -130,4 +215,8 @@ def test_the_registered_metric_works_in_the_batch_normalisation():
     assert all(torch.equal(values[key], expected[key]) for key in ("morf", "lerf"))
     with pytest.raises(ValueError, match="fractions"):
         get_metric("road").check_options({"fractions": [0.5, 1.0]})
+    with pytest.raises(ValueError, match="solver"):
+        get_metric("road").check_options({"solver": "qr"})
+    cg = get_metric("road").compute(batch, fractions=[0.5], seed=1, solver="cg")
+    assert all(torch.allclose(cg[key], expected[key], rtol=0, atol=1e-6) for key in ("morf", "lerf"))
     assert get_metric("road").passes({"fractions": [0.1, 0.5]}, 1) == 4

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from vitexplain import explain
-from vitexplain.instrumentation import UnsupportedModelError, adapter_for
+from vitexplain.instrumentation import UnsupportedModelError, adapter_for, lrp
 
 from test_instrumentation import _assert_same, _snapshot
 from test_swin import assert_rollout_and_gae_are_dense_products
@@ -99,12 +99,33 @@ def test_rollout_and_gae_equal_dense_products_and_the_forward_the_models(version
     assert len(probabilities) == len(grids) == 4
     assert_rollout_and_gae_are_dense_products(model, x, target, blocks(model), grids, probabilities, slot_tokens)
 
-def test_lrp_and_token_subsets_are_refused_with_their_reasons_and_the_model_left_as_found():
+
+@pytest.mark.parametrize("rules", ["chefer", "lrp"])
+@pytest.mark.parametrize("version, config", [(1, "shifted"), (2, "shifted"), (2, "padded")])
+def test_lrp_conserves_relevance_across_windows_and_patch_merging(version, config, rules, monkeypatch):
+    """Relevance summed over the tokens is the target logit's (1 after the normalisation) at every block's input
+    and after the last, through the windows, the shifts and the merges; the pixels hold the patches'. Padding is a
+    constant the rules cannot attribute (as for timm's Swin, tests/test_swin.py): the padded model's
+    attention biases are zero, and V1, which merges after the norm, is not padded."""
+    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    model, x = torchvision_swin(version, config).double(), images(config).double()
+    if config == "padded":
+        with torch.no_grad():
+            for block in blocks(model):
+                block.attn.qkv.bias.zero_()
+    found = lrp.relevance(adapter_for(model), x, None, rules)
+    grid = (CONFIGS[config][0] // 4) ** 2
+    assert [relevance.shape[1] for relevance in found.residuals] == [grid, grid, grid // 4, grid // 4, grid // 4]
+    for relevance in found.residuals:
+        torch.testing.assert_close(relevance.sum((1, 2)), torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(found.pixels.sum((1, 2, 3)), found.patches.sum((1, 2)))
+
+
+def test_token_subsets_and_head_shares_are_refused_with_their_reasons_and_the_model_left_as_found():
     model = torchvision_swin(2).train()
     x = images("shifted")
     before = _snapshot(model)
-    with pytest.raises(UnsupportedModelError, match="^LRP rules are not placed on torchvision Swin models"):
-        explain(model, x, "transformer_attribution")
+    explain(model, x, "transformer_attribution")
     with pytest.raises(UnsupportedModelError, match="windows and patch merging need the whole token grid"):
         explain(model, x, "tis", n_masks=2)
     with pytest.raises(UnsupportedModelError, match="res-post-norm"):

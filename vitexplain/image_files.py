@@ -122,14 +122,15 @@ def read_batches(files: Sequence[str | Path], config: dict, batch_size: int, dev
 
 
 def explain_files(model: torch.nn.Module, files: Sequence[str | Path], methods: Sequence[str], *, config: dict,
-                  target: int | None = None, options: dict[str, dict] | None = None, batch_size: int = 16,
-                  on_error: Callable[[str], None] | None = None,
+                  target: int | None = None, classes: bool | None = None, options: dict[str, dict] | None = None,
+                  batch_size: int = 16, on_error: Callable[[str], None] | None = None,
                   on_progress: Callable[[int, str], None] | None = None) -> Iterator[ExplainedImage]:
     """Explain image files with several methods, batch by batch, on the model's device.
 
     ``config`` is the model's data config (:func:`vitexplain.models.data_config`: its resize, crop and
-    normalisation); ``target`` a class for every image (None: each image's prediction); ``options`` each
-    method's options. An unreadable file or a method failing on a batch is told to ``on_error`` (default: a
+    normalisation); ``target`` a class for every image (None: each image's prediction); ``classes`` as in
+    :func:`vitexplain.explain` (True: the outputs are classes, whatever the head looks like); ``options``
+    each method's options. An unreadable file or a method failing on a batch is told to ``on_error`` (default: a
     warning) and the others go on; ``on_progress(images, method)`` is called after each method's batch.
     Yields one :class:`ExplainedImage` per readable file, in order.
     """
@@ -150,7 +151,7 @@ def explain_files(model: torch.nn.Module, files: Sequence[str | Path], methods: 
         maps = {}
         for method in methods:
             try:
-                maps[method] = explain(model, batch.images, method, target=targets.to(device),
+                maps[method] = explain(model, batch.images, method, target=targets.to(device), classes=classes,
                                        **options.get(method, {})).cpu()
             except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
                 on_error(f"method {method} on {', '.join(batch.names)}: {error}")

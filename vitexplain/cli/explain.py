@@ -52,6 +52,9 @@ def add_parser(subparsers) -> None:
                              "one grid per image), or 'all' (every method that explains images, without the controls)")
     add_method_options(parser)
     parser.add_argument("--target", type=int, help="class to explain (default: each image's prediction)")
+    parser.add_argument("--classes", action="store_true",
+                        help="the model's outputs are classes: explain them although its head looks like a CLIP-style "
+                             "projection to an embedding (which is refused without this flag)")
     parser.add_argument("--text", action="append", metavar="TEXT",
                         help="explain the image's similarity to this text (two-tower models: the cosine of the image "
                              "and text embeddings); repeat it for several texts, one map each")
@@ -97,6 +100,7 @@ class Setup:
     config: dict[str, Any]
     class_names: list[str]
     texts: list[str] | None = None
+    classes: bool | None = None
 
 
 def prepare(args, out: Path) -> Setup:
@@ -119,10 +123,26 @@ def prepare(args, out: Path) -> Setup:
             if not get_method(name).score_targets:
                 raise ValueError(f"method {name} explains classes only (LRP starts from relevance on the class "
                                  "logits), not the similarity to a --text")
+    classes = True if args.classes else None
+    if not texts:
+        check_classes(args.model, model, classes)
     if args.target is not None and not 0 <= args.target < len(names):
         raise ValueError(f"--target {args.target} is not a class of this model "
                          f"(it has {len(names)} classes, 0 to {len(names) - 1})")
-    return Setup(out, methods, options, model, config, names, texts)   # the folder is made by the first output written
+    # the folder is made by the first output written
+    return Setup(out, methods, options, model, config, names, texts, classes)
+
+
+def check_classes(name: str, model, classes: bool | None) -> None:
+    """Refuse, before any image is read, a model whose outputs are not class logits (a CLIP-style projection
+    head, no classifier) unless ``--classes`` says they are (docs/decisions/targets.md)."""
+    from ..instrumentation import adapter_for
+
+    reason = adapter_for(model, classes=classes).family.head_reason
+    if reason is not None:
+        raise ValueError(f"{name}: {reason}, so it has no classes to explain: give --classes if its outputs are "
+                         "classes after all (an embedding direction is explained with --text on a two-tower model, "
+                         "or target= in Python)")
 
 
 def check_texts(args, model, config: dict[str, Any]) -> list[str] | None:
@@ -299,7 +319,8 @@ def run(args) -> int:
                 bar.update(taken * len(setup.methods))
         else:
             for item in explain_files(setup.model, [given[path] for path in files], setup.methods,
-                                      config=setup.config, target=args.target, options=setup.options,
+                                      config=setup.config, target=args.target, classes=setup.classes,
+                                      options=setup.options,
                                       batch_size=args.batch_size, on_error=report, on_progress=progress):
                 title = explained_title(setup.class_names, item.target, item.predicted, item.probabilities)
                 try:

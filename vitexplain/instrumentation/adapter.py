@@ -372,6 +372,8 @@ class ModelAdapter:
         """
         if set(stop_gradient) - {"attn_input"}:
             raise ValueError(f"stop_gradient supports only 'attn_input', got {sorted(stop_gradient)}")
+        if isinstance(self.family, ForwardOnly):
+            raise UnsupportedModelError(f"record reads the model's blocks; {self.family.unreachable}")
         wanted = dict(grads) if isinstance(grads, Mapping) else {name: None for name in grads}
         input_grad = wanted.pop("input", False) is not False
         for name in set(wanted) | set(fields or ()):

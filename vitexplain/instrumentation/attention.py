@@ -21,6 +21,7 @@ Windowed attention (Swin) runs this same function on window batches (:mod:`.wind
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -208,6 +209,17 @@ class AttentionParts:
             weight = self.proj.weight  # [C, H*D]
             per_head = weight.t().reshape(self.num_heads, self.head_dim, weight.shape[0])
             return per_head if gamma is None else per_head * gamma
+
+
+#: the largest logit scale of Swin V2's cosine attention, log(1 / 0.01): the temperature τ stays above 0.01
+MAX_LOGIT_SCALE = math.log(1.0 / 0.01)
+
+
+def clamped_logit_scale(attn: nn.Module) -> Callable[[], Tensor]:
+    """Swin V2's per-head scale of the cosine scores [H, 1, 1]: exp(min(``attn.logit_scale``, log 100)), i.e. 1/τ of
+    Liu et al. (Swin Transformer V2, CVPR 2022, Eq. 2) with τ > 0.01, as timm's (V2, V2-CR) and torchvision's modules
+    clamp it; the parameter is read on each call, in whatever shape the module keeps it ([H, 1, 1] or [H])."""
+    return lambda: torch.clamp(attn.logit_scale, max=MAX_LOGIT_SCALE).exp().reshape(-1, 1, 1)
 
 
 def _is_identity(module: nn.Module | None) -> bool:

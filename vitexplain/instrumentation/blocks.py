@@ -14,6 +14,10 @@ Layouts:
 * ``parallel`` (ViT-22B's parallel block, timm's ``ParallelScalingBlock``): h = LN₁ x, output =
   x + γ₁·attn(h) + γ₂·mlp(h) (one LayerScale on the sum is γ₁ = γ₂; ``norm2`` unused).
 
+Any layout but ``post_norm`` may end with a norm of the residual stream itself (:attr:`BlockParts.main_norm`:
+timm's SwinV2-CR blocks, ``x = LN₃(x)`` after both adds, in the blocks its ``extra_norm`` settings pick); the block's
+output is then not the sum of its input and branches, and is recorded as ``block_output``.
+
 Windowed attention (Swin) is the same layout with :attr:`BlockParts.windows` set: the attention runs
 on window batches (:mod:`.windows`).
 """
@@ -60,6 +64,7 @@ class BlockParts:
         inputs: turns the block's call arguments into (tokens [B, N, C], :class:`AttentionInput`).
         output: turns the block's output tokens into what its ``forward`` returns (default: as they are).
         windows: windowed attention of a hierarchical model (see :mod:`.windows`), or None.
+        main_norm: a norm of the residual stream after the block's adds (its output = main_norm(sum)), or None.
     """
 
     module: nn.Module
@@ -77,11 +82,14 @@ class BlockParts:
     inputs: Callable[..., tuple[Tensor, AttentionInput]] = lambda x, *args, **kwargs: (x, AttentionInput())
     output: Callable[[Tensor, Tensor], Any] = lambda tokens, given: tokens
     windows: Any = None
+    main_norm: nn.Module | None = None
 
     def heads_reason(self) -> str | None:
         """None when the attention branch is a plain sum over heads (each head's share can be read), else why not."""
         if self.layout == "res_post_norm":
             return "its blocks normalise the attention branch after the heads are summed (res-post-norm)"
+        if self.main_norm is not None:
+            return "its blocks normalise the residual stream after the branches are added"
         return self.attention.heads_reason()
 
     def head_projection(self) -> Tensor | None:
@@ -106,6 +114,15 @@ def _branch(t: Tensor, drop: nn.Module | None, gamma: Callable[[], Tensor] | Non
 
 def _feed_forward(parts: BlockParts, h: Tensor, arithmetic: Arithmetic) -> Tensor:
     return parts.mlp(h) if parts.gated_mlp is None else parts.gated_mlp(h, arithmetic)
+
+
+def _finished(parts: BlockParts, out: Tensor, sink: Sink, index: int) -> Tensor:
+    """The block's output from the stream after its adds: the main norm's output where the block has one."""
+    if parts.main_norm is None:
+        return out
+    out = parts.main_norm(out)
+    sink.put(index, block_output=out)
+    return out
 
 
 def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = AttentionInput(), *, index: int = -1,
@@ -134,7 +151,7 @@ def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = Attentio
         sink.put(index, mlp_residual=x, mlp_input=h)
         fed = _branch(_feed_forward(parts, h, arithmetic), parts.drop2, parts.gamma2, arithmetic)
         sink.put(index, mlp_branch=fed)
-        return arithmetic.add(x, fed)
+        return _finished(parts, arithmetic.add(x, fed), sink, index)
     if parts.layout == "parallel":  # both branches read the block's normed input; the MLP's is added second
         h = parts.norm1(x)
         attended = _branch(attention_of(h), parts.drop1, parts.gamma1, arithmetic)
@@ -143,7 +160,7 @@ def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = Attentio
         sink.put(index, mlp_residual=x, mlp_input=h)
         fed = _branch(_feed_forward(parts, h, arithmetic), parts.drop2, parts.gamma2, arithmetic)
         sink.put(index, mlp_branch=fed)
-        return arithmetic.add(x, fed)
+        return _finished(parts, arithmetic.add(x, fed), sink, index)
     if parts.layout == "res_post_norm":
         attended = _branch(parts.norm1(attention_of(x)), parts.drop1, parts.gamma1, arithmetic)
         sink.put(index, attn_branch=attended)
@@ -151,7 +168,7 @@ def block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput = Attentio
         sink.put(index, mlp_residual=x, mlp_input=x)
         fed = _branch(parts.norm2(_feed_forward(parts, x, arithmetic)), parts.drop2, parts.gamma2, arithmetic)
         sink.put(index, mlp_branch=fed)
-        return arithmetic.add(x, fed)
+        return _finished(parts, arithmetic.add(x, fed), sink, index)
     attended = _branch(attention_of(x), parts.drop1, parts.gamma1, arithmetic)
     sink.put(index, attn_branch=attended)
     h = parts.norm1(arithmetic.add(x, attended))

@@ -57,7 +57,8 @@ class BlockRecord:
             ``v[:, h] @ head_projection[h]`` is head h's share of ``attn_branch`` without the output bias;
             None when the branch is not a sum over heads (output norm, gate, post-branch norm) or not asked.
         layout: ``pre_norm``, ``res_post_norm`` or ``post_norm`` (see :mod:`.blocks`).
-        block_output: the block output, recorded for ``post_norm`` blocks (where it is not a sum).
+        block_output: the block output, recorded where it is not a sum (``post_norm`` blocks, and blocks ending
+            with a norm of the residual stream, :attr:`~.blocks.BlockParts.main_norm`).
         windows: for windowed attention, the :class:`~vitexplain.instrumentation.windows.WindowLayout`
             that maps per-window attention to tokens; None for global attention.
         grads: gradient of the target score with respect to any of the fields above, by field name.
@@ -89,7 +90,7 @@ class BlockRecord:
     @property
     def output(self) -> Tensor:
         """The block output, i.e. the next block's residual stream [B, N, C]."""
-        if self.layout == "post_norm":
+        if self.block_output is not None:
             return self.block_output
         return self.residual + self.attn_branch + self.mlp_branch
 

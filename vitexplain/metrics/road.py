@@ -28,14 +28,18 @@ the noise is one seeded draw of the image's shape (``seeding.seeded_draw``) shar
 fraction and order, so no value depends on the batch; reported per order is the mean of the curve over
 the fractions.
 
-The system is solved exactly on the CPU (SciPy's sparse LU, one factorisation per image and fraction for
-all channels: 4 to 90 ms for a 112 x 112 image with 10 to 90 % removed); the imputed images then go to
-the model's device. Batched solves in torch (conjugate gradients, block Cholesky) were 5 to 15 times
-slower on CPUs (docs/decisions/metrics.md).
+The ``solver`` option says how the system is solved, in float64 either way. ``"lu"``: exactly on the CPU
+(SciPy's sparse LU, one factorisation per image and fraction for all channels: 4 to 90 ms for a 112 x 112
+image with 10 to 90 % removed), the imputed images then going back to the model's device. ``"cg"``: by
+Jacobi-preconditioned conjugate gradients for the whole chunk of images and channels at once, matrix-free, on
+the images' device (``_stencil_cg.py``), to a relative residual of 1e-10, which agrees with the exact solve to
+about 1e-9 in pixel units. ``"auto"`` (the default) takes CG on a CUDA device and LU elsewhere, as on CPUs
+the batched solve is many times slower than SciPy's (docs/decisions/metrics.md, ROAD).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -47,6 +51,7 @@ from ..options import NonNegative, OpenShare, PositiveInt
 from ..seeding import seeded_draw
 from ._common import check_images, check_maps, check_targets
 from ._perturb import mixed_logits, normalisation, ranked_by_relevance
+from ._stencil_cg import conjugate_gradient_imputation
 from .base import Curves, EvalBatch, Metric, register_metric
 
 #: the removal fractions of the authors' runs (``noretrain_params.json``, RoadBenchmarkDemo.ipynb)
@@ -54,20 +59,40 @@ FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.9)
 #: (row offset, column offset, weight) of the 8 neighbours in the imputation
 NEIGHBOURS = ((-1, -1, 1 / 12), (-1, 0, 1 / 6), (-1, 1, 1 / 12), (0, -1, 1 / 6), (0, 1, 1 / 6),
               (1, -1, 1 / 12), (1, 0, 1 / 6), (1, 1, 1 / 12))
+#: how the system is solved: ``"lu"`` exactly on the CPU, ``"cg"`` by conjugate gradients on the images' device,
+#: ``"auto"`` the second on a CUDA device and the first elsewhere
+Solver = Literal["auto", "lu", "cg"]
 
 
-def linear_imputation(images: Tensor, removed: Tensor) -> Tensor:
+def _on_cuda(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def chosen_solver(solver: Solver, device: torch.device) -> str:
+    """``"lu"`` or ``"cg"``: ``solver`` itself, or for ``"auto"`` the one suited to ``device``."""
+    if solver not in ("auto", "lu", "cg"):
+        raise ValueError(f"solver must be 'auto', 'lu' or 'cg', got {solver!r}")
+    if solver == "auto":
+        return "cg" if _on_cuda(device) else "lu"
+    return solver
+
+
+def linear_imputation(images: Tensor, removed: Tensor, solver: Solver = "auto") -> Tensor:
     """``images`` [N, C, H, W] with their ``removed`` pixels [N, H, W] (bool) imputed, without noise.
 
-    Solves the module docstring's system exactly, in float64 on the CPU, one image at a time; the result
-    has the images' device and dtype. An image needs at least one kept pixel.
+    Solves the module docstring's system in float64, with ``solver`` (see :data:`Solver`): exactly on the CPU,
+    one image at a time, or by conjugate gradients on the images' device for the whole batch
+    (``_stencil_cg.py``); the result has the images' device and dtype. An image needs at least one kept pixel.
     """
+    if removed.reshape(images.shape[0], -1).all(1).any():
+        raise ValueError("linear imputation needs at least one kept pixel per image; a fraction must be below 1")
+    if chosen_solver(solver, images.device) == "cg":
+        filled, _ = conjugate_gradient_imputation(images.detach(), removed.to(images.device), NEIGHBOURS)
+        return filled.to(images.dtype)
     height, width = images.shape[-2:]
     neighbour, weight = _neighbour_table(height, width)
     pixels = images.detach().to("cpu", torch.float64).flatten(2).numpy()
     gone = removed.detach().cpu().reshape(images.shape[0], -1).numpy()
-    if gone.all(1).any():
-        raise ValueError("linear imputation needs at least one kept pixel per image; a fraction must be below 1")
     filled = pixels.copy()
     for values, out, mask in zip(pixels, filled, gone):
         unknown = np.flatnonzero(mask)
@@ -107,7 +132,7 @@ def _solve(values: np.ndarray, removed: np.ndarray, unknown: np.ndarray, neighbo
 
 def road(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
          pixel_mean: Sequence[float], pixel_std: Sequence[float], fractions: Sequence[float] = FRACTIONS,
-         noise: float = 0.01, batch_size: int = 128, seed: int = 0) -> dict[str, Tensor]:
+         noise: float = 0.01, batch_size: int = 128, seed: int = 0, solver: Solver = "auto") -> dict[str, Tensor]:
     """Per-image ROAD curves, most and least relevant first.
 
     Args:
@@ -118,6 +143,7 @@ def road(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
         fractions: shares of the pixels removed, each in [0, 1).
         noise: standard deviation of the Gaussian noise on imputed pixels, in pixel units ([0, 1] range).
         seed: seed of the noise.
+        solver: how the imputation's system is solved (:data:`Solver`; the same values to ~1e-9 in pixel units).
 
     Returns:
         ``morf`` and ``lerf``: [B, len(fractions)] probabilities of the explained class.
@@ -131,7 +157,7 @@ def road(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
                                  images.device).to(images.dtype)
 
     def imputed(image: Tensor, taken: Tensor) -> Tensor:
-        return (linear_imputation(pixels[image], taken[:, 0]) + jitter - mean) / std
+        return (linear_imputation(pixels[image], taken[:, 0], solver) + jitter - mean) / std
 
     count = images.shape[-2] * images.shape[-1]
     index = targets[:, None, None].expand(-1, len(fractions), 1)
@@ -152,9 +178,9 @@ def reduce_road(values: dict[str, Tensor]) -> dict[str, float]:
 
 
 def _compute(batch: EvalBatch, *, fractions: Sequence[OpenShare] = FRACTIONS, noise: NonNegative = 0.01,
-             batch_size: PositiveInt = 128, seed: int = 0) -> dict[str, Tensor]:
+             batch_size: PositiveInt = 128, seed: int = 0, solver: Solver = "auto") -> dict[str, Tensor]:
     return road(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean, pixel_std=batch.std,
-                fractions=fractions, noise=noise, batch_size=batch_size, seed=seed)
+                fractions=fractions, noise=noise, batch_size=batch_size, seed=seed, solver=solver)
 
 
 register_metric(Metric(

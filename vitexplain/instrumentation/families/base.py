@@ -58,14 +58,21 @@ class EmbeddingParts:
 
     Attributes:
         patch_embedding: the module whose output is the patch tokens (before prefix tokens and positions).
-        convolution: the patch convolution (its input is the image), or None.
+        convolution: the patch convolution (its input is the image), or None; or a Linear of the flattened
+            patches, with ``as_pixels``.
         position_module: the module right after the position-embedding add (the add's rule is placed on
             its output), or None when the family adds no absolute position embedding.
+        as_pixels: for a Linear patch projection, ``as_pixels(values, grid)`` lays values shaped as its input
+            [B, h·w, P·P·C] out as the image it was cut from, [B, C, h·P, w·P] (padding included).
+        channels_first: the patch embedding's output is laid out [B, C, h, w] (a bare convolution, flattened
+            to tokens by the model's forward) rather than as tokens.
     """
 
     patch_embedding: nn.Module
-    convolution: nn.Conv2d | None
+    convolution: nn.Conv2d | nn.Linear | None
     position_module: nn.Module | None
+    as_pixels: Callable[[Tensor, tuple[int, int]], Tensor] | None = None
+    channels_first: bool = False
 
 
 @dataclass
@@ -186,13 +193,13 @@ class Family(ABC):
                 raise ValueError(
                     f"this model takes {embed.img_size[0]}x{embed.img_size[1]} images, got {size[0]}x{size[1]}; "
                     "resize them, or build the model with dynamic_img_size=True")
-        elif (not getattr(embed, "dynamic_img_pad", False)
-              and any(side % patch for side, patch in zip(size, self.patch_size))):
-            raise ValueError(
-                f"this model cuts images into {self.patch_size[0]}x{self.patch_size[1]} patches, which do not tile a "
-                f"{size[0]}x{size[1]} image; resize or crop it to a multiple "
-                "(or build the model with dynamic_img_pad=True)")
-        return tuple(embed.dynamic_feat_size(size)) if dynamic else tuple(embed.grid_size)
+        else:
+            require_tiling(size, self.patch_size, getattr(embed, "dynamic_img_pad", False))
+        if not dynamic:
+            return tuple(embed.grid_size)
+        if hasattr(embed, "dynamic_feat_size"):
+            return tuple(embed.dynamic_feat_size(size))
+        return tuple(side // patch for side, patch in zip(size, self.patch_size))  # a plain strided convolution
 
     def check_inputs(self, inputs: Any) -> Any:
         """What the user passed, checked (images [B, C, H, W] by default); the adapter moves it to the model."""
@@ -234,13 +241,21 @@ class Family(ABC):
         raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models")
 
     def missing_dropouts(self) -> tuple[nn.Module, ...]:
-        """MLP activations after which timm's ViT has a dropout that this family lacks (absLRP puts its
-        dropout rule there too, so that a network's relevance does not depend on the library holding it)."""
+        """Modules (MLP activations, a branch's last projection) after which timm's ViT has a dropout that this
+        family lacks (absLRP puts its dropout rule there too, so that a network's relevance does not depend on the
+        library holding it)."""
         return ()
 
     def head_without_dropout(self) -> tuple[nn.Module, ...]:
         """Classifier heads that timm's ViT precedes with a dropout that this family lacks (likewise)."""
         return ()
+
+    def lrp_forward(self) -> tuple[Callable[[Any], Tensor], tuple[nn.Linear, ...]] | None:
+        """For a model whose forward multiplies by a bare parameter where the rules need a Linear (open_clip's
+        image-text projection ``@ proj``): the forward LRP runs in place of :meth:`forward`, computing that product
+        through :class:`LinearView`\\ s, and those views (LRP places its Linear rules on them). None: the model's
+        own forward, every Linear map a module of the model or of the attention's description."""
+        return None
 
     def lrp_allowed(self) -> tuple[type, ...]:
         """The module classes whose computation the written-out blocks and the rules cover; LRP refuses
@@ -284,6 +299,15 @@ def timm_example(architecture: str, settings: dict[str, Any] = TINY,
         return timm.create_model(architecture, pretrained=False, **{**settings, **arguments})
 
     return example(make)
+
+
+def require_tiling(size: Sequence[int], patch: Sequence[int], pads: bool) -> None:
+    """Raise unless ``patch``-sized patches tile an image of ``size`` (h, w), or the model ``pads`` it to a multiple."""
+    if not pads and any(side % step for side, step in zip(size, patch)):
+        raise ValueError(
+            f"this model cuts images into {patch[0]}x{patch[1]} patches, which do not tile a "
+            f"{size[0]}x{size[1]} image; resize or crop it to a multiple "
+            "(or build the model with dynamic_img_pad=True)")
 
 
 def max_selection(tokens: Tensor) -> Tensor:
@@ -368,6 +392,27 @@ def layer_scale(module: nn.Module | None) -> Callable[[], Tensor] | None:
     return lambda: gamma
 
 
+class LinearView(nn.Linear):
+    """A Linear map the model computes from bare parameters (a packed projection's rows, a projection matrix
+    multiplied in its forward) as a Linear module of the description: ``weight`` and ``bias`` are read from the
+    model's parameters at each call (so gradients and precision changes reach them), and LRP's Linear rules act
+    on it as on any Linear. It holds no parameters; the model owns them."""
+
+    def __init__(self, weight: Callable[[], Tensor], bias: Callable[[], Tensor | None], in_features: int,
+                 out_features: int):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = in_features, out_features
+        self._read = (weight, bias)
+
+    @property
+    def weight(self) -> Tensor:
+        return self._read[0]()
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self._read[1]()
+
+
 def missing(module: nn.Module, names: Sequence[str]) -> str | None:
     """'its X has no a, b' for the dotted ``names`` that ``module`` lacks, or None."""
     absent = []
@@ -385,9 +430,10 @@ def optional(module: nn.Module | None) -> nn.Module | None:
     return None if module is None or isinstance(module, nn.Identity) else module
 
 
-__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "PatchTokensOnly", "ProbeParts",
-           "TokenContext", "UnsupportedModelError", "check_images", "example", "layer_scale", "loaded_class",
-           "max_selection", "missing", "optional", "projection_head", "wrong_channels"]
+__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "LinearView", "PatchTokensOnly",
+           "ProbeParts", "TokenContext", "UnsupportedModelError", "check_images", "example", "layer_scale",
+           "loaded_class", "max_selection", "missing", "optional", "projection_head", "require_tiling",
+           "wrong_channels"]
 
 
 #: the families a model is described by, registered by their modules (see :func:`served_families`)

@@ -15,7 +15,9 @@ from ..attention import AttentionInput
 from ..blocks import BlockParts
 from .base import (
     ClassTokenFirst,
+    EmbeddingParts,
     Family,
+    LinearView,
     TokenContext,
     UnsupportedModelError,
     example,
@@ -23,18 +25,14 @@ from .base import (
     loaded_class,
     register_family,
 )
-from .torch_attention import (
-    MultiheadAttentionWithoutLRP,
-    multihead_attention,
-    multihead_attention_reason,
-)
+from .torch_attention import multihead_attention, multihead_attention_reason
 
 #: where open_clip keeps the classes described
 MODULE = "open_clip.transformer"
 
 
 @register_family
-class OpenClipViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
+class OpenClipViT(ClassTokenFirst, Family):
     """Where open_clip's ``VisionTransformer`` keeps its parts."""
 
     name = "open_clip VisionTransformer"
@@ -45,6 +43,9 @@ class OpenClipViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
         self.sequence_first = not model.transformer.resblocks[0].attn.batch_first
         super().__init__(model)
         self.readout = "token" if model.pool_type == "tok" else "avg"
+        #: the image-text projection ``pooled @ proj`` as a Linear (LRP's head rule is placed on it), or None
+        self.projection = None if model.proj is None else LinearView(lambda: model.proj.t(), lambda: None,
+                                                                     *model.proj.shape)
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
@@ -150,4 +151,35 @@ class OpenClipViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
             pooled = norm(model._global_pool(tokens)[0])
         else:
             pooled = model._global_pool(norm(tokens))[0]
-        return pooled if model.proj is None else pooled @ model.proj
+        return pooled if self.projection is None else self.projection(pooled)
+
+    def embedding(self) -> EmbeddingParts:
+        """``conv1`` (flattened to tokens by the forward); ``patch_dropout`` right after the position add."""
+        return EmbeddingParts(self.model.conv1, self.model.conv1, self.model.patch_dropout, channels_first=True)
+
+    def missing_dropouts(self) -> tuple[nn.Module, ...]:
+        """After the MLP activation and after both branches' output projections (timm's ``drop1``, ``proj_drop``,
+        ``drop2``)."""
+        return tuple(module for parts in self.blocks
+                     for module in (parts.activation, parts.attention.proj, parts.module.mlp.c_proj))
+
+    def head_without_dropout(self) -> tuple[nn.Module, ...]:
+        return () if self.projection is None else (self.projection,)
+
+    def lrp_forward(self):
+        """The model's forward as :meth:`embed` and :meth:`encode` write it, the projection through its Linear view
+        (the model multiplies by ``proj`` in its forward, where no rule could be placed)."""
+        if self.projection is None:
+            return None
+        return (lambda images: self.encode(*self.embed(images))), (self.projection,)
+
+    def lrp_allowed(self) -> tuple[type, ...]:
+        from open_clip.transformer import (
+            LayerScale,
+            PatchDropout,
+            ResidualAttentionBlock,
+            Transformer,
+            VisionTransformer,
+        )
+
+        return VisionTransformer, Transformer, ResidualAttentionBlock, LayerScale, PatchDropout, nn.MultiheadAttention

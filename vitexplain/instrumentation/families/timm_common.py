@@ -1,4 +1,5 @@
-"""What timm's flat-sequence ViTs share (``VisionTransformer``, ``Eva``, ``Beit``, ``VisionTransformerRelPos``):
+"""What timm's flat-sequence ViTs share (``VisionTransformer``, ``Eva``, ``Beit``, ``VisionTransformerRelPos``,
+``NaFlexVit``):
 blocks in ``model.blocks``, prefix tokens counted by the model with the class token first, pooling named by
 ``global_pool``, and timm's attention-pool (MAP) head."""
 from __future__ import annotations
@@ -52,6 +53,14 @@ def timm_head(model: nn.Module, tokens: Tensor, final_norm: bool) -> Tensor:
     return model.forward_head(model.norm(tokens) if final_norm else tokens)
 
 
+def timm_layer_classes() -> tuple[type, ...]:
+    """timm's layers that the written-out blocks and pooling head compute (feed-forwards, LayerScale, drop path,
+    attention pool): allowed under LRP in every timm ViT that holds them."""
+    from timm.layers import AttentionPoolLatent, DropPath, GluMlp, LayerScale, Mlp, SwiGLU
+
+    return Mlp, GluMlp, SwiGLU, LayerScale, DropPath, AttentionPoolLatent
+
+
 def block_type_reason(blocks: nn.Module, accepted: Collection[str], described: str) -> str | None:
     """Why a model cannot be described: the first block whose class is not one of ``accepted`` (class names)."""
     for i, block in enumerate(blocks):
@@ -67,6 +76,8 @@ class TimmSequenceFamily(Family):
     #: plus half the per-channel maximum of the tokens, or the maximum alone, read through the maximum's selection,
     #: docs/decisions/readouts.md)
     readouts: ClassVar[tuple[str, ...]] = ("token", "avg", "avgmax", "max", "map")
+    #: the model's method that pools the tokens (``forward_head`` calls it; observed for the maximum's selection)
+    pool_method: ClassVar[str] = "pool"
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -77,7 +88,8 @@ class TimmSequenceFamily(Family):
     @classmethod
     def pooling_reason(cls, model: nn.Module) -> str | None:
         pooling = model.global_pool
-        if pooling in MAXIMUM_POOLINGS and pooling in cls.readouts and not callable(getattr(model, "pool", None)):
+        if (pooling in MAXIMUM_POOLINGS and pooling in cls.readouts
+                and not callable(getattr(model, cls.pool_method, None))):
             return f"its head pools with global_pool={pooling!r} inside forward_head (no pool method to observe)"
         if pooling in cls.readouts:
             return None
@@ -86,6 +98,15 @@ class TimmSequenceFamily(Family):
             return f"its head returns every token (global_pool=''), not one vector (supported: {supported})"
         return (f"its head pools with global_pool={pooling!r}, which vitexplain does not describe "
                 f"(supported: {supported})")
+
+    @classmethod
+    def head_pooling_reason(cls, model: nn.Module) -> str | None:
+        """:meth:`pooling_reason`, and for an attention pool with several latent queries, that."""
+        if reason := cls.pooling_reason(model):
+            return reason
+        if model.global_pool == "map" and getattr(model.attn_pool, "latent_len", 1) != 1:
+            return "its attention-pooling head has several latent queries"
+        return None
 
     @property
     def readout_includes_prefix(self) -> bool:
@@ -96,15 +117,15 @@ class TimmSequenceFamily(Family):
         """timm's ``pool`` (``global_pool_nlc``) with the maximum's selection of the pooled tokens handed over."""
         if self.readout not in MAXIMUM_POOLINGS:
             return
-        own = self.model.pool
+        own = getattr(self.model, self.pool_method)
         first = 0 if self.readout_includes_prefix else self.num_prefix_tokens
 
-        def pool(x: Tensor, pool_type: str | None = None) -> Tensor:
+        def pool(x: Tensor, pool_type: str | None = None, **rest) -> Tensor:
             if pool_type is None:
                 hand_over(max_selection(x[:, first:]))
-            return own(x, pool_type)
+            return own(x, pool_type, **rest)
 
-        patch.set_attribute(self.model, "pool", pool)
+        patch.set_attribute(self.model, self.pool_method, pool)
 
     def block_modules(self):
         return self.model.blocks

@@ -40,6 +40,34 @@ def _eva_inputs(x: Tensor, rope: Tensor | None = None, attn_mask: Tensor | None 
     return x, extra
 
 
+def eva_blocks_reason(blocks: nn.Module) -> str | None:
+    """Why timm ``EvaBlock`` s cannot be described, or None."""
+    if reason := block_type_reason(blocks, BLOCK_LAYOUTS, "an EvaBlock"):
+        return reason
+    for i, block in enumerate(blocks):
+        if type(block.attn).__name__ not in ATTENTIONS:
+            return f"block {i}'s attention is a {type(block.attn).__name__}"
+    return None
+
+
+def eva_block(module: nn.Module) -> BlockParts:
+    """Where an ``EvaBlock`` / ``EvaBlockPostNorm`` keeps its parts."""
+    return BlockParts(
+        module=module, attention=eva_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
+        mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp),
+        layout=BLOCK_LAYOUTS[type(module).__name__],
+        gamma1=layer_scale(getattr(module, "gamma_1", None)), gamma2=layer_scale(getattr(module, "gamma_2", None)),
+        inputs=_eva_inputs)
+
+
+def run_blocks(blocks: nn.Module, tokens: Tensor, rope: Tensor | None, mixed: bool) -> Tensor:
+    """``blocks`` on ``tokens`` with the rotary table ``rope`` of the tokens present (a selected
+    :class:`TokenContext`'s; ``mixed``: one table per block, block index second), or without RoPE."""
+    for i, block in enumerate(blocks):
+        tokens = block(tokens) if rope is None else block(tokens, rope=rope[:, i] if mixed else rope)
+    return tokens
+
+
 @register_family
 class TimmEva(TimmSequenceFamily):
     """Where timm's ``Eva`` keeps its parts."""
@@ -59,12 +87,7 @@ class TimmEva(TimmSequenceFamily):
             return reason
         if getattr(model, "patch_drop", None) is not None:
             return "it drops patches at random (patch_drop_rate > 0)"
-        if reason := block_type_reason(model.blocks, BLOCK_LAYOUTS, "an EvaBlock"):
-            return reason
-        for i, block in enumerate(model.blocks):
-            if type(block.attn).__name__ not in ATTENTIONS:
-                return f"block {i}'s attention is a {type(block.attn).__name__}"
-        return None
+        return eva_blocks_reason(model.blocks)
 
     @classmethod
     def examples(cls):
@@ -72,12 +95,7 @@ class TimmEva(TimmSequenceFamily):
                 "RoPE ViT (mixed)": timm_example("vit_base_patch16_rope_mixed_224")}
 
     def block(self, module: nn.Module) -> BlockParts:
-        return BlockParts(
-            module=module, attention=eva_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
-            mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp),
-            layout=BLOCK_LAYOUTS[type(module).__name__],
-            gamma1=layer_scale(getattr(module, "gamma_1", None)), gamma2=layer_scale(getattr(module, "gamma_2", None)),
-            inputs=_eva_inputs)
+        return eva_block(module)
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model
@@ -85,11 +103,7 @@ class TimmEva(TimmSequenceFamily):
         return model.norm_pre(tokens), TokenContext(rope=rope)
 
     def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
-        model = self.model
-        mixed = getattr(model, "rope_mixed", False) and context.rope is not None
-        for i, block in enumerate(model.blocks):
-            tokens = block(tokens, rope=context.rope[:, i] if mixed else context.rope)
-        return self.head(tokens)
+        return self.head(run_blocks(self.model.blocks, tokens, context.rope, getattr(self.model, "rope_mixed", False)))
 
     def lrp_allowed(self) -> tuple[type, ...]:
         from timm.layers import (

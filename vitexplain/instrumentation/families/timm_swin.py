@@ -4,12 +4,10 @@ log-spaced coordinates, cosine attention with a learnt logit scale, q / v biases
 patch merging between stages, NHWC token grids, an average-pooling head."""
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
-from ..attention import AttentionInput, AttentionParts
+from ..attention import AttentionInput, AttentionParts, clamped_logit_scale
 from ..blocks import BlockParts
 from ..windows import Windows
 from .base import EmbeddingParts, Family, PatchTokensOnly, register_family, timm_example
@@ -28,6 +26,23 @@ SWIN_TOKEN_SUBSETS = ("a Swin Transformer's windows and patch merging need the w
                       "has no meaning (mask the image instead, e.g. tis with input_space=True)")
 
 
+class HierarchicalSwin(PatchTokensOnly):
+    """Mixin of a Swin :class:`Family` (timm's, torchvision's): no prefix tokens, an average over the last stage's
+    tokens as the readout, no token subsets (:data:`SWIN_TOKEN_SUBSETS`)."""
+
+    readout = "avg"
+
+    def token_subsets_reason(self) -> str | None:
+        return SWIN_TOKEN_SUBSETS
+
+
+def pooling_reason(pooling: str) -> str | None:
+    """Why a timm Swin head pooling by ``pooling`` (its ``global_pool``) is not described, or None for ``'avg'``."""
+    if pooling == "avg":
+        return None
+    return f"its head pools with global_pool={pooling!r}, which is not a weighting of the tokens (supported: 'avg')"
+
+
 def _swin_classes() -> tuple[type, type]:
     from timm.models.swin_transformer import SwinTransformer
     from timm.models.swin_transformer_v2 import SwinTransformerV2
@@ -44,7 +59,7 @@ def grid_back(tokens: Tensor, given: Tensor) -> Tensor:
     return tokens.reshape(*given.shape[:-1], tokens.shape[-1])
 
 
-def _shift_mask(block: nn.Module):
+def shift_mask(block: nn.Module):
     """The block's own shift mask for a padded grid: its buffer, or (dynamic image sizes) its own
     ``get_attn_mask`` on that grid."""
     def mask(padded, device, dtype) -> Tensor | None:
@@ -83,12 +98,12 @@ def _v2_attention(attn: nn.Module) -> AttentionParts:
     return AttentionParts(
         module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5, proj=attn.proj,
         qkv=attn.qkv, qkv_bias=bias, position_bias=_continuous_position_bias(attn),
-        logit_scale=lambda: torch.clamp(attn.logit_scale, max=math.log(1.0 / 0.01)).exp(),
+        logit_scale=clamped_logit_scale(attn),
         attn_drop=attn.attn_drop, proj_drop=attn.proj_drop)
 
 
 @register_family
-class TimmSwin(PatchTokensOnly, Family):
+class TimmSwin(HierarchicalSwin, Family):
     """Where timm's ``SwinTransformer`` and ``SwinTransformerV2`` keep their parts.
 
     The blocks of all stages, in order, are the model's blocks (block indices count across stages);
@@ -99,7 +114,6 @@ class TimmSwin(PatchTokensOnly, Family):
 
     name = "timm Swin Transformer (V1, V2)"
     listing_order = 14
-    readout = "avg"
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
@@ -107,9 +121,8 @@ class TimmSwin(PatchTokensOnly, Family):
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if model.global_pool != "avg":
-            return (f"its head pools with global_pool={model.global_pool!r}, which is not a weighting of the tokens "
-                    "(supported: 'avg')")
+        if pooling_reason(model.global_pool):
+            return pooling_reason(model.global_pool)
         for i, stage in enumerate(model.layers):
             for j, block in enumerate(stage.blocks):
                 if type(block).__name__ not in BLOCK_LAYOUTS:
@@ -130,14 +143,11 @@ class TimmSwin(PatchTokensOnly, Family):
         return BlockParts(
             module=module, attention=attention, norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
             activation=getattr(module.mlp, "act", None), layout=layout, inputs=grid_tokens, output=grid_back,
-            windows=Windows(tuple(module.window_size), tuple(module.shift_size), _shift_mask(module)))
+            windows=Windows(tuple(module.window_size), tuple(module.shift_size), shift_mask(module)))
 
     def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
         """``tokens`` as a last-stage block returns them, a grid [B, h, w, C]."""
         return timm_head(self.model, tokens, final_norm)
-
-    def token_subsets_reason(self) -> str | None:
-        return SWIN_TOKEN_SUBSETS
 
     def embedding(self) -> EmbeddingParts:
         return EmbeddingParts(self.model.patch_embed, self.model.patch_embed.proj, None)

@@ -15,7 +15,7 @@ from .base import (
     register_family,
     timm_example,
 )
-from .timm_common import TimmSequenceFamily, block_type_reason, gated_mlp
+from .timm_common import TimmSequenceFamily, block_type_reason, gated_mlp, timm_layer_classes
 
 ATTENTION_ATTRIBUTES = ("qkv", "proj", "num_heads", "head_dim", "scale")
 #: timm block classes and the layout their forward computes
@@ -80,6 +80,33 @@ def _block_inputs(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = 
     return x, AttentionInput(mask=attn_mask)
 
 
+def vit_blocks_reason(blocks: nn.Module) -> str | None:
+    """Why timm ViT blocks (``Block``, ``ResPostBlock``, ``ParallelScalingBlock``) cannot be described, or None."""
+    if reason := block_type_reason(blocks, BLOCK_LAYOUTS, "timm's Block or ResPostBlock"):
+        return reason
+    for i, block in enumerate(blocks):
+        if type(block).__name__ == "ParallelScalingBlock":
+            if block.out_proj is not None:
+                return f"block {i}: its attention and MLP share one fused output projection (fuse_out_proj=True)"
+            continue
+        absent = missing(block.attn, ATTENTION_ATTRIBUTES)
+        if absent:
+            return f"block {i}: {absent}"
+    return None
+
+
+def vit_block(module: nn.Module) -> BlockParts:
+    """Where a timm ViT block (one of :data:`BLOCK_LAYOUTS`) keeps its parts."""
+    layout = BLOCK_LAYOUTS[type(module).__name__]
+    if layout == "parallel":
+        return parallel_block(module)
+    return BlockParts(
+        module=module, attention=timm_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
+        mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), layout=layout,
+        gamma1=layer_scale(getattr(module, "ls1", None)),
+        gamma2=layer_scale(getattr(module, "ls2", None)), inputs=_block_inputs)
+
+
 @register_family
 class TimmViT(TimmSequenceFamily):
     """Where timm's ``VisionTransformer`` (and subclasses such as ``VisionTransformerDistilled``) keeps its parts."""
@@ -93,21 +120,9 @@ class TimmViT(TimmSequenceFamily):
 
     @classmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if reason := cls.pooling_reason(model):
+        if reason := cls.head_pooling_reason(model):
             return reason
-        if model.global_pool == "map" and getattr(model.attn_pool, "latent_len", 1) != 1:
-            return "its attention-pooling head has several latent queries"
-        if reason := block_type_reason(model.blocks, BLOCK_LAYOUTS, "timm's Block or ResPostBlock"):
-            return reason
-        for i, block in enumerate(model.blocks):
-            if type(block).__name__ == "ParallelScalingBlock":
-                if block.out_proj is not None:
-                    return f"block {i}: its attention and MLP share one fused output projection (fuse_out_proj=True)"
-                continue
-            absent = missing(block.attn, ATTENTION_ATTRIBUTES)
-            if absent:
-                return f"block {i}: {absent}"
-        return None
+        return vit_blocks_reason(model.blocks)
 
     @classmethod
     def examples(cls):
@@ -121,14 +136,7 @@ class TimmViT(TimmSequenceFamily):
                 "ViT with parallel blocks (vit_pwee)": timm_example("vit_pwee_patch16_reg1_gap_256")}
 
     def block(self, module: nn.Module) -> BlockParts:
-        layout = BLOCK_LAYOUTS[type(module).__name__]
-        if layout == "parallel":
-            return parallel_block(module)
-        return BlockParts(
-            module=module, attention=timm_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
-            mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), layout=layout,
-            gamma1=layer_scale(getattr(module, "ls1", None)),
-            gamma2=layer_scale(getattr(module, "ls2", None)), inputs=_block_inputs)
+        return vit_block(module)
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model
@@ -139,22 +147,12 @@ class TimmViT(TimmSequenceFamily):
         return self.head(self.model.blocks(tokens))
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import (
-            AttentionPoolLatent,
-            DropPath,
-            GluMlp,
-            LayerScale,
-            Mlp,
-            PatchDropout,
-            PatchEmbed,
-            SwiGLU,
-        )
+        from timm.layers import PatchDropout, PatchEmbed
         from timm.models.vision_transformer import (
             Block,
             ParallelScalingBlock,
             ResPostBlock,
         )
 
-        return (_vit_classes(), Block, ResPostBlock, ParallelScalingBlock, type(self.blocks[0].attention.module), Mlp,
-                GluMlp, SwiGLU,
-                PatchEmbed, LayerScale, DropPath, PatchDropout, AttentionPoolLatent)
+        return (_vit_classes(), Block, ResPostBlock, ParallelScalingBlock, type(self.blocks[0].attention.module),
+                *timm_layer_classes(), PatchEmbed, PatchDropout)

@@ -2,47 +2,28 @@
 towers and the pooling head of transformers' SigLIP use it.
 
 Its input projection is one packed parameter (``in_proj_weight``, rows q, k, v), not a Linear module; the
-description reads it through :class:`InProjectionRows`. LRP's module rules are placed on Linear modules of
-the model, so they cannot reach a packed projection: families built on this attention refuse LRP
-(:data:`LRP_REASON`).
+description reads it through :func:`in_projection_rows`, a Linear whose weight and bias are rows of the packed
+ones (a :class:`~.base.LinearView`). The written-out attention calls it as a module, so LRP's Linear rules are
+placed on it as on timm's ``qkv`` (:func:`~vitexplain.instrumentation.lrp.placement.lrp_rules` places them on the
+description's Linears that are no modules of the model too); the model itself is not changed.
 """
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import AttentionParts
-from .base import UnsupportedModelError
-
-#: why a family whose blocks attend through ``nn.MultiheadAttention`` takes no LRP rules
-LRP_REASON = ("its attention is torch's nn.MultiheadAttention, whose packed input projection (in_proj_weight) is no "
-              "Linear module an LRP rule can be placed on")
+from .base import LinearView
 
 
-class MultiheadAttentionWithoutLRP:
-    """Mixin of a :class:`~.base.Family` whose blocks attend through ``nn.MultiheadAttention``: LRP refused
-    with :data:`LRP_REASON`."""
+def in_projection_rows(attention: nn.MultiheadAttention, start: int, stop: int) -> LinearView:
+    """Rows ``start:stop`` of ``nn.MultiheadAttention``'s packed input projection as a Linear (read from the
+    attention's own parameters at each call)."""
+    rows = slice(start, stop)
 
-    def embedding(self):
-        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models: {LRP_REASON}")
+    def bias() -> Tensor | None:
+        return None if attention.in_proj_bias is None else attention.in_proj_bias[rows]
 
-    def lrp_allowed(self) -> tuple[type, ...]:
-        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models: {LRP_REASON}")
-
-
-class InProjectionRows(nn.Module):
-    """Rows ``start:stop`` of ``nn.MultiheadAttention``'s packed input projection as a Linear, read from the
-    module's own parameters at each call (so gradients and precision changes reach them)."""
-
-    def __init__(self, attention: nn.MultiheadAttention, start: int, stop: int):
-        super().__init__()
-        self.rows = slice(start, stop)
-        self._attention = [attention]  # not a submodule: the model owns it
-
-    def forward(self, x: Tensor) -> Tensor:
-        attention = self._attention[0]
-        bias = None if attention.in_proj_bias is None else attention.in_proj_bias[self.rows]
-        return F.linear(x, attention.in_proj_weight[self.rows], bias)
+    return LinearView(lambda: attention.in_proj_weight[rows], bias, attention.embed_dim, stop - start)
 
 
 def multihead_attention_reason(attention: nn.Module) -> str | None:
@@ -62,7 +43,7 @@ def multihead_attention(attention: nn.MultiheadAttention) -> AttentionParts:
     width = attention.embed_dim
     return AttentionParts(module=attention, num_heads=attention.num_heads, head_dim=attention.head_dim,
                           scale=attention.head_dim ** -0.5, proj=attention.out_proj,
-                          qkv=InProjectionRows(attention, 0, 3 * width))
+                          qkv=in_projection_rows(attention, 0, 3 * width))
 
 
 def latent_attention(attention: nn.MultiheadAttention, latent: Tensor) -> AttentionParts:
@@ -71,5 +52,6 @@ def latent_attention(attention: nn.MultiheadAttention, latent: Tensor) -> Attent
     width = attention.embed_dim
     return AttentionParts(module=attention, num_heads=attention.num_heads, head_dim=attention.head_dim,
                           scale=attention.head_dim ** -0.5, proj=attention.out_proj,
-                          query=InProjectionRows(attention, 0, width), kv=InProjectionRows(attention, width, 3 * width),
+                          query=in_projection_rows(attention, 0, width),
+                          kv=in_projection_rows(attention, width, 3 * width),
                           latent=latent)

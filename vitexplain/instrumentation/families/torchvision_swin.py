@@ -11,30 +11,26 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import AttentionParts
+from ..attention import AttentionParts, clamped_logit_scale
 from ..blocks import BlockParts
 from ..windows import Grid, WindowLayout, Windows
 from .base import (
+    EmbeddingParts,
     Family,
-    PatchTokensOnly,
-    UnsupportedModelError,
+    LinearView,
     example,
     loaded_class,
     register_family,
 )
-from .timm_swin import SWIN_TOKEN_SUBSETS, grid_back, grid_tokens
+from .timm_swin import HierarchicalSwin, grid_back, grid_tokens
 
 #: where torchvision keeps the classes described
 MODULE = "torchvision.models.swin_transformer"
 #: block class -> (the attention class it holds, the layout its forward computes)
 BLOCKS = {"SwinTransformerBlock": ("ShiftedWindowAttention", "pre_norm"),
           "SwinTransformerBlockV2": ("ShiftedWindowAttentionV2", "res_post_norm")}
-#: why the LRP methods are refused
-LRP_REASON = ("LRP rules are not placed on torchvision Swin models (their patch embedding, patch merging and head "
-              "modules are not described to the rule sets)")
 
 
 def _effective_shift(window: Grid, shift: Grid, padded: Grid) -> Grid:
@@ -78,20 +74,25 @@ class PaddedThenShifted(Windows):
         return WindowLayout(tuple(grid), tuple(self.window), shift, slots, mask)
 
 
-class _KeyBiasLeftOut(nn.Module):
-    """V2's qkv Linear as its attention calls it: the key third of the bias left out."""
+def _key_bias_left_out(linear: nn.Linear) -> LinearView:
+    """V2's qkv Linear as its attention calls it: the key third of the bias left out (a Linear of the description,
+    so LRP's Linear rules act on it)."""
+    def bias() -> Tensor | None:
+        if linear.bias is None:
+            return None
+        third = linear.bias.numel() // 3
+        return torch.cat([linear.bias[:third], torch.zeros_like(linear.bias[third:2 * third]), linear.bias[2 * third:]])
 
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self._linear = [linear]  # not a submodule: the model owns it
+    return LinearView(lambda: linear.weight, bias, linear.in_features, linear.out_features)
 
-    def forward(self, x: Tensor) -> Tensor:
-        linear = self._linear[0]
-        bias = linear.bias
-        if bias is not None:
-            third = bias.numel() // 3
-            bias = torch.cat([bias[:third], torch.zeros_like(bias[third:2 * third]), bias[2 * third:]])
-        return F.linear(x, linear.weight, bias)
+
+def _without_graph(attn: nn.Module):
+    """V2's continuous position bias (16·sigmoid of its MLP), a constant of the input: computed without a graph, as
+    for timm's Swin V2 (``timm_swin.py``), so the LRP rules on that MLP's Linears stay out of its way."""
+    def bias() -> Tensor:
+        with torch.no_grad():
+            return attn.get_relative_position_bias()
+    return bias
 
 
 def _attention(attn: nn.Module, version: str) -> AttentionParts:
@@ -100,17 +101,16 @@ def _attention(attn: nn.Module, version: str) -> AttentionParts:
         return AttentionParts(module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5,
                               proj=attn.proj, qkv=attn.qkv, position_bias=attn.get_relative_position_bias)
     return AttentionParts(module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5,
-                          proj=attn.proj, qkv=_KeyBiasLeftOut(attn.qkv), position_bias=attn.get_relative_position_bias,
-                          logit_scale=lambda: torch.clamp(attn.logit_scale, max=math.log(100.0)).exp())
+                          proj=attn.proj, qkv=_key_bias_left_out(attn.qkv), position_bias=_without_graph(attn),
+                          logit_scale=clamped_logit_scale(attn))
 
 
 @register_family
-class TorchvisionSwin(PatchTokensOnly, Family):
+class TorchvisionSwin(HierarchicalSwin, Family):
     """Where torchvision's ``SwinTransformer`` (V1 and V2 blocks) keeps its parts; blocks of all stages in order."""
 
     name = "torchvision Swin Transformer (V1, V2)"
     listing_order = 32
-    readout = "avg"
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
@@ -184,11 +184,18 @@ class TorchvisionSwin(PatchTokensOnly, Family):
         tokens = model.norm(tokens) if final_norm else tokens
         return model.head(model.flatten(model.avgpool(model.permute(tokens))))
 
-    def token_subsets_reason(self) -> str | None:
-        return SWIN_TOKEN_SUBSETS
-
-    def embedding(self):
-        raise UnsupportedModelError(LRP_REASON)
+    def embedding(self) -> EmbeddingParts:
+        """``features[0]``: the patch convolution, a permute to NHWC, a LayerNorm; no position embedding."""
+        return EmbeddingParts(self.model.features[0], self._convolution, None)
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        raise UnsupportedModelError(LRP_REASON)
+        from torchvision.models import swin_transformer as swin
+        from torchvision.ops.misc import Permute
+        from torchvision.ops.stochastic_depth import StochasticDepth
+
+        # the merges concatenate 2x2 neighbours (a selection) before or after their norm and Linear, which the rules
+        # cover; stochastic depth is the identity in evaluation; V2's bias MLP (with its ReLU) computes a constant
+        # of the input, which carries no relevance
+        return (swin.SwinTransformer, swin.SwinTransformerBlock, swin.ShiftedWindowAttention, swin.PatchMerging,
+                swin.SwinTransformerBlockV2, swin.ShiftedWindowAttentionV2, swin.PatchMergingV2,
+                Permute, StochasticDepth, nn.AdaptiveAvgPool2d, nn.Flatten, nn.ReLU)

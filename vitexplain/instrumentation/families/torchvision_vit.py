@@ -10,24 +10,22 @@ from torch import Tensor, nn
 from ..blocks import BlockParts
 from .base import (
     ClassTokenFirst,
+    EmbeddingParts,
     Family,
     TokenContext,
+    UnsupportedModelError,
     example,
     loaded_class,
     register_family,
 )
-from .torch_attention import (
-    MultiheadAttentionWithoutLRP,
-    multihead_attention,
-    multihead_attention_reason,
-)
+from .torch_attention import multihead_attention, multihead_attention_reason
 
 #: where torchvision keeps the classes described
 MODULE = "torchvision.models.vision_transformer"
 
 
 @register_family
-class TorchvisionViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
+class TorchvisionViT(ClassTokenFirst, Family):
     """Where torchvision's ``VisionTransformer`` keeps its parts."""
 
     name = "torchvision VisionTransformer"
@@ -77,7 +75,8 @@ class TorchvisionViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
 
     @property
     def in_channels(self) -> int:
-        return self.model.conv_proj.in_channels
+        """The first convolution's input channels (``conv_proj``, or the first of a convolutional stem)."""
+        return next(module for module in self.model.conv_proj.modules() if isinstance(module, nn.Conv2d)).in_channels
 
     def grid_size(self, images: Tensor) -> tuple[int, int]:
         size, given = self.model.image_size, tuple(images.shape[-2:])
@@ -100,3 +99,19 @@ class TorchvisionViT(ClassTokenFirst, MultiheadAttentionWithoutLRP, Family):
         """``encoder.ln``, then ``heads`` on the class token."""
         tokens = self.model.encoder.ln(tokens) if final_norm else tokens
         return self.model.heads(tokens[:, 0])
+
+    def embedding(self) -> EmbeddingParts:
+        """``conv_proj`` (flattened to tokens by ``_process_input``); ``encoder.dropout`` right after the position
+        add. A convolutional stem (``conv_stem_configs``: BatchNorm, ReLU) has no LRP rule and is refused."""
+        convolution = self.model.conv_proj
+        if not isinstance(convolution, nn.Conv2d):
+            raise UnsupportedModelError(f"LRP rules are not placed on this {self.name}: its patch embedding is a "
+                                        "convolutional stem (conv_stem_configs: convolutions, BatchNorm, ReLU)")
+        return EmbeddingParts(convolution, convolution, self.model.encoder.dropout, channels_first=True)
+
+    def head_without_dropout(self) -> tuple[nn.Module, ...]:
+        return (self.model.heads,)
+
+    def lrp_allowed(self) -> tuple[type, ...]:
+        return (loaded_class(MODULE, "VisionTransformer"), loaded_class(MODULE, "Encoder"),
+                loaded_class(MODULE, "EncoderBlock"), nn.MultiheadAttention)

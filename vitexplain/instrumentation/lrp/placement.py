@@ -9,6 +9,7 @@ a module no rule covers, places everything, and removes it all on exit (also aft
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -112,30 +113,70 @@ def _check_covered(adapter: ModelAdapter) -> None:
                                     f"{name} ({type(module).__name__}) {reason}")
 
 
+def _attention_linears(family) -> list[tuple[nn.Linear, int | None]]:
+    """The Linears of every attention (blocks and pooling head) with their block (None: the head)."""
+    attentions = [(parts.attention, index) for index, parts in enumerate(family.blocks)]
+    attentions += [(family.probe.attention, None)] if family.probe is not None else []
+    return [(linear, index) for attention, index in attentions
+            for linear in (*attention.projections, attention.query, attention.proj) if isinstance(linear, nn.Linear)]
+
+
 def _linear_places(family) -> dict[int, tuple[str, int | None]]:
     """Each Linear of the blocks and of a pooling head, by id: its role and block (:data:`.composites.LinearRules`);
     Linears not listed are ``("head", None)``."""
-    attentions = [(parts.attention, index) for index, parts in enumerate(family.blocks)]
-    attentions += [(family.probe.attention, None)] if family.probe is not None else []
     places = {id(linear): ("mlp", index) for index, parts in enumerate(family.blocks)
               for linear in parts.module.modules() if isinstance(linear, nn.Linear)}
-    for attention, index in attentions:
-        for linear in (*attention.projections, attention.query, attention.proj):
-            if isinstance(linear, nn.Linear):
-                places[id(linear)] = ("attention", index)
+    places.update({id(linear): ("attention", index) for linear, index in _attention_linears(family)})
     return places
 
 
+def _ruled_modules(adapter: ModelAdapter, views: tuple[nn.Linear, ...]) -> list[nn.Module]:
+    """The model's modules, then the description's Linears that are none of them: views of bare parameters
+    (:class:`~..families.base.LinearView`: ``nn.MultiheadAttention``'s packed input projection, ``views`` of
+    the family's LRP forward), which the written-out attention and that forward call as modules, so their rules are
+    placed like any Linear's."""
+    modules = list(adapter.model.modules())
+    own = {id(module) for module in modules}
+    described = [linear for linear, _ in _attention_linears(adapter.family)] + list(views)
+    return modules + list({id(linear): linear for linear in described if id(linear) not in own}.values())
+
+
+def _keep_patches(trace: Trace, channels_first: bool, module: nn.Module, args, output: Tensor) -> Tensor:
+    """Forward hook of the patch embedding: its output into the trace as tokens [B, h*w, C] (a bare convolution's
+    output [B, C, h, w] flattened); the model goes on with a copy laid out as the module gave it, so that a position
+    embedding added to it in place (NaFlexVit's) leaves the kept tensor as the patch embedding made it, and the
+    relevance of the kept tokens is read where the forward passes."""
+    trace.patches = output.flatten(2).transpose(1, 2) if channels_first else output
+    copy = trace.patches.clone()
+    return copy.transpose(1, 2).unflatten(2, output.shape[2:]) if channels_first else copy
+
+
+def _keep_output(trace: Trace, index: int, sequence_first: bool, module: nn.Module, args, output) -> Tensor | None:
+    """Forward hook of the last block: its output into the trace as the residual after it, batch first (blocks laid
+    out [N, B, C] go on with a view of the tokens kept, so that their relevance is read where the forward passes)."""
+    if not sequence_first:
+        trace.residuals[index] = output[0] if isinstance(output, tuple) else output
+        return None
+    trace.residuals[index] = output.transpose(0, 1)
+    return trace.residuals[index].transpose(0, 1)
+
+
 def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatch, pixels: bool) -> None:
-    """Put the rule set's module rules on the model's modules, from its family description."""
-    family, model = adapter.family, adapter.model
+    """Put the rule set's module rules on the model's modules (and the description's Linear views), from its family
+    description."""
+    family = adapter.family
     embedding = family.embedding()
     projections = {id(linear) for parts in family.blocks for linear in parts.attention.projections}
     if family.probe is not None:
         projections |= {id(linear) for linear in family.probe.attention.projections}
     activations = {id(activation) for activation in _activations(family)}
     places = _linear_places(family)
-    for module in model.modules():
+    forward, views = family.lrp_forward() or (None, ())
+    if forward is not None:  # the family's forward (not the model's) computes through the views
+        patch.set_attribute(family, "forward", forward)
+    for module in _ruled_modules(adapter, views):
+        if module is embedding.convolution:  # the patch projection (a Linear in NaFlexVit): the pixels' rule, or none
+            continue
         if isinstance(module, nn.Linear):
             rule = rules.linear_rule(*places.get(id(module), ("head", None)))
             rule.place(module, patch, renormalise_input=id(module) not in projections)
@@ -143,27 +184,27 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
             rules.norm().place(module, patch)
         elif id(module) in activations:
             rules.activation().place(module, patch)
-            if rules.dropout is not None and module in family.missing_dropouts():
-                patch.hook(module.register_forward_hook(lambda module, args, output: r.absolute_passthrough(output)))
         elif isinstance(module, nn.Dropout) and module is not embedding.position_module and rules.dropout is not None:
             rules.dropout().place(module, patch)
-    if rules.dropout is not None:
+    if rules.dropout is not None:  # after the modules' own rules, as a dropout follows them
+        for module in family.missing_dropouts():
+            patch.hook(module.register_forward_hook(lambda module, args, output: r.absolute_passthrough(output)))
         for head in family.head_without_dropout():
             patch.hook(head.register_forward_pre_hook(lambda module, args: (r.absolute_passthrough(args[0]),)))
-    patch.hook(embedding.patch_embedding.register_forward_hook(
-        lambda module, args, output: setattr(trace, "patches", output)))
+    if pixels and embedding.convolution is not None:  # first: the patch embedding may be the convolution itself
+        trace.pixel_rule = rules.pixels()
+        trace.pixel_rule.place(embedding.convolution, patch)
+    patch.hook(embedding.patch_embedding.register_forward_hook(functools.partial(
+        _keep_patches, trace, embedding.channels_first)))
     if rules.position is not None and embedding.position_module is not None:
         prefix = adapter.num_prefix_tokens
         patch.hook(embedding.position_module.register_forward_pre_hook(
             lambda module, args: (r.normalise_relevance(args[0]),)))
         patch.hook(embedding.position_module.register_forward_hook(
             lambda module, args, output: rules.position(output, trace.patches, prefix)))
-    if pixels and embedding.convolution is not None:
-        trace.pixel_rule = rules.pixels()
-        trace.pixel_rule.place(embedding.convolution, patch)
     last = family.blocks[-1].module
-    patch.hook(last.register_forward_hook(lambda module, args, output: trace.residuals.__setitem__(
-        len(family.blocks), output[0] if isinstance(output, tuple) else output)))
+    patch.hook(last.register_forward_hook(functools.partial(_keep_output, trace, len(family.blocks),
+                                                            family.sequence_first)))
 
 
 @contextlib.contextmanager

@@ -139,7 +139,7 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
         attn=_per_block(readings.relevance if kept else {}, num_blocks),
         residuals=[value.flatten(1, -2) for value in taken["residuals"]] or [None] * (num_blocks + 1),
         patches=None if patches is None else patches.reshape(patches.shape[0], -1, patches.shape[-1]),
-        pixels=_pixels(taken["pixels"], images),
+        pixels=_pixels(taken["pixels"], images, adapter),
         geometry=geometry,
         attn_grads=_per_block(readings.gradients, num_blocks) if kept and gradients else None,
         reduced=_per_block(readings.reduced, num_blocks) if reduce is not None else None)
@@ -188,13 +188,15 @@ def _per_block(values: dict[int, Any], num_blocks: int) -> list[Any]:
     return [values.get(block) for block in range(num_blocks)]
 
 
-def _pixels(taken: list[Tensor], images: Tensor) -> Tensor | None:
-    """The pixels' relevance plus the z^B rule's bound terms (cropped in case the patch embedding padded
-    the image); None when not asked for."""
+def _pixels(taken: list[Tensor], images: Tensor, adapter: ModelAdapter) -> Tensor | None:
+    """The pixels' relevance plus the z^B rule's bound terms (laid out as pixels where the patch projection is a
+    Linear of flattened patches; cropped in case the patch embedding padded the image); None when not asked for."""
     if not taken:
         return None
     pixels, *bounds = taken
     height, width = images.shape[-2:]
+    as_pixels = adapter.family.embedding().as_pixels if bounds else None
     for bound in bounds:
+        bound = bound if as_pixels is None else as_pixels(bound, tuple(adapter.grid_size(images)))
         pixels = pixels + bound[..., :height, :width]
     return pixels

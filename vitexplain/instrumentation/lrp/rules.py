@@ -497,22 +497,24 @@ class AbsoluteConv(ModuleRule):
 
 class ZBox(ModuleRule):
     """z^B rule (Montavon et al. 2017) at the patch convolution, each image's min / max as bounds (Chefer et al.'s
-    code).
+    code); or at a Linear of the flattened patches (NaFlexVit), the same products in another layout.
 
-    The bound tensors are kept in ``bounds`` so that their relevance terms can be added to the pixels'.
+    The bound tensors (shaped as the module's input) are kept in ``bounds`` so that their relevance terms can be
+    added to the pixels'.
     """
 
     def __init__(self):
         self.bounds: tuple[Tensor, Tensor] | None = None
 
     def output(self, conv: nn.Module, x: Tensor, output: Tensor) -> Tensor:
-        low = x.detach().amin(dim=(1, 2, 3), keepdim=True).expand_as(x).clone().requires_grad_(True)
-        high = x.detach().amax(dim=(1, 2, 3), keepdim=True).expand_as(x).clone().requires_grad_(True)
+        every = tuple(range(1, x.ndim))
+        low = x.detach().amin(dim=every, keepdim=True).expand_as(x).clone().requires_grad_(True)
+        high = x.detach().amax(dim=every, keepdim=True).expand_as(x).clone().requires_grad_(True)
         self.bounds = (low, high)
         weight = conv.weight.detach()
-        conv2d = functools.partial(F.conv2d, stride=conv.stride, padding=conv.padding, dilation=conv.dilation,
-                                   groups=conv.groups)
-        contributions = conv2d(x, weight) - conv2d(low, weight.clamp(min=0)) - conv2d(high, weight.clamp(max=0))
+        product = F.linear if isinstance(conv, nn.Linear) else functools.partial(
+            F.conv2d, stride=conv.stride, padding=conv.padding, dilation=conv.dilation, groups=conv.groups)
+        contributions = product(x, weight) - product(low, weight.clamp(min=0)) - product(high, weight.clamp(max=0))
         return proportional(output, contributions)
 
 
