@@ -14,6 +14,7 @@ from vitexplain.instrumentation import adapter_for, lrp
 from vitexplain.instrumentation.lrp import RULE_SETS, other_classes
 
 from conftest import make_vit
+from test_lrp import randomise_biases
 
 OTHERS = dataclasses.replace(RULE_SETS["abslrp"], start=other_classes)
 
@@ -306,7 +307,7 @@ def test_clear_errors(tiny):
     assert pooled.shape == (2, 32, 32) and pooled.isfinite().all() and pooled.abs().sum() > 0
 
 
-def _square_tensors_saved(model, rules: str) -> tuple[int, int, int]:
+def _square_tensors_saved(model, rules: str, recompute: bool = True) -> tuple[int, int, int]:
     """Token-by-token tensors autograd saves under ``rules``: those a forward leaves alive for the backward, those
     saved while relevance is propagated (forward and backward), and the most alive at once."""
     tokens = 1 + model.patch_embed.num_patches  # the class token and the patches
@@ -322,12 +323,12 @@ def _square_tensors_saved(model, rules: str) -> tuple[int, int, int]:
 
     adapter = adapter_for(model)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        with lrp.lrp_rules(adapter, rules):
+        with lrp.lrp_rules(adapter, rules, recompute=recompute):
             logits = adapter.forward(images_like())
             kept = sum(not reference.expired() for reference in saved)
         del logits
         before = len(saved)
-        relevance(model, images_like(), None, rules, at=("pixels",))
+        relevance(model, images_like(), None, rules, at=("pixels",), recompute=recompute)
     return kept, len(saved) - before, most
 
 
@@ -340,3 +341,21 @@ def test_no_block_keeps_its_attention_maps_for_the_whole_backward(rules):
     assert two[0] == four[0] == 0
     assert four[1] == 2 * two[1] > 0  # every block saves them (what the check would catch)
     assert four[2] == two[2] <= two[1] // 4
+
+
+@pytest.mark.parametrize("method, options", [("abs_lrp", {}), ("lrp", {}), ("attnlrp", {}), ("cp_lrp", {}),
+                                             ("conservative_lrp", {}), ("attnlrp", {"at": "patches"})])
+def test_recompute_switches_memory_for_time_and_keeps_the_maps(method, options):
+    """``recompute=False`` keeps every block's graph from the forward (its attention maps alive until the backward)
+    instead of computing each block again: the same operations, so the same maps (float64, bitwise)."""
+    model = randomise_biases(make_vit(depth=2)).double()
+    x = images_like(dtype=torch.float64)
+    kept = explain(model, x, method, recompute=False, **options)
+    again = explain(model, x, method, recompute=True, **options)
+    assert torch.equal(kept, again) and kept.abs().sum() > 0
+    assert _square_tensors_saved(make_vit(depth=2), "chefer", recompute=False)[0] > 0
+
+
+def test_the_attention_relevance_needs_each_block_computed_again():
+    with pytest.raises(ValueError, match="needs recompute=True"):
+        relevance(make_vit(depth=2), images_like(), None, "chefer", at=("attn",), recompute=False)

@@ -19,7 +19,7 @@ Stage = Literal["pixels", "patches"]
 
 
 def attention_aware_map(adapter: ModelAdapter, images: Tensor, target, *, constant_attention: bool,
-                        gamma: Gammas, conv_gamma: float, at: Stage) -> Tensor:
+                        gamma: Gammas, conv_gamma: float, at: Stage, recompute: bool) -> Tensor:
     """The channel sum of the relevance at ``at`` [B, H, W], under :func:`attention_aware`'s rule set.
 
     ``at="patches"``: each patch embedding's relevance (before the position embedding) spread evenly over
@@ -29,7 +29,7 @@ def attention_aware_map(adapter: ModelAdapter, images: Tensor, target, *, consta
         raise ValueError(f"gamma takes one value, or one per block: {adapter.num_blocks} for this model, "
                          f"got {len(gamma)}")
     rules = attention_aware(constant_attention, gamma, conv_gamma)
-    found = relevance(adapter, images, target, rules, at=(at,))
+    found = relevance(adapter, images, target, rules, at=(at,), recompute=recompute)
     if at == "pixels":
         return found.pixels.sum(1)
     per_patch = found.patches.sum(-1).reshape(images.shape[0], 1, *found.geometry.grid)

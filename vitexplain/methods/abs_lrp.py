@@ -13,7 +13,8 @@ from ..registry import register_method
 @register_method("abs_lrp", resolution="pixel", cost=lambda o: 4 * (1 + o["contrastive"]),
                  score_targets=False,
                  precision_caveats={"bfloat16 weights": 0.764, "float16 weights": 0.988})
-def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: bool = True) -> Tensor:
+def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: bool = True,
+            recompute: bool = True) -> Tensor:
     """absLRP pixel relevance of the target class, minus that of all other classes, summed over channels.
 
     Vukadin, Afrić, Šilić & Delač, "Advancing Attribution-Based Neural Network Explainability through
@@ -32,14 +33,18 @@ def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: 
             where R(target) starts from 1 on the target logit and R(others) from 1/(C-1) on every
             other logit, each propagated to the pixels (where each has Σ|R| = 1). False returns
             R(target) alone.
+        recompute: compute each block again in each backward (default), so that peak memory does not grow with
+            blocks × tokens² (2.1× a forward+backward's at 784 tokens, 5.3× without); False keeps every block's
+            graph, faster by about a third (docs/decisions/performance.md).
 
     Returns the pixel map [B, H, W]: the channel sum of the pixel relevance, as the authors'
     visualisation and GradToken's pixel-level evaluation. Not rescaled (their ``relevancy`` also
     divides by the per-image max |value|, a positive factor left to visualisation and evaluation).
     """
-    explained = relevance(adapter, images, target, rules="abslrp", at=("pixels",))
+    explained = relevance(adapter, images, target, rules="abslrp", at=("pixels",), recompute=recompute)
     pixels = explained.pixels
     if contrastive:
         dual = dataclasses.replace(RULE_SETS["abslrp"], start=other_classes)
-        pixels = pixels - relevance(adapter, images, explained.targets, rules=dual, at=("pixels",)).pixels
+        pixels = pixels - relevance(adapter, images, explained.targets, rules=dual, at=("pixels",),
+                                    recompute=recompute).pixels
     return pixels.sum(1)

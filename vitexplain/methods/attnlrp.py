@@ -12,7 +12,7 @@ from ._attention_aware import Gammas, Stage, attention_aware_map
 
 @register_method("attnlrp", resolution="pixel", cost=4, score_targets=False)
 def attnlrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas = LINEAR_GAMMA,
-            conv_gamma: NonNegative = CONV_GAMMA, at: Stage = "pixels") -> Tensor:
+            conv_gamma: NonNegative = CONV_GAMMA, at: Stage = "pixels", recompute: bool = False) -> Tensor:
     """Attention-aware LRP from the target logit to the input pixels, summed over channels.
 
     Achtibat, Hatefi, Dreyer, Jain, Wiegand, Lapuschkin & Samek, "AttnLRP: Attention-Aware Layer-Wise
@@ -31,6 +31,9 @@ def attnlrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas
         conv_gamma: γ at the patch convolution (0.25, the middle of LXT's sweep).
         at: ``"pixels"`` (LXT's example: input × gradient at the image, summed over channels) or
             ``"patches"`` (the patch embeddings' relevance, each patch's spread evenly over its pixels).
+        recompute: compute each block again in the backward, so that peak memory does not grow with blocks ×
+            tokens², for one more forward of the blocks; False (default): one forward and one backward, as LXT
+            (docs/decisions/performance.md).
     """
     return attention_aware_map(adapter, images, target, constant_attention=False, gamma=gamma,
-                               conv_gamma=conv_gamma, at=at)
+                               conv_gamma=conv_gamma, at=at, recompute=recompute)

@@ -9,7 +9,7 @@ from ..registry import register_method
 
 
 @register_method("conservative_lrp", cost=4, score_targets=False)
-def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
+def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, recompute: bool = False) -> Tensor:
     """Gradient×Input at the token embeddings with attention and LayerNorm scaling held constant.
 
     Ali, Schnake, Eberle, Montavon, Müller & Wolf, "XAI for Transformers: Better Explanations through
@@ -21,6 +21,11 @@ def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None) -> Tens
     GELU passes relevance unchanged (x · Φ(x) with Φ(x) held constant, which is what Gradient×Input
     does for ReLU), so the whole propagation is conservative up to the biases. Returns the patch
     tokens' relevance, summed over channels, on the patch grid.
+
+    Options:
+        recompute: compute each block again in the backward, so that peak memory does not grow with blocks ×
+            tokens², for one more forward of the blocks; False (default): one forward and one backward
+            (docs/decisions/performance.md).
     """
-    relevances = relevance(adapter, images, target, rules="conservative", at=("residuals",))
+    relevances = relevance(adapter, images, target, rules="conservative", at=("residuals",), recompute=recompute)
     return relevances.geometry.patch_map(relevances.tokens.sum(-1))

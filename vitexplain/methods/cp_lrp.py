@@ -12,7 +12,7 @@ from ._attention_aware import Gammas, Stage, attention_aware_map
 
 @register_method("cp_lrp", resolution="pixel", cost=4, score_targets=False)
 def cp_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas = LINEAR_GAMMA,
-           conv_gamma: NonNegative = CONV_GAMMA, at: Stage = "pixels") -> Tensor:
+           conv_gamma: NonNegative = CONV_GAMMA, at: Stage = "pixels", recompute: bool = False) -> Tensor:
     """LRP with the attention probabilities held constant and γ-rules, from the target logit to the pixels.
 
     The propagation LXT applies to ViTs (``cp_LRP`` of ``lxt/efficient/models/vit_torch.py``, Achtibat et al.,
@@ -24,7 +24,7 @@ def cp_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas 
     ``"cplrp"``). It differs from ``conservative_lrp`` (Ali et al.'s own rules, LRP-0 at every Linear, read
     at the token embeddings) by the γ-rules and by where it is read (docs/decisions/lrp.md).
 
-    Options: ``gamma``, ``conv_gamma`` and ``at`` as for :func:`~vitexplain.methods.attnlrp.attnlrp`.
+    Options: ``gamma``, ``conv_gamma``, ``at`` and ``recompute`` as for :func:`~vitexplain.methods.attnlrp.attnlrp`.
     """
     return attention_aware_map(adapter, images, target, constant_attention=True, gamma=gamma,
-                               conv_gamma=conv_gamma, at=at)
+                               conv_gamma=conv_gamma, at=at, recompute=recompute)

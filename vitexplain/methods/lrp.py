@@ -13,7 +13,7 @@ from ..registry import register_method
 @register_method("lrp", resolution="pixel", cost=4, score_targets=False,
                  precision_caveats={"bfloat16 weights": -0.360, "float16 weights": -0.755})
 def lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
-        linear_rule: Literal["shared", "separate"] = "shared") -> Tensor:
+        linear_rule: Literal["shared", "separate"] = "shared", recompute: bool = False) -> Tensor:
     """Layer-wise relevance propagation from the target logit to the input pixels, summed over channels.
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
@@ -31,5 +31,9 @@ def lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
             ``"separate"``: the x⁺ and x⁻ parts each normalised by their own sum, exactly the
             ``Linear.relprop`` of ``layers_lrp.py`` that produced the LRP rows the papers copy from
             Chefer et al. (the reproduce recipes use it there).
+        recompute: compute each block again in the backward, so that peak memory does not grow with blocks ×
+            tokens², for one more forward of the blocks; False (default): one forward and one backward
+            (docs/decisions/performance.md).
     """
-    return relevance(adapter, images, target, rules=lrp_baseline(linear_rule), at=("pixels",)).pixels.sum(1)
+    return relevance(adapter, images, target, rules=lrp_baseline(linear_rule), at=("pixels",),
+                     recompute=recompute).pixels.sum(1)

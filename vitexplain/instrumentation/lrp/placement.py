@@ -33,16 +33,17 @@ class RuleArithmetic(Arithmetic):
         """The attention is written out wherever a gradient will pass it (the rules act on its parts)."""
         return torch.is_grad_enabled()
 
-    def __init__(self, rules: RuleSet):
+    def __init__(self, rules: RuleSet, recompute: bool = True):
         self.rules = rules
+        self.recompute = recompute
         #: whether the module rules are on the model (within :func:`lrp_rules`)
         self.placed = True
 
     def recomputing(self):
-        """Each block's forward, attention included, is computed again under the rules in the backward, so a
-        block's tensors are kept only while the backward passes it; that backward must run while the rules are
-        placed."""
-        if not torch.is_grad_enabled():
+        """With ``recompute``, each block's forward, attention included, is computed again under the rules in the
+        backward, so a block's tensors are kept only while the backward passes it; that backward must run while
+        the rules are placed. Without it, every block's graph is kept from the forward (None)."""
+        if not self.recompute or not torch.is_grad_enabled():
             return None
         restored = r.restoring_phase()
 
@@ -209,13 +210,15 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
 
 @contextlib.contextmanager
 def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels: bool = True,
-              gradient_from: int | None = None) -> Iterator[Trace]:
+              gradient_from: int | None = None, recompute: bool = True) -> Iterator[Trace]:
     """Within the block, the model's backward propagates relevance under ``rules``; yields the :class:`Trace`.
 
     Forward values are unchanged (up to rounding in the attention, which is computed unfused). The model
     comes back exactly as it was — hooks removed, patched ``forward`` methods restored — also when an
-    exception is raised inside. The backward must run within the block too: each block's forward is computed
-    again there, under the rules (:meth:`RuleArithmetic.recomputing`). ``pixels=False`` leaves the patch convolution's rule out (for callers
+    exception is raised inside. The backward must run within the block too: with ``recompute`` (the default)
+    each block's forward is computed again there, under the rules (:meth:`RuleArithmetic.recomputing`): memory
+    that does not grow with blocks × tokens², for one more forward of the blocks per backward; without it the
+    forward keeps every block's graph. ``pixels=False`` leaves the patch convolution's rule out (for callers
     that do not read the pixels' relevance). ``gradient_from``: blocks below this index run plainly
     without gradients and this block's input starts the graph (the backward stops there; the trace
     holds the attention and residuals from there on).
@@ -226,7 +229,7 @@ def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels:
     _check_covered(adapter)
     trace = Trace()
     sink = TraceSink(trace, gradient_from or 0)
-    arithmetic = RuleArithmetic(rules)
+    arithmetic = RuleArithmetic(rules, recompute)
     try:
         with float32_scope(adapter.model), \
                 adapter.instrumented(arithmetic=arithmetic, sink=sink, gradient_from=gradient_from) as patch:

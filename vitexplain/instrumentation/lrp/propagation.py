@@ -72,7 +72,8 @@ class Relevance:
 def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | RuleSet = "chefer", *,
               at: Collection[str] = STAGES, blocks: Collection[int] | None = None,
               gradients: bool = False,
-              reduce: Callable[[TokenGeometry, int, Tensor, Tensor | None], Any] | None = None) -> Relevance:
+              reduce: Callable[[TokenGeometry, int, Tensor, Tensor | None], Any] | None = None,
+              recompute: bool = True) -> Relevance:
     """One forward and one backward under ``rules``; the relevance at the stages asked for.
 
     Args:
@@ -90,21 +91,27 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
             as the relevance's backward passes the block, the last block first (``Relevance.reduced``).
             Without it every block's relevance and gradient are kept; a block's attention probabilities
             are computed again in the backward either way (docs/decisions/performance.md).
+        recompute: compute each block again in the backward (:func:`~.placement.lrp_rules`): peak memory that
+            does not grow with blocks × tokens², for one more forward of the blocks per backward. False keeps
+            every block's graph from the forward (faster); the attention's relevance is read only with it.
     """
     if not isinstance(adapter, ModelAdapter):
         raise TypeError(f"relevance takes a ModelAdapter (vitexplain.adapter_for(model)), got {type(adapter).__name__}")
     unknown = set(at) - set(STAGES)
     if unknown:
         raise ValueError(f"cannot return relevance at {sorted(unknown)}; choose from {STAGES}")
+    if not recompute and "attn" in at:
+        raise ValueError("relevance at 'attn' is read as the backward computes each block again: it needs "
+                         "recompute=True")
     if (gradients or reduce is not None) and "attn" not in at:
         raise ValueError(f"{'gradients are' if gradients else 'reduce is'} taken at the attention: ask for relevance "
                          "at 'attn' too")
     with float32_scope(adapter.model):  # the rules' denominators need float32 (precision.py)
-        return _relevance(adapter, images, targets, resolve_rules(rules), at, blocks, gradients, reduce)
+        return _relevance(adapter, images, targets, resolve_rules(rules), at, blocks, gradients, reduce, recompute)
 
 
 def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, at: Collection[str],
-               blocks: Collection[int] | None, gradients: bool, reduce) -> Relevance:
+               blocks: Collection[int] | None, gradients: bool, reduce, recompute: bool) -> Relevance:
     below_blocks = "pixels" in at or "patches" in at
     images = adapter.check_images(images).detach().requires_grad_(below_blocks)
     num_blocks = adapter.num_blocks
@@ -114,8 +121,10 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
     gradient_from = None if below_blocks else 0 if "residuals" in at else min(chosen)
     with evaluation_mode(adapter.model), torch.enable_grad(), \
             (r.both_gradients() if gradients else contextlib.nullcontext()) as phase:
-        with lrp_rules(adapter, rules, pixels="pixels" in at, gradient_from=gradient_from) as trace:
-            readings = trace.readings = AttentionReadings(chosen, phase, reduce, images.device) if "attn" in at else None
+        with lrp_rules(adapter, rules, pixels="pixels" in at, gradient_from=gradient_from,
+                       recompute=recompute) as trace:
+            readings = None if "attn" not in at else AttentionReadings(chosen, phase, reduce, images.device)
+            trace.readings = readings
             logits = adapter.forward(images)
             # the backward computes each block's forward again under the rules, so it runs while they are placed
             layouts = [trace.layouts.get(block) for block in range(num_blocks)]
