@@ -10,7 +10,7 @@ from ..instrumentation.lrp import RULE_SETS, other_classes, relevance
 from ..registry import register_method
 
 
-@register_method("abs_lrp", resolution="pixel", cost=lambda o: 4 * (1 + o["contrastive"]),
+@register_method("abs_lrp", resolution="pixel", cost=lambda o: (4 + o["recompute"]) * (1 + o["contrastive"]),
                  score_targets=False,
                  precision_caveats={"bfloat16 weights": 0.764, "float16 weights": 0.988})
 def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: bool = True,

@@ -8,7 +8,7 @@ from ..instrumentation.lrp import relevance
 from ..registry import register_method
 
 
-@register_method("conservative_lrp", cost=4, score_targets=False)
+@register_method("conservative_lrp", cost=lambda o: 4 + o["recompute"], score_targets=False)
 def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, recompute: bool = False) -> Tensor:
     """Gradient×Input at the token embeddings with attention and LayerNorm scaling held constant.
 

@@ -10,7 +10,7 @@ from ..registry import register_method
 from ._attention_aware import Gammas, Stage, attention_aware_map
 
 
-@register_method("cp_lrp", resolution="pixel", cost=4, score_targets=False)
+@register_method("cp_lrp", resolution="pixel", cost=lambda o: 4 + o["recompute"], score_targets=False)
 def cp_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas = LINEAR_GAMMA,
            conv_gamma: NonNegative = CONV_GAMMA, at: Stage = "pixels", recompute: bool = False) -> Tensor:
     """LRP with the attention probabilities held constant and γ-rules, from the target logit to the pixels.

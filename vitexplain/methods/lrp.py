@@ -10,7 +10,7 @@ from ..instrumentation.lrp import lrp_baseline, relevance
 from ..registry import register_method
 
 
-@register_method("lrp", resolution="pixel", cost=4, score_targets=False,
+@register_method("lrp", resolution="pixel", cost=lambda o: 4 + o["recompute"], score_targets=False,
                  precision_caveats={"bfloat16 weights": -0.360, "float16 weights": -0.755})
 def lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
         linear_rule: Literal["shared", "separate"] = "shared", recompute: bool = False) -> Tensor:
