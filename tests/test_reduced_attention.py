@@ -162,3 +162,31 @@ def test_lrp_relevance_reduces_each_blocks_attention_as_the_backward_passes_it(n
     assert order == list(reversed(range(blocks))) and reduced.reduced == list(range(blocks))
     assert reduced.attn == [None] * blocks and reduced.attn_grads is None
     assert kept.attn[0].abs().sum() > 0 and kept.attn_grads[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["vit", "swin"])
+def test_the_plain_backward_computes_each_block_again_without_the_rules(name, monkeypatch):
+    """With ``gradients=True`` the plain backward computes each block again plainly: no rule's surrogate (|W| |x|
+    products, gradient tricks) and none of the rules' products or adds is formed while the phase is plain, and
+    the forward and relevance's backward form exactly those of a relevance alone."""
+    from vitexplain.instrumentation import lrp
+    from vitexplain.instrumentation.lrp import rules as r
+
+    formed = {True: 0, False: 0}
+
+    def counted(original):
+        def count(*args, **kwargs):
+            phase = r._PHASE.get()
+            formed[phase is not None and phase.plain] += 1
+            return original(*args, **kwargs)
+        return count
+
+    for owner, attribute in ((r, "_magnitudes"), (r, "_rule_gradient"), (r._Product, "apply"),
+                             (r._NormalisedAdd, "apply")):
+        monkeypatch.setattr(owner, attribute, counted(getattr(owner, attribute)))
+    adapter, batch = adapter_for(build(name).double()), images(2).double()
+    lrp.relevance(adapter, batch, None, "chefer", at=("attn",))
+    alone = formed[False]
+    formed[False] = 0
+    lrp.relevance(adapter, batch, None, "chefer", at=("attn",), gradients=True)
+    assert alone > 0 and formed == {True: 0, False: alone}

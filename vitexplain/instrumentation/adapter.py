@@ -116,8 +116,7 @@ def _instrumented_block(parts: BlockParts, index: int, state: _State, *args: Any
             out = block_forward(parts, x, extra, index=index, arithmetic=state.arithmetic, sink=state.sink,
                                 detach_attention_input=state.detach_attention_input)
         else:  # under LRP rules: the block computed again in the backward (Arithmetic.recomputing)
-            out = recomputed_block_forward(parts, x, extra, index=index, arithmetic=state.arithmetic,
-                                           sink=state.sink, context=context)
+            out = recomputed_block_forward(parts, x, extra, index=index, sink=state.sink, context=context)
     returned = parts.output(out, args[0] if args else next(iter(kwargs.values())))
     if state.sink.wants(index, "output"):
         state.sink.put(index, output=returned)

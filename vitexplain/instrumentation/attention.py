@@ -83,8 +83,9 @@ class Arithmetic:
     def recomputing(self) -> Callable[[], contextlib.AbstractContextManager] | None:
         """Where a block under this arithmetic is computed again in the backward instead of keeping its tensors
         (N×N matrices included) from the forward: a function giving the context that computes it as this
-        forward did (an autograd backward may run on another thread); None: the block's tensors are kept
-        (plain arithmetic, or no gradient will pass it). See :func:`~.blocks.recomputed_block_forward`."""
+        forward did (an autograd backward may run on another thread), which yields the arithmetic to compute it
+        with; None: the block's tensors are kept (plain arithmetic, or no gradient will pass it). See
+        :func:`~.blocks.recomputed_block_forward`."""
         return None
 
 

@@ -218,8 +218,8 @@ class _RecomputedBlock(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.block_forward, ctx.sink, ctx.block, ctx.context, ctx.handover = forward, sink, block, context, \
             anchor is not None
-        with torch.enable_grad(), context():  # the forward as it would run in the graph, which is not kept
-            return forward(x.detach()).detach()
+        with torch.enable_grad(), context() as arithmetic:  # the forward as it would run in the graph, not kept
+            return forward(x.detach(), arithmetic=arithmetic).detach()
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -227,9 +227,9 @@ class _RecomputedBlock(torch.autograd.Function):
         sink = ctx.sink
         sink.taken = {} if ctx.handover else None
         try:
-            with torch.enable_grad(), ctx.context():
+            with torch.enable_grad(), ctx.context() as arithmetic:
                 leaf = x.detach().requires_grad_(True)
-                out = ctx.block_forward(leaf)
+                out = ctx.block_forward(leaf, arithmetic=arithmetic)
             taken = sink.taken
         finally:
             sink.taken = None
@@ -243,15 +243,14 @@ class _RecomputedBlock(torch.autograd.Function):
         return found[0], None, None, None, None, None
 
 
-def recomputed_block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput, *, index: int,
-                             arithmetic: Arithmetic, sink: Sink,
-                             context: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
+def recomputed_block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput, *, index: int, sink: Sink,
+                             context: Callable[[], contextlib.AbstractContextManager[Arithmetic]]) -> Tensor:
     """:func:`block_forward` keeping only the block's input for the backward, where the block is computed again
-    (``context``: :meth:`~.attention.Arithmetic.recomputing`), so that the backward holds one block's tensors at
-    a time. ``sink`` receives the block's input (``residual``), its window layouts and, in each backward, its
-    attention (when it gives the block an anchor)."""
+    (``context``: :meth:`~.attention.Arithmetic.recomputing`, which yields the arithmetic each computation runs
+    under), so that the backward holds one block's tensors at a time. ``sink`` receives the block's input
+    (``residual``), its window layouts and, in each backward, its attention (when it gives the block an anchor)."""
     if sink.wants(index, "residual"):
         sink.put(index, residual=x)
     quiet = _InTheBackward(sink)
-    forward = functools.partial(block_forward, parts, extra=extra, index=index, arithmetic=arithmetic, sink=quiet)
+    forward = functools.partial(block_forward, parts, extra=extra, index=index, sink=quiet)
     return _RecomputedBlock.apply(x, sink.anchor(index), forward, quiet, index, context)

@@ -25,6 +25,13 @@ from .composites import RuleSet, resolve_rules
 from .trace import Trace, TraceSink
 
 
+class _WrittenOut(Arithmetic):
+    """The plain operations with the attention written out, so that its probabilities reach the trace's readings:
+    a block's arithmetic when it is computed again for the plain gradient (:meth:`RuleArithmetic.recomputing`)."""
+
+    explicit = True
+
+
 class RuleArithmetic(Arithmetic):
     """The written-out blocks' operations under a rule set."""
 
@@ -42,18 +49,23 @@ class RuleArithmetic(Arithmetic):
     def recomputing(self):
         """With ``recompute``, each block's forward, attention included, is computed again under the rules in the
         backward, so a block's tensors are kept only while the backward passes it; that backward must run while
-        the rules are placed. Without it, every block's graph is kept from the forward (None)."""
+        the rules are placed. Without it, every block's graph is kept from the forward (None).
+
+        The plain backward of :func:`~.rules.both_gradients` reads only the plain graph: a block computed again
+        for it runs its plain forward — plain operations (the attention still written out for the readings) and
+        the module rules standing aside (:func:`~.rules.rules_apply`) — on the same values, so the same plain
+        gradient, without the rules' surrogates (the |W| |x| products of every Linear)."""
         if not self.recompute or not torch.is_grad_enabled():
             return None
         restored = r.restoring_phase()
 
         @contextlib.contextmanager
-        def placed_and_restored() -> Iterator[None]:
+        def placed_and_restored() -> Iterator[Arithmetic]:
             if not self.placed:
                 raise RuntimeError("relevance is propagated by a backward within lrp_rules(): each block's forward "
                                    "is computed again there, under the rules placed")
-            with restored():
-                yield
+            with restored() as plain:
+                yield _WRITTEN_OUT if plain else self
 
         return placed_and_restored
 
@@ -89,6 +101,9 @@ class RuleArithmetic(Arithmetic):
         if module is not None:
             return module(t)
         return r.absolute_passthrough(t) if self.rules.dropout is not None else t
+
+
+_WRITTEN_OUT = _WrittenOut()
 
 
 def _activations(family) -> list[nn.Module]:

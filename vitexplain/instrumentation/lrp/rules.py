@@ -43,6 +43,8 @@ class Phase:
 
 
 _PHASE: contextvars.ContextVar[Phase | None] = contextvars.ContextVar("lrp_phase", default=None)
+#: True while a block is computed again for the plain gradient (:func:`restoring_phase`): only its plain graph is read
+_PLAIN_RECOMPUTATION: contextvars.ContextVar[bool] = contextvars.ContextVar("lrp_plain_recomputation", default=False)
 
 
 @contextlib.contextmanager
@@ -62,20 +64,33 @@ def both_gradients() -> Iterator[Phase]:
         _PHASE.reset(token)
 
 
-def restoring_phase() -> Callable[[], contextlib.AbstractContextManager]:
+def restoring_phase() -> Callable[[], contextlib.AbstractContextManager[bool]]:
     """A function giving a context in which rules applied see the phase of now (None outside
-    :func:`both_gradients`): for a forward computed again in a backward, which may run on another thread."""
+    :func:`both_gradients`): for a forward computed again in a backward, which may run on another thread.
+
+    The context yields whether that backward is the plain one: a forward computed again for it needs only
+    its plain graph, so within the context the module rules stand aside (:func:`rules_apply`) — the plain
+    phase's backward through a rule's output reaches only the plain computation of its value anyway.
+    """
     phase = _PHASE.get()
 
     @contextlib.contextmanager
-    def restored() -> Iterator[None]:
-        token = _PHASE.set(phase)
+    def restored() -> Iterator[bool]:
+        plain = _plain_phase(phase)
+        token, plain_token = _PHASE.set(phase), _PLAIN_RECOMPUTATION.set(plain)
         try:
-            yield
+            yield plain
         finally:
+            _PLAIN_RECOMPUTATION.reset(plain_token)
             _PHASE.reset(token)
 
     return restored
+
+
+def rules_apply() -> bool:
+    """Whether a rule placed on a module forms its surrogate now: a gradient will be taken, and not by the plain
+    backward through a block computed again for it (:func:`restoring_phase`), which reads the plain graph alone."""
+    return torch.is_grad_enabled() and not _PLAIN_RECOMPUTATION.get()
 
 
 def _plain_phase(phase: Phase | None) -> bool:
@@ -283,7 +298,8 @@ def absolute_passthrough(x: Tensor) -> Tensor:
 class ModuleRule:
     """A rule placed on a module: a forward hook whose output has the rule's gradient.
 
-    ``renormalise`` (the absolute rule) rescales the relevance of the module's input to Σ|R| = 1 first.
+    ``renormalise`` (the absolute rule) rescales the relevance of the module's input to Σ|R| = 1 first. Neither
+    hook acts where :func:`rules_apply` says no: the module then computes as it does without rules.
     """
 
     renormalise = False
@@ -294,9 +310,10 @@ class ModuleRule:
 
     def place(self, module: nn.Module, patch: ModelPatch, renormalise_input: bool = True) -> None:
         if self.renormalise and renormalise_input:
-            patch.hook(module.register_forward_pre_hook(lambda module, args: (normalise_relevance(args[0]), *args[1:])))
+            patch.hook(module.register_forward_pre_hook(
+                lambda module, args: (normalise_relevance(args[0]), *args[1:]) if rules_apply() else None))
         patch.hook(module.register_forward_hook(
-            lambda module, args, output: self.output(module, args[0], output) if torch.is_grad_enabled() else None))
+            lambda module, args, output: self.output(module, args[0], output) if rules_apply() else None))
 
 
 class AlphaBeta(ModuleRule):
@@ -317,6 +334,8 @@ class AlphaBeta(ModuleRule):
             return F.linear(x, weight, linear.bias)
         unbiased = F.linear(x, weight)
         output = unbiased if linear.bias is None else unbiased + linear.bias
+        if not rules_apply():  # the plain graph alone, its value computed as under the rule
+            return output
         doubled = unbiased + _magnitudes(linear, x, bias=False)  # 2z
         with torch.no_grad():
             scale = safe_divide(output, doubled / 2).div_(2)
