@@ -340,7 +340,7 @@ def test_no_block_keeps_its_attention_maps_for_the_whole_backward(rules):
     two, four = (_square_tensors_saved(make_vit(depth=depth), rules) for depth in (2, 4))
     assert two[0] == four[0] == 0
     assert four[1] == 2 * two[1] > 0  # every block saves them (what the check would catch)
-    assert four[2] == two[2] <= two[1] // 4
+    assert four[2] == two[2] <= two[1] // 2  # at most one block's (its forward's and its backward's), not both
 
 
 @pytest.mark.parametrize("method, options", [("abs_lrp", {}), ("lrp", {}), ("attnlrp", {}), ("cp_lrp", {}),

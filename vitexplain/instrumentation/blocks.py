@@ -218,7 +218,8 @@ class _RecomputedBlock(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.block_forward, ctx.sink, ctx.block, ctx.context, ctx.handover = forward, sink, block, context, \
             anchor is not None
-        with torch.enable_grad(), context() as arithmetic:  # the forward as it would run in the graph, not kept
+        # the output as the graph would compute it (its values alone: the graph is not kept)
+        with torch.enable_grad(), context(plain=True) as arithmetic:
             return forward(x.detach(), arithmetic=arithmetic).detach()
 
     @staticmethod

@@ -51,20 +51,21 @@ class RuleArithmetic(Arithmetic):
         backward, so a block's tensors are kept only while the backward passes it; that backward must run while
         the rules are placed. Without it, every block's graph is kept from the forward (None).
 
-        The plain backward of :func:`~.rules.both_gradients` reads only the plain graph: a block computed again
-        for it runs its plain forward — plain operations (the attention still written out for the readings) and
-        the module rules standing aside (:func:`~.rules.rules_apply`) — on the same values, so the same plain
-        gradient, without the rules' surrogates (the |W| |x| products of every Linear)."""
+        The plain backward of :func:`~.rules.both_gradients` reads only the plain graph, and the forward only the
+        block's output: a block computed for either (``plain=True`` for the forward) runs its plain forward —
+        plain operations (the attention still written out for the readings) and the module rules standing aside
+        (:func:`~.rules.rules_apply`) — on the same values, so the same output and plain gradient, without the
+        rules' surrogates (the |W| |x| products of every Linear)."""
         if not self.recompute or not torch.is_grad_enabled():
             return None
         restored = r.restoring_phase()
 
         @contextlib.contextmanager
-        def placed_and_restored() -> Iterator[Arithmetic]:
+        def placed_and_restored(plain: bool = False) -> Iterator[Arithmetic]:
             if not self.placed:
                 raise RuntimeError("relevance is propagated by a backward within lrp_rules(): each block's forward "
                                    "is computed again there, under the rules placed")
-            with restored() as plain:
+            with restored(plain) as plain:
                 yield _WRITTEN_OUT if plain else self
 
         return placed_and_restored
@@ -204,7 +205,8 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
             rules.dropout().place(module, patch)
     if rules.dropout is not None:  # after the modules' own rules, as a dropout follows them
         for module in family.missing_dropouts():
-            patch.hook(module.register_forward_hook(lambda module, args, output: r.absolute_passthrough(output)))
+            patch.hook(module.register_forward_hook(
+                lambda module, args, output: r.absolute_passthrough(output) if r.rules_apply() else None))
         for head in family.head_without_dropout():
             patch.hook(head.register_forward_pre_hook(lambda module, args: (r.absolute_passthrough(args[0]),)))
     if pixels and embedding.convolution is not None:  # first: the patch embedding may be the convolution itself

@@ -8,7 +8,7 @@ renormalisation, by a small autograd Function. Linear maps without a bias (resha
 rotary embeddings, average pooling, the distilled head's average) need no rule: Gradient×Input through
 them is already the z-rule. Where no gradient is taken (blocks below the lowest one a caller reads) the
 rules compute nothing beyond the forward. Within :func:`both_gradients` one forward serves a plain
-gradient and the relevance.
+gradient and the relevance; a block computed again for the plain gradient forms no surrogate (:func:`rules_apply`).
 
 Module rules (:class:`ModuleRule`) are placed on modules; operation rules (:class:`AddRule`,
 :class:`AttentionRule`, ...) are the operations of the written-out blocks and attention. The rule
@@ -64,19 +64,20 @@ def both_gradients() -> Iterator[Phase]:
         _PHASE.reset(token)
 
 
-def restoring_phase() -> Callable[[], contextlib.AbstractContextManager[bool]]:
+def restoring_phase() -> Callable[..., contextlib.AbstractContextManager[bool]]:
     """A function giving a context in which rules applied see the phase of now (None outside
     :func:`both_gradients`): for a forward computed again in a backward, which may run on another thread.
 
-    The context yields whether that backward is the plain one: a forward computed again for it needs only
-    its plain graph, so within the context the module rules stand aside (:func:`rules_apply`) — the plain
-    phase's backward through a rule's output reaches only the plain computation of its value anyway.
+    The context yields whether the forward is plain: one computed again for the plain backward, or one read for
+    its values alone (``plain=True``), needs only the plain graph, so within the context the module rules stand
+    aside (:func:`rules_apply`) — the plain phase's backward through a rule's output reaches only the plain
+    computation of its value anyway, and a rule keeps its output's value.
     """
     phase = _PHASE.get()
 
     @contextlib.contextmanager
-    def restored() -> Iterator[bool]:
-        plain = _plain_phase(phase)
+    def restored(plain: bool = False) -> Iterator[bool]:
+        plain = plain or _plain_phase(phase)
         token, plain_token = _PHASE.set(phase), _PLAIN_RECOMPUTATION.set(plain)
         try:
             yield plain
