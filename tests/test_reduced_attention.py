@@ -190,3 +190,27 @@ def test_the_plain_backward_computes_each_block_again_without_the_rules(name, mo
     formed[False] = 0
     lrp.relevance(adapter, batch, None, "chefer", at=("attn",), gradients=True)
     assert alone > 0 and formed == {True: 0, False: alone}
+
+
+def test_a_recomputed_blocks_forward_forms_no_surrogate_and_its_backward_one_per_linear(monkeypatch):
+    """The forward of a block computed again in the backward keeps only its output, so it runs plainly: no block's
+    Linear forms its |W| |x| there (the head's, whose graph is kept, does); the backward forms each once."""
+    from vitexplain.instrumentation import lrp
+    from vitexplain.instrumentation.lrp import rules as r
+
+    model = build("vit").double()
+    adapter, formed = adapter_for(model), []
+    in_blocks = {id(module) for module in model.blocks.modules() if isinstance(module, torch.nn.Linear)}
+    original = r._magnitudes
+
+    def magnitudes(module, *args, **kwargs):
+        formed.append(id(module) in in_blocks)
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(r, "_magnitudes", magnitudes)
+    with lrp.lrp_rules(adapter, "chefer"):
+        logits = adapter.forward(images(2).double())
+        assert formed and not any(formed)
+        formed.clear()
+        torch.autograd.grad(logits[:, 3].sum(), [adapter.model.pos_embed], allow_unused=True)
+    assert len(formed) == sum(formed) == len(in_blocks)
