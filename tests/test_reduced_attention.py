@@ -165,8 +165,8 @@ def test_lrp_relevance_reduces_each_blocks_attention_as_the_backward_passes_it(n
 
 
 @pytest.mark.parametrize("name", ["vit", "swin"])
-def test_the_plain_backward_computes_each_block_again_without_the_rules(name, monkeypatch):
-    """With ``gradients=True`` the plain backward computes each block again plainly: no rule's surrogate (|W| |x|
+def test_the_plain_gradient_is_taken_without_the_rules(name, monkeypatch):
+    """With ``gradients=True`` the plain backward reads the blocks' plain graphs: no rule's surrogate (|W| |x|
     products, gradient tricks) and none of the rules' products or adds is formed while the phase is plain, and
     the forward and relevance's backward form exactly those of a relevance alone."""
     from vitexplain.instrumentation import lrp
@@ -214,3 +214,58 @@ def test_a_recomputed_blocks_forward_forms_no_surrogate_and_its_backward_one_per
         formed.clear()
         torch.autograd.grad(logits[:, 3].sum(), [adapter.model.pos_embed], allow_unused=True)
     assert len(formed) == sum(formed) == len(in_blocks)
+
+
+@pytest.mark.parametrize("gradients", [False, True])
+def test_each_block_is_computed_once_in_the_forward_and_once_for_the_relevance(gradients, monkeypatch):
+    """The plain backward of ``gradients=True`` runs through the plain graph the forward kept, so each block is
+    computed twice (the forward, the relevance's backward), with or without the plain gradient."""
+    from vitexplain.instrumentation import blocks, lrp
+
+    counted = []
+    original = blocks.block_forward
+
+    def block_forward(parts, x, *args, **kwargs):
+        counted.append(kwargs["index"])
+        return original(parts, x, *args, **kwargs)
+
+    monkeypatch.setattr(blocks, "block_forward", block_forward)
+    adapter = adapter_for(make_vit(depth=3).double())
+    lrp.relevance(adapter, images(2).double(), None, "chefer", at=("attn",), gradients=gradients)
+    assert sorted(counted) == [0, 0, 1, 1, 2, 2]
+
+
+def test_the_plain_backward_frees_the_graph_the_forward_kept_for_it(monkeypatch):
+    """The forward keeps each block's plain graph for the plain backward, its attention fused (no N×N matrix
+    saved), and the plain backward frees it as it passes: none of those graphs is alive when the relevance's
+    backward starts."""
+    from vitexplain.instrumentation import blocks, lrp
+    from vitexplain.instrumentation.lrp import propagation
+
+    tokens, square, mixed, alive = 17, [], [], []
+    original_computed, original_plain = blocks._computed, propagation._plain_gradients
+
+    def computed(ctx, x, plain=False, fused=False):
+        found = original_computed(ctx, x, plain, fused)
+        if fused:  # the forward's graph kept for the plain backward: its attention's output A·v
+            mixed.append(StorageWeakRef(found[2]["mixed"].untyped_storage()))
+        return found
+
+    def plain_gradients(*args):
+        forward = (len(square), sum(not reference.expired() for reference in mixed))
+        original_plain(*args)
+        alive.append((*forward, sum(not reference.expired() for reference in mixed)))
+
+    def pack(tensor):
+        if tensor.shape[-2:] == (tokens, tokens):
+            square.append(tensor.shape)
+        return tensor.detach()  # the tensor itself would tie an output to its own node, never freed
+
+    monkeypatch.setattr(blocks, "_computed", computed)
+    monkeypatch.setattr(propagation, "_plain_gradients", plain_gradients)
+    adapter = adapter_for(make_vit(depth=4))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        lrp.relevance(adapter, images(2), None, "chefer", at=("attn",), gradients=True,
+                      reduce=lambda *args: None)
+    assert alive == [(0, 4, 0)]  # no N×N matrix saved by the forward; four graphs kept for the plain backward, freed
+    assert square  # the relevance's backward does save them (what the check would catch)

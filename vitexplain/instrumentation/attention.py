@@ -24,7 +24,7 @@ import contextlib
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -80,13 +80,33 @@ class Arithmetic:
         """An eval-mode dropout of the forward (``module`` None: a position where the reference ViT has one)."""
         return t if module is None else module(t)
 
-    def recomputing(self) -> Callable[[], contextlib.AbstractContextManager] | None:
+    def recomputing(self) -> Recomputation | None:
         """Where a block under this arithmetic is computed again in the backward instead of keeping its tensors
-        (N×N matrices included) from the forward: a function giving the context that computes it as this
-        forward did (an autograd backward may run on another thread), which yields the arithmetic to compute it
-        with; None: the block's tensors are kept (plain arithmetic, or no gradient will pass it). See
+        (N×N matrices included) from the forward: how to compute it as this forward did (:class:`Recomputation`);
+        None: the block's tensors are kept (plain arithmetic, or no gradient will pass it). See
         :func:`~.blocks.recomputed_block_forward`."""
         return None
+
+
+class Recomputation(Protocol):
+    """How a block is computed again in the backward (:meth:`Arithmetic.recomputing`).
+
+    Called, it gives the context that computes the block as its forward did (an autograd backward may run on
+    another thread), yielding the arithmetic to compute it with; ``plain=True`` for a computation whose plain
+    graph alone is read (the forward's values, a plain backward's gradient), with ``fused=True`` its attention by
+    PyTorch's fused kernel (the forward whose graph is kept for the plain backward, which reads the gradient at
+    the attention's output A·v alone).
+    """
+
+    #: whether a plain backward will pass the block after the forward; its forward then keeps the plain graph for
+    #: it (that backward computes nothing again), freed as that backward passes the block
+    keeps_plain_graph: bool
+
+    def plain_backward(self) -> bool:
+        """Whether the backward passing the block now is that plain one."""
+
+    def __call__(self, plain: bool = False, fused: bool = False) -> contextlib.AbstractContextManager[Arithmetic]:
+        ...
 
 
 PLAIN = Arithmetic()
@@ -412,6 +432,8 @@ def attend(parts: AttentionParts, x: Tensor, extra: AttentionInput = AttentionIn
         if any(sink.wants(block, name) for name in ("q", "k", "v")):
             sink.put(block, q=q, k=k, v=v)
         mixed = _fused(q_scaled, k_scored, v, bias, mask)
+        if sink.wants(block, "mixed"):
+            sink.put(block, mixed=mixed)
     out = mixed.transpose(1, 2).reshape(x.shape[0], mixed.shape[2], -1)
     if parts.output_norm is not None:
         out = parts.output_norm(out)

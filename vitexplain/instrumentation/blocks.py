@@ -23,7 +23,6 @@ on window batches (:mod:`.windows`).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import weakref
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from .attention import (
     Arithmetic,
     AttentionInput,
     AttentionParts,
+    Recomputation,
     Sink,
     attend,
 )
@@ -190,15 +190,19 @@ class _InTheBackward(Sink):
 
     def __init__(self, sink: Sink):
         self.sink = weakref.ref(sink)  # the trace keeps its sink; a strong reference would tie the graph to it
-        #: the attention's ``attn``, ``v`` and ``mixed`` while the backward computes the block again, else None
+        #: the attention's ``attn``, ``v`` and ``mixed`` (a fused attention's ``mixed`` alone) while the block is
+        #: computed for a backward, else None
         self.taken: dict[str, Tensor] | None = None
+
+    def wants(self, block: int, name: str) -> bool:
+        return name == "mixed" and self.taken is not None
 
     def anchor(self, block: int) -> Tensor | None:
         return self.sink().anchor(block)
 
     def put(self, block: int, **tensors: Tensor) -> None:
-        if self.taken is not None and "attn" in tensors:
-            self.taken.update(attn=tensors["attn"], v=tensors["v"], mixed=tensors["mixed"])
+        if self.taken is not None:
+            self.taken.update((name, tensors[name]) for name in ("attn", "v", "mixed") if name in tensors)
 
     def layout(self, block: int, layout) -> None:
         self.sink().layout(block, layout)
@@ -208,47 +212,63 @@ class _RecomputedBlock(torch.autograd.Function):
     """A block's forward that keeps only its input for the backward and computes the block again there, in the
     context of its forward (LRP rules: :meth:`~.attention.Arithmetic.recomputing`), taking the backward through
     that graph, which is freed before the backward moves on to the block below. The same operations on the same
-    input, so the same numbers. With an anchor (the sink reads the block's attention), the backward also passes
-    when only the anchor is differentiated, and hands the probabilities and the gradients at them and at the
-    attention's output to the sink (:meth:`~.attention.Sink.put_backward`)."""
+    input, so the same numbers. Where a plain backward will come first (:attr:`~.attention.Recomputation.
+    keeps_plain_graph`), the forward keeps its plain graph for that backward, which frees it as it passes.
+    With an anchor (the sink reads the block's attention), the backward also passes when only the anchor is
+    differentiated, and hands the probabilities and the gradients at them and at the attention's output to the
+    sink (:meth:`~.attention.Sink.put_backward`)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, anchor: Tensor | None, forward: Callable[[Tensor], Tensor], sink: _InTheBackward,
-                block: int, context: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
+                block: int, context: Recomputation) -> Tensor:
         ctx.save_for_backward(x)
         ctx.block_forward, ctx.sink, ctx.block, ctx.context, ctx.handover = forward, sink, block, context, \
             anchor is not None
+        ctx.kept = _computed(ctx, x, plain=True, fused=True) if context.keeps_plain_graph else None
+        if ctx.kept is not None:
+            return ctx.kept[1].detach()
         # the output as the graph would compute it (its values alone: the graph is not kept)
         with torch.enable_grad(), context(plain=True) as arithmetic:
             return forward(x.detach(), arithmetic=arithmetic).detach()
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        (x,) = ctx.saved_tensors
-        sink = ctx.sink
-        sink.taken = {} if ctx.handover else None
-        try:
-            with torch.enable_grad(), ctx.context() as arithmetic:
-                leaf = x.detach().requires_grad_(True)
-                out = ctx.block_forward(leaf, arithmetic=arithmetic)
-            taken = sink.taken
-        finally:
-            sink.taken = None
-        read = [name for name in ("attn", "mixed") if taken and taken[name].requires_grad]
+        kept, ctx.kept = ctx.kept, None  # the forward's plain graph serves the plain backward, once
+        if kept is None or not ctx.context.plain_backward():
+            (x,) = ctx.saved_tensors
+            kept = _computed(ctx, x)
+        leaf, out, taken = kept
+        del kept
+        taken = {name: tensor for name, tensor in (taken or {}).items() if name in ("attn", "v", "mixed")}
+        read = [name for name in ("attn", "mixed") if name in taken and taken[name].requires_grad]
         found = torch.autograd.grad(out, [leaf, *(taken[name] for name in read)], grad, allow_unused=True)
         if ctx.handover:
-            gradients = {name: torch.zeros_like(taken[name]) for name in ("attn", "mixed")}
+            gradients = {name: torch.zeros_like(taken[name]) for name in ("attn", "mixed") if name in taken}
             gradients.update((name, gradient) for name, gradient in zip(read, found[1:]) if gradient is not None)
-            sink.sink().put_backward(ctx.block, {"attn": taken["attn"].detach(), "v": taken["v"].detach()},
-                                     gradients)
+            ctx.sink.sink().put_backward(ctx.block, {name: taken[name].detach() for name in ("attn", "v")
+                                                     if name in taken}, gradients)
         return found[0], None, None, None, None, None
 
 
+def _computed(ctx, x: Tensor, plain: bool = False, fused: bool = False) -> tuple[Tensor, Tensor,
+                                                                                dict[str, Tensor] | None]:
+    """The block's graph on a leaf copy of its input (``plain``, ``fused``: :class:`~.attention.Recomputation`):
+    (leaf, output, the attention's tensors taken when the block hands them over)."""
+    sink = ctx.sink
+    sink.taken = {} if ctx.handover else None
+    try:
+        with torch.enable_grad(), ctx.context(plain, fused) as arithmetic:
+            leaf = x.detach().requires_grad_(True)
+            return leaf, ctx.block_forward(leaf, arithmetic=arithmetic), sink.taken
+    finally:
+        sink.taken = None
+
+
 def recomputed_block_forward(parts: BlockParts, x: Tensor, extra: AttentionInput, *, index: int, sink: Sink,
-                             context: Callable[[], contextlib.AbstractContextManager[Arithmetic]]) -> Tensor:
+                             context: Recomputation) -> Tensor:
     """:func:`block_forward` keeping only the block's input for the backward, where the block is computed again
-    (``context``: :meth:`~.attention.Arithmetic.recomputing`, which yields the arithmetic each computation runs
-    under), so that the backward holds one block's tensors at a time. ``sink`` receives the block's input
+    (``context``: how, :class:`~.attention.Recomputation`), so that the backward holds one block's tensors at a
+    time. ``sink`` receives the block's input
     (``residual``), its window layouts and, in each backward, its attention (when it gives the block an anchor)."""
     if sink.wants(index, "residual"):
         sink.put(index, residual=x)

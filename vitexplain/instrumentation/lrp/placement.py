@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapter import ModelAdapter
-from ..attention import Arithmetic
+from ..attention import PLAIN, Arithmetic
 from ..families.base import UnsupportedModelError
 from ..patching import ModelPatch
 from ..precision import float32_scope
@@ -27,7 +27,7 @@ from .trace import Trace, TraceSink
 
 class _WrittenOut(Arithmetic):
     """The plain operations with the attention written out, so that its probabilities reach the trace's readings:
-    a block's arithmetic when it is computed again for the plain gradient (:meth:`RuleArithmetic.recomputing`)."""
+    a block's arithmetic when it is computed for the plain gradient or its values alone (:class:`_Recomputation`)."""
 
     explicit = True
 
@@ -46,29 +46,13 @@ class RuleArithmetic(Arithmetic):
         #: whether the module rules are on the model (within :func:`lrp_rules`)
         self.placed = True
 
-    def recomputing(self):
+    def recomputing(self) -> _Recomputation | None:
         """With ``recompute``, each block's forward, attention included, is computed again under the rules in the
         backward, so a block's tensors are kept only while the backward passes it; that backward must run while
-        the rules are placed. Without it, every block's graph is kept from the forward (None).
-
-        The plain backward of :func:`~.rules.both_gradients` reads only the plain graph, and the forward only the
-        block's output: a block computed for either (``plain=True`` for the forward) runs its plain forward —
-        plain operations (the attention still written out for the readings) and the module rules standing aside
-        (:func:`~.rules.rules_apply`) — on the same values, so the same output and plain gradient, without the
-        rules' surrogates (the |W| |x| products of every Linear)."""
+        the rules are placed. Without it, every block's graph is kept from the forward (None)."""
         if not self.recompute or not torch.is_grad_enabled():
             return None
-        restored = r.restoring_phase()
-
-        @contextlib.contextmanager
-        def placed_and_restored(plain: bool = False) -> Iterator[Arithmetic]:
-            if not self.placed:
-                raise RuntimeError("relevance is propagated by a backward within lrp_rules(): each block's forward "
-                                   "is computed again there, under the rules placed")
-            with restored(plain) as plain:
-                yield _WRITTEN_OUT if plain else self
-
-        return placed_and_restored
+        return _Recomputation(self)
 
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return self.rules.residual(a, b)
@@ -105,6 +89,34 @@ class RuleArithmetic(Arithmetic):
 
 
 _WRITTEN_OUT = _WrittenOut()
+
+
+class _Recomputation:
+    """A block under the rules computed again in the backward (:class:`~..attention.Recomputation`).
+
+    The plain backward of :func:`~.rules.both_gradients` reads only the plain graph, and the forward only the
+    block's output: a block computed for either (``plain=True``) runs its plain forward — plain operations (the
+    attention still written out for the readings) and the module rules standing aside (:func:`~.rules.rules_apply`)
+    — on the same values, so the same output and plain gradient, without the rules' surrogates (the |W| |x|
+    products of every Linear). Where that plain backward will come, the forward keeps its plain graph for it
+    (``keeps_plain_graph``), so only the relevance's backward computes the block again.
+    """
+
+    def __init__(self, arithmetic: RuleArithmetic):
+        self.arithmetic = arithmetic
+        self.restored = r.RestoredPhase()
+        self.keeps_plain_graph = self.restored.phase is not None
+
+    def plain_backward(self) -> bool:
+        return self.restored.plain_now()
+
+    @contextlib.contextmanager
+    def __call__(self, plain: bool = False, fused: bool = False) -> Iterator[Arithmetic]:
+        if not self.arithmetic.placed:
+            raise RuntimeError("relevance is propagated by a backward within lrp_rules(): each block's forward "
+                               "is computed again there, under the rules placed")
+        with self.restored(plain) as plain:
+            yield (PLAIN if fused else _WRITTEN_OUT) if plain else self.arithmetic
 
 
 def _activations(family) -> list[nn.Module]:
@@ -234,8 +246,9 @@ def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels:
     comes back exactly as it was — hooks removed, patched ``forward`` methods restored — also when an
     exception is raised inside. The backward must run within the block too: with ``recompute`` (the default)
     each block's forward is computed again there, under the rules (:meth:`RuleArithmetic.recomputing`): memory
-    that does not grow with blocks × tokens², for one more forward of the blocks per backward; without it the
-    forward keeps every block's graph. ``pixels=False`` leaves the patch convolution's rule out (for callers
+    that does not grow with blocks × tokens², for one more forward of the blocks, in the relevance's backward (a
+    plain backward beside it reads the plain graph the forward keeps for it); without it the forward keeps every
+    block's graph. ``pixels=False`` leaves the patch convolution's rule out (for callers
     that do not read the pixels' relevance). ``gradient_from``: blocks below this index run plainly
     without gradients and this block's input starts the graph (the backward stops there; the trace
     holds the attention and residuals from there on).

@@ -92,8 +92,9 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
             Without it every block's relevance and gradient are kept; a block's attention probabilities
             are computed again in the backward either way (docs/decisions/performance.md).
         recompute: compute each block again in the backward (:func:`~.placement.lrp_rules`): peak memory that
-            does not grow with blocks × tokens², for one more forward of the blocks per backward. False keeps
-            every block's graph from the forward (faster); the attention's relevance is read only with it.
+            does not grow with blocks × tokens², for one more forward of the blocks (in the relevance's backward;
+            the plain one of ``gradients`` reads the plain graph the forward keeps for it). False keeps every
+            block's graph from the forward (faster); the attention's relevance is read only with it.
     """
     if not isinstance(adapter, ModelAdapter):
         raise TypeError(f"relevance takes a ModelAdapter (vitexplain.adapter_for(model)), got {type(adapter).__name__}")

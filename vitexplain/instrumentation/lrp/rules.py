@@ -8,7 +8,8 @@ renormalisation, by a small autograd Function. Linear maps without a bias (resha
 rotary embeddings, average pooling, the distilled head's average) need no rule: Gradient×Input through
 them is already the z-rule. Where no gradient is taken (blocks below the lowest one a caller reads) the
 rules compute nothing beyond the forward. Within :func:`both_gradients` one forward serves a plain
-gradient and the relevance; a block computed again for the plain gradient forms no surrogate (:func:`rules_apply`).
+gradient and the relevance; a block computed plainly (for the plain gradient, or for its values alone) forms no
+surrogate (:func:`rules_apply`).
 
 Module rules (:class:`ModuleRule`) are placed on modules; operation rules (:class:`AddRule`,
 :class:`AttentionRule`, ...) are the operations of the written-out blocks and attention. The rule
@@ -22,7 +23,7 @@ import contextlib
 import contextvars
 import functools
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,8 @@ class Phase:
 
 
 _PHASE: contextvars.ContextVar[Phase | None] = contextvars.ContextVar("lrp_phase", default=None)
-#: True while a block is computed again for the plain gradient (:func:`restoring_phase`): only its plain graph is read
+#: True while a block is computed for the plain gradient or its values alone (:class:`RestoredPhase`): only its plain
+#: graph is read
 _PLAIN_RECOMPUTATION: contextvars.ContextVar[bool] = contextvars.ContextVar("lrp_plain_recomputation", default=False)
 
 
@@ -64,33 +66,37 @@ def both_gradients() -> Iterator[Phase]:
         _PHASE.reset(token)
 
 
-def restoring_phase() -> Callable[..., contextlib.AbstractContextManager[bool]]:
-    """A function giving a context in which rules applied see the phase of now (None outside
-    :func:`both_gradients`): for a forward computed again in a backward, which may run on another thread.
+class RestoredPhase:
+    """The phase of now (:attr:`phase`, None outside :func:`both_gradients`), restorable by calling this: for a
+    forward computed again in a backward, which may run on another thread.
 
-    The context yields whether the forward is plain: one computed again for the plain backward, or one read for
-    its values alone (``plain=True``), needs only the plain graph, so within the context the module rules stand
+    The context yields whether the forward is plain: one computed for the plain backward, or one read for its
+    values alone (``plain=True``), needs only the plain graph, so within the context the module rules stand
     aside (:func:`rules_apply`) — the plain phase's backward through a rule's output reaches only the plain
     computation of its value anyway, and a rule keeps its output's value.
     """
-    phase = _PHASE.get()
+
+    def __init__(self) -> None:
+        self.phase = _PHASE.get()
+
+    def plain_now(self) -> bool:
+        """Whether the backward running now is the plain one of :func:`both_gradients`."""
+        return _plain_phase(self.phase)
 
     @contextlib.contextmanager
-    def restored(plain: bool = False) -> Iterator[bool]:
-        plain = plain or _plain_phase(phase)
-        token, plain_token = _PHASE.set(phase), _PLAIN_RECOMPUTATION.set(plain)
+    def __call__(self, plain: bool = False) -> Iterator[bool]:
+        plain = plain or self.plain_now()
+        token, plain_token = _PHASE.set(self.phase), _PLAIN_RECOMPUTATION.set(plain)
         try:
             yield plain
         finally:
             _PLAIN_RECOMPUTATION.reset(plain_token)
             _PHASE.reset(token)
 
-    return restored
-
 
 def rules_apply() -> bool:
     """Whether a rule placed on a module forms its surrogate now: a gradient will be taken, and not by the plain
-    backward through a block computed again for it (:func:`restoring_phase`), which reads the plain graph alone."""
+    backward through a block computed again for it (:class:`RestoredPhase`), which reads the plain graph alone."""
     return torch.is_grad_enabled() and not _PLAIN_RECOMPUTATION.get()
 
 

@@ -53,9 +53,10 @@ class AttentionReadings:
         self.reduced: dict[int, Any] = {}
         self._plain_outputs: dict[int, Tensor] = {}
 
-    def put(self, block: int, attn: Tensor, v: Tensor, grad_attn: Tensor, grad_mixed: Tensor,
+    def put(self, block: int, attn: Tensor | None, v: Tensor | None, grad_attn: Tensor | None, grad_mixed: Tensor,
             layout: WindowLayout | None) -> None:
-        """Block's probabilities and values and the gradients at the probabilities and at A·v, from a backward."""
+        """Block's probabilities and values and the gradients at the probabilities and at A·v, from a backward (the
+        plain one, whose forward ran PyTorch's fused attention, hands over the gradient at A·v alone)."""
         if self.phase is not None and self.phase.plain:
             self._plain_outputs[block] = grad_mixed
             return
@@ -127,8 +128,8 @@ class TraceSink(Sink):
             self.trace.residuals[block] = tensors["residual"]
 
     def put_backward(self, block: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
-        self.trace.readings.put(block, tensors["attn"], tensors["v"], gradients["attn"], gradients["mixed"],
-                                self.trace.layouts.get(block))
+        self.trace.readings.put(block, tensors.get("attn"), tensors.get("v"), gradients.get("attn"),
+                                gradients["mixed"], self.trace.layouts.get(block))
 
     def layout(self, block: int, layout: WindowLayout) -> None:
         self.trace.layouts[block] = layout
