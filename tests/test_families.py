@@ -216,3 +216,27 @@ def test_plain_gradient_beside_the_relevance_equals_the_recorded_gradient(name, 
     assert both.attn_grads[0] is None and recorded.blocks[1].grads["attn"].abs().sum() > 0
     torch.testing.assert_close(both.attn_grads[1], recorded.blocks[1].grads["attn"], rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(both.attn[1], alone.attn[1], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["vit", "eva02", "beit", "swin", "swinv2", "swinv2_cr", "naflexvit"])
+def test_the_block_outputs_gradient_is_the_gradient_at_each_blocks_own_output(name):
+    """``block_output`` and its gradient (AttCAT's ``tokens="output"``) against hooks on the blocks themselves,
+    whatever ends the block: a sum of branches, a res-post-norm, SwinV2-CR's extra norm of the stream."""
+    model, batch, target = build(name).double(), images(2).double(), 3
+    adapter = adapter_for(model)
+    record = adapter.record(batch, target, fields=("block_output",), grads=("block_output",))
+    outputs = []
+    hooks = [parts.module.register_forward_hook(lambda module, args, output: outputs.append(output))
+             for parts in adapter.family.blocks]
+    try:
+        logits = model(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    gradients = torch.autograd.grad(logits[:, target].sum(), outputs)
+    assert len(outputs) == len(record.blocks) > 1
+    for block, output, gradient in zip(record.blocks, outputs, gradients):
+        as_tokens = lambda t: t.reshape(t.shape[0], -1, t.shape[-1])  # noqa: E731 (Swin's blocks: [B, H, W, C])
+        torch.testing.assert_close(block.block_output, as_tokens(output), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(block.grads["block_output"], as_tokens(gradient), rtol=1e-10, atol=1e-12)
+        assert block.grads["block_output"].abs().sum() > 0

@@ -119,6 +119,8 @@ def _feed_forward(parts: BlockParts, h: Tensor, arithmetic: Arithmetic) -> Tenso
 def _finished(parts: BlockParts, out: Tensor, sink: Sink, index: int) -> Tensor:
     """The block's output from the stream after its adds: the main norm's output where the block has one."""
     if parts.main_norm is None:
+        if sink.wants(index, "block_output"):
+            sink.put(index, block_output=out)
         return out
     out = parts.main_norm(out)
     sink.put(index, block_output=out)

@@ -21,7 +21,7 @@ from .windows import WindowedMatrix, WindowLayout, mixing
 
 #: Per-block tensors that can be recorded, and whose gradients can be asked for.
 BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", "attn_branch", "mlp_residual",
-                "mlp_input", "mlp_branch")
+                "mlp_input", "mlp_branch", "block_output")
 #: The attention's N×N fields, which a recording can reduce per block instead of keeping (:class:`Recorder`).
 ATTENTION_FIELDS = ("attn_logits", "attn")
 #: What the model's head leaves when it reads a block's output (recorded with ``layer_scores`` only, see
@@ -58,7 +58,8 @@ class BlockRecord:
             None when the branch is not a sum over heads (output norm, gate, post-branch norm) or not asked.
         layout: ``pre_norm``, ``res_post_norm`` or ``post_norm`` (see :mod:`.blocks`).
         block_output: the block output, recorded where it is not a sum (``post_norm`` blocks, and blocks ending
-            with a norm of the residual stream, :attr:`~.blocks.BlockParts.main_norm`).
+            with a norm of the residual stream, :attr:`~.blocks.BlockParts.main_norm`) and wherever it, or its
+            gradient, is asked for (:attr:`output` reads it).
         windows: for windowed attention, the :class:`~vitexplain.instrumentation.windows.WindowLayout`
             that maps per-window attention to tokens; None for global attention.
         grads: gradient of the target score with respect to any of the fields above, by field name.

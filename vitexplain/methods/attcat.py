@@ -44,14 +44,11 @@ def attcat(adapter: ModelAdapter, inputs: Tensor, target=None, *, attention_row:
         every_query = torch.full_like(block.residual[..., 0], 1 / block.residual.shape[1])
         return mix_rows(every_query, heads)
 
-    # the MLP branch is added straight to the block output, so its gradient is the output's
-    gradient_of = {"input": "residual", "attn_input": "attn_input", "output": "mlp_branch"}[tokens]
-    fields = {"input": ("attn", "residual"), "attn_input": ("attn", "residual", "attn_input"),
-              "output": ("attn", "residual", "attn_branch", "mlp_branch")}[tokens]
-    record = adapter.record(inputs, target, grads=(gradient_of,), reduce=attentive, fields=fields)
+    features_of = {"input": "residual", "attn_input": "attn_input", "output": "block_output"}[tokens]
+    record = adapter.record(inputs, target, grads=(features_of,), reduce=attentive,
+                            fields=("attn", "residual", features_of))
     relevance = 0
     for block in record.blocks:
-        features = block.output if tokens == "output" else getattr(block, gradient_of)
-        cat = (block.grads[gradient_of] * features).sum(-1)  # [B, N]
+        cat = (block.grads[features_of] * getattr(block, features_of)).sum(-1)  # [B, N]
         relevance = relevance + record.geometry.patch_map(block.reduced * cat)
     return relevance
