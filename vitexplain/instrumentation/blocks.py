@@ -214,7 +214,8 @@ class _RecomputedBlock(torch.autograd.Function):
     """A block's forward that keeps only its input for the backward and computes the block again there, in the
     context of its forward (LRP rules: :meth:`~.attention.Arithmetic.recomputing`), taking the backward through
     that graph, which is freed before the backward moves on to the block below. The same operations on the same
-    input, so the same numbers. Where a plain backward will come first (:attr:`~.attention.Recomputation.
+    input, so the same numbers (up to the rounding of the fused attention, in a forward that keeps its graph).
+    Where a plain backward will come first (:attr:`~.attention.Recomputation.
     keeps_plain_graph`), the forward keeps its plain graph for that backward, which frees it as it passes.
     With an anchor (the sink reads the block's attention), the backward also passes when only the anchor is
     differentiated, and hands the probabilities and the gradients at them and at the attention's output to the
@@ -241,7 +242,7 @@ class _RecomputedBlock(torch.autograd.Function):
             kept = _computed(ctx, x)
         leaf, out, taken = kept
         del kept
-        taken = {name: tensor for name, tensor in (taken or {}).items() if name in ("attn", "v", "mixed")}
+        taken = taken or {}
         read = [name for name in ("attn", "mixed") if name in taken and taken[name].requires_grad]
         found = torch.autograd.grad(out, [leaf, *(taken[name] for name in read)], grad, allow_unused=True)
         if ctx.handover:

@@ -96,10 +96,11 @@ class _Recomputation:
 
     The plain backward of :func:`~.rules.both_gradients` reads only the plain graph, and the forward only the
     block's output: a block computed for either (``plain=True``) runs its plain forward — plain operations (the
-    attention still written out for the readings) and the module rules standing aside (:func:`~.rules.rules_apply`)
-    — on the same values, so the same output and plain gradient, without the rules' surrogates (the |W| |x|
-    products of every Linear). Where that plain backward will come, the forward keeps its plain graph for it
-    (``keeps_plain_graph``), so only the relevance's backward computes the block again.
+    attention written out for the readings, or fused where only the gradient at A·v is read) and the module rules
+    standing aside (:func:`~.rules.rules_apply`) — on the same values, so the same output and plain gradient,
+    without the rules' surrogates (the |W| |x| products of every Linear). Where that plain backward will come, the
+    forward keeps its plain graph for it (``keeps_plain_graph``), so only the relevance's backward computes the
+    block again.
     """
 
     def __init__(self, arithmetic: RuleArithmetic):

@@ -96,7 +96,7 @@ class RestoredPhase:
 
 def rules_apply() -> bool:
     """Whether a rule placed on a module forms its surrogate now: a gradient will be taken, and not by the plain
-    backward through a block computed again for it (:class:`RestoredPhase`), which reads the plain graph alone."""
+    backward, or a forward read for its values alone (:class:`RestoredPhase`), which read the plain graph alone."""
     return torch.is_grad_enabled() and not _PLAIN_RECOMPUTATION.get()
 
 
