@@ -354,8 +354,3 @@ def test_recompute_switches_memory_for_time_and_keeps_the_maps(method, options):
     again = explain(model, x, method, recompute=True, **options)
     assert torch.equal(kept, again) and kept.abs().sum() > 0
     assert _square_tensors_saved(make_vit(depth=2), "chefer", recompute=False)[0] > 0
-
-
-def test_the_attention_relevance_needs_each_block_computed_again():
-    with pytest.raises(ValueError, match="needs recompute=True"):
-        relevance(make_vit(depth=2), images_like(), None, "chefer", at=("attn",), recompute=False)

@@ -269,3 +269,53 @@ def test_the_plain_backward_frees_the_graph_the_forward_kept_for_it(monkeypatch)
                       reduce=lambda *args: None)
     assert alive == [(0, 4, 0)]  # no N×N matrix saved by the forward; four graphs kept for the plain backward, freed
     assert square  # the relevance's backward does save them (what the check would catch)
+
+
+@pytest.mark.parametrize("name", ["vit", "vit_map", "swin"])
+def test_the_attention_read_from_the_kept_graph_is_the_recomputed_one(name):
+    """``recompute=False``: the attention's relevance and plain gradient read from the probabilities the forward
+    kept equal those read as the backward computes each block again, and so do transformer attribution's maps."""
+    from vitexplain import explain
+    from vitexplain.instrumentation import lrp
+
+    model, batch = build(name).double(), images(2).double()
+    adapter = adapter_for(model)
+    again = lrp.relevance(adapter, batch, None, "chefer", at=("attn",), gradients=True)
+    kept = lrp.relevance(adapter, batch, None, "chefer", at=("attn",), gradients=True, recompute=False)
+    for found, expected in [*zip(kept.attn, again.attn), *zip(kept.attn_grads, again.attn_grads)]:
+        torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12 * expected.abs().max().item())
+        assert expected.abs().sum() > 0
+    maps = explain(model, batch, "transformer_attribution", recompute=False)
+    torch.testing.assert_close(maps, explain(model, batch, "transformer_attribution"), rtol=1e-10, atol=1e-14)
+    alone = [lrp.relevance(adapter, batch, None, "lrp", at=("attn",), blocks=(-1,), recompute=recompute).attn[-1]
+             for recompute in (False, True)]  # the relevance alone (partial LRP's), no plain gradient
+    torch.testing.assert_close(*alone, rtol=1e-10, atol=1e-12 * alone[1].abs().max().item())
+
+
+def test_a_plain_backward_through_the_rules_graph_takes_no_product_for_the_surrogates():
+    """Within ``both_gradients`` the plain phase's gradient reaches a rule's value alone: the |W| |x| surrogate of an
+    αβ Linear gets none, and no matrix product is spent on it (one product: the input's gradient through W)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vitexplain.instrumentation.lrp import rules as r
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func._overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm)
+            return func(*args, **(kwargs or {}))
+
+    linear, x = torch.nn.Linear(6, 5), torch.randn(3, 6, requires_grad=True)
+    with r.both_gradients() as phase:
+        out = r.AlphaBeta._forward(linear, x)
+        phase.plain = True
+        with Products() as plain:
+            gradient, = torch.autograd.grad(out.sum(), x, retain_graph=True)
+        phase.plain = False
+        with Products() as rules:
+            torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(gradient, torch.ones(3, 5) @ linear.weight)
+    assert plain.count == 1 and rules.count == 2

@@ -12,7 +12,8 @@ from ._products import ReadoutFold
 
 @register_method("transformer_attribution", cost=8, score_targets=False,
                  precision_caveats={"bfloat16 weights": 0.735, "float16 weights": 0.374})
-def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0) -> Tensor:
+def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0,
+                            recompute: bool = True) -> Tensor:
     """Relevance of each block's attention map weighted by its gradient, rolled out from ``start_layer``.
 
     Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization", CVPR 2021,
@@ -28,6 +29,10 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     Options:
         start_layer: first block included (0, the default of their code; their segmentation and
             perturbation tests use 1).
+        recompute: compute each block again under the rules as the relevance's backward reaches it (default),
+            so that peak memory does not grow with blocks × tokens²; False keeps every block's graph from the
+            forward: one forward of the blocks fewer, for that memory (docs/decisions/performance.md). The same
+            maps up to float rounding.
     """
     start = block_index("start_layer", start_layer, adapter.num_blocks)
     chosen = range(start, adapter.num_blocks)
@@ -37,5 +42,6 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
         """Block's E_h[(∇A ⊙ R^A)⁺], folded into the readout's row as the relevance's backward passes the block."""
         fold(geometry, block, geometry.mixing(block, (attn_gradient * attn_relevance).clamp_(min=0).mean(1)))
 
-    found = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=chosen, gradients=True, reduce=cam)
+    found = relevance(adapter, images, target, rules="chefer", at=("attn",), blocks=chosen, gradients=True, reduce=cam,
+                      recompute=recompute)
     return fold.map(found.geometry)

@@ -259,7 +259,7 @@ def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels:
     rules = resolve_rules(rules)
     _check_covered(adapter)
     trace = Trace()
-    sink = TraceSink(trace, gradient_from or 0)
+    sink = TraceSink(trace, gradient_from or 0, recompute)
     arithmetic = RuleArithmetic(rules, recompute)
     try:
         with float32_scope(adapter.model), \

@@ -94,16 +94,14 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
         recompute: compute each block again in the backward (:func:`~.placement.lrp_rules`): peak memory that
             does not grow with blocks × tokens², for one more forward of the blocks (in the relevance's backward;
             the plain one of ``gradients`` reads the plain graph the forward keeps for it). False keeps every
-            block's graph from the forward (faster); the attention's relevance is read only with it.
+            block's graph from the forward, the attention's probabilities included: faster, for memory that
+            grows with blocks × tokens²; the same operations, so the same values up to rounding.
     """
     if not isinstance(adapter, ModelAdapter):
         raise TypeError(f"relevance takes a ModelAdapter (vitexplain.adapter_for(model)), got {type(adapter).__name__}")
     unknown = set(at) - set(STAGES)
     if unknown:
         raise ValueError(f"cannot return relevance at {sorted(unknown)}; choose from {STAGES}")
-    if not recompute and "attn" in at:
-        raise ValueError("relevance at 'attn' is read as the backward computes each block again: it needs "
-                         "recompute=True")
     if (gradients or reduce is not None) and "attn" not in at:
         raise ValueError(f"{'gradients are' if gradients else 'reduce is'} taken at the attention: ask for relevance "
                          "at 'attn' too")
@@ -139,9 +137,10 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
             classes = resolved.classes
             start = rules.start(logits.detach(), classes)
             wanted = _wanted(trace, images, at, num_blocks)
-            if gradients:
-                _plain_gradients(phase, logits, classes, wanted["attn"])
+            plain = _plain_gradients(phase, logits, classes, wanted["attn"]) if gradients else None
             taken = _propagated(logits, r.safe_divide(start, logits.detach()), wanted)
+            if readings is not None and not recompute:
+                _read_kept_attention(trace, taken["attn"], plain)
     patches = taken["patches"][0] if taken["patches"] else None
     kept = readings is not None and reduce is None
     return Relevance(
@@ -158,26 +157,39 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
 def _wanted(trace: Trace, images: Tensor, at: Collection[str], num_blocks: int) -> dict[str, list[Tensor]]:
     """The tensors whose relevance is asked for, by stage; the pixels' with the z^B rule's bound terms
     (:class:`~.rules.ZBox`), whose relevance adds to theirs; for the attention, the readings' anchor (the
-    attention's relevance is collected as the backward passes it, :class:`~.trace.AttentionReadings`)."""
+    attention's relevance is collected as the backward passes it, :class:`~.trace.AttentionReadings`), or the
+    probabilities the forward kept (``recompute=False``)."""
     bounds = (trace.pixel_rule.bounds or ()) if isinstance(trace.pixel_rule, r.ZBox) else ()
+    attention = [] if "attn" not in at else [trace.readings.anchor] if trace.sink.recompute else \
+        list(trace.attention.values())
     return {
-        "attn": [trace.readings.anchor] if "attn" in at else [],
+        "attn": attention,
         "residuals": [trace.residuals[block] for block in range(num_blocks + 1)] if "residuals" in at else [],
         "patches": [trace.patches] if "patches" in at else [],
         "pixels": [images, *bounds] if "pixels" in at else [],
     }
 
 
-def _plain_gradients(phase: r.Phase, logits: Tensor, classes: Tensor, anchors: list[Tensor]) -> None:
+def _plain_gradients(phase: r.Phase, logits: Tensor, classes: Tensor, anchors: list[Tensor]) -> list[Tensor]:
     """The plain backward of the target logit through the attention of the blocks read (to the ``anchors``),
-    which leaves each its plain gradient (:class:`~.trace.AttentionReadings`) and keeps the graph for the
-    relevance's."""
+    which leaves each its plain gradient (:class:`~.trace.AttentionReadings`; where the anchors are the kept
+    probabilities, the gradients returned) and keeps the graph for the relevance's."""
     phase.plain = True
     try:
-        torch.autograd.grad(logits, anchors, grad_outputs=one_on_target(logits, classes), retain_graph=True,
-                            allow_unused=True)
+        found = torch.autograd.grad(logits, anchors, grad_outputs=one_on_target(logits, classes), retain_graph=True,
+                                    allow_unused=True)
     finally:
         phase.plain = False
+    return [torch.zeros_like(anchor) if gradient is None else gradient for anchor, gradient in zip(anchors, found)]
+
+
+def _read_kept_attention(trace: Trace, relevances: list[Tensor], plain: list[Tensor] | None) -> None:
+    """Hand the readings each block's relevance and plain gradient at the probabilities the forward kept
+    (``recompute=False``), the last block first, as the backward that computes each block again hands them."""
+    blocks = list(trace.attention)
+    for index in reversed(range(len(blocks))):
+        found = {"attn": relevances[index]} if plain is None else {"attn": relevances[index], "grad": plain[index]}
+        trace.readings.read(blocks[index], found, trace.layouts.get(blocks[index]))
 
 
 def _propagated(logits: Tensor, seed: Tensor, wanted: dict[str, list[Tensor]]) -> dict[str, list[Tensor]]:

@@ -376,12 +376,13 @@ class _LinearMagnitudes(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
+        ctx.set_materialize_grads(False)  # a plain backward (both_gradients) reaches it with no gradient: no product
         return F.linear(x.abs(), weight.abs(), None if bias is None else bias.abs())
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):
-        if not ctx.needs_input_grad[0]:
+    def backward(ctx, grad: Tensor | None):
+        if grad is None or not ctx.needs_input_grad[0]:
             return None, None, None
         x, weight = ctx.saved_tensors
         return (grad @ weight.abs()) * x.sign(), None, None

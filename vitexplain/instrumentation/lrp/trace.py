@@ -64,6 +64,11 @@ class AttentionReadings:
         if self.phase is not None:
             plain = self._plain_outputs.pop(block, None)
             found["grad"] = torch.zeros_like(attn) if plain is None else plain @ v.contiguous().transpose(-2, -1)
+        self.read(block, found, layout)
+
+    def read(self, block: int, found: dict[str, Tensor], layout: WindowLayout | None) -> None:
+        """Block's relevance (``attn``) and plain gradient (``grad``, within :func:`~.rules.both_gradients`) at its
+        probabilities: laid out as recorded, then reduced or kept."""
         if layout is not None:  # a windowed block's per window, as recorded
             found = {name: layout.recorded({"attn": value})["attn"] for name, value in found.items()}
         if self.reduce is not None:
@@ -82,6 +87,8 @@ class Trace:
     Attributes:
         readings: what is read at the attention of the blocks asked for (:class:`AttentionReadings`; None:
             nothing), set before the forward.
+        attention: those blocks' attention probabilities, by block, where the forward keeps every block's graph
+            (``recompute=False``; else they are computed again in the backward and not kept here).
         residuals: every block's input, then the last block's output [B, N, C].
         patches: the patch embedding's output, before prefix tokens and position embedding.
         readout_attn: an attention-pooling head's probabilities [B, H, latents, N], when the model has one.
@@ -92,6 +99,7 @@ class Trace:
     """
 
     readings: AttentionReadings | None = None
+    attention: dict[int, Tensor] = field(default_factory=dict)
     residuals: dict[int, Tensor] = field(default_factory=dict)
     patches: Tensor | None = None
     readout_attn: Tensor | None = None
@@ -102,22 +110,29 @@ class Trace:
 
 
 class TraceSink(Sink):
-    """Keeps the residual stream of the blocks from ``first`` on and the pooling head's attention, and hands
-    the attention of the blocks the trace's readings ask for to them in the backward."""
+    """Keeps the residual stream of the blocks from ``first`` on and the pooling head's attention; the attention
+    of the blocks the trace's readings ask for it hands to them in the backward (``recompute``, each block
+    computed again there) or keeps from the forward (:attr:`Trace.attention`)."""
 
-    def __init__(self, trace: Trace, first: int = 0):
+    def __init__(self, trace: Trace, first: int = 0, recompute: bool = True):
         self.trace = trace
         self.first = first
+        self.recompute = recompute
         trace.sink = self  # the attention holds its sink weakly; the trace keeps it for the backward
+
+    def _read(self, block: int) -> bool:
+        readings = self.trace.readings
+        return readings is not None and block in readings.blocks
 
     def wants(self, block: int, name: str) -> bool:
         if block == READOUT:
             return name in ("attn", "selection")
+        if name == "attn":
+            return not self.recompute and self._read(block)
         return name == "residual" and block >= self.first
 
     def anchor(self, block: int) -> Tensor | None:
-        readings = self.trace.readings
-        return readings.anchor if readings is not None and block in readings.blocks else None
+        return self.trace.readings.anchor if self.recompute and self._read(block) else None
 
     def put(self, block: int, **tensors: Tensor) -> None:
         if block == READOUT:
@@ -126,6 +141,8 @@ class TraceSink(Sink):
             return
         if "residual" in tensors:
             self.trace.residuals[block] = tensors["residual"]
+        if "attn" in tensors and self.wants(block, "attn"):
+            self.trace.attention[block] = tensors["attn"]
 
     def put_backward(self, block: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
         self.trace.readings.put(block, tensors.get("attn"), tensors.get("v"), gradients.get("attn"),
