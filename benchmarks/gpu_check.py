@@ -1,5 +1,7 @@
 """The GPU check: every method's maps in the precisions users run, seeds across devices, the default bench's
-wall time, and method costs at batch 64 — one run, about 5 minutes on one GPU.
+wall time, and method costs at batch 64 — one run, under 5 minutes on one GPU. Measured on an H100 (2026-11-26):
+fidelity 16-21 s, bench 120 s, road 31 s; seeds 56 s at 32 canvases and cost 115 s with RISE at 256 masks, both
+made smaller since (8 canvases; the bench's 150 masks), not re-timed.
 
     python benchmarks/gpu_check.py                              # on cuda: everything
     python benchmarks/gpu_check.py --device cpu --images 4 --parts fidelity   # a smoke run on a CPU
@@ -11,8 +13,11 @@ Parts (``--parts``, default all):
   bfloat16 and float16 on the device, bfloat16 and float16 weights); printed: Pearson r of each canvas's
   map to its float32 map, the lowest and the median, and the method's time in each mode relative to float32.
   Sampling methods take the default bench's sample counts (``vitexplain/bench/default_digits.yaml``).
-* ``seeds``: every seeded method's float32 maps on the CPU and on the device with the same seed: r, lowest and median.
-* ``bench``: the default bench (``vitexplain bench``) on the device, in float32 and in bfloat16 autocast: wall seconds.
+* ``seeds``: every seeded method's float32 maps on the CPU and on the device with the same seed, on ``--seed-images``
+  canvases: r, lowest and median.
+* ``bench``: the default bench (``vitexplain bench``) on the device, in each of ``--bench-precisions`` (default
+  float32): wall seconds and where they went (the phases the bench times; the rest is its CPU work: bootstrap,
+  reports).
 * ``cost``: ``method_cost.py`` at batch 64 (ViT-B/16, random weights): ratios to one forward+backward in
   float32, and each method's time under bfloat16 autocast relative to its float32 time.
 * ``road``: ``road_imputation.py`` with ``--batch`` images: ROAD's imputation by SciPy's LU on the CPU against
@@ -35,16 +40,17 @@ from vitexplain.bench.config import read_yaml
 from vitexplain.datasets.base import collate, get_dataset
 from vitexplain.instrumentation.precision import precision_mode
 from vitexplain.models import load_model
+from vitexplain.options import PRECISIONS
 from vitexplain.registry import get_method
 
 from common import describe_machine, pearson
 
 SHIPPED = ("digits_vit", "digits_deit")
 PARTS = ("fidelity", "seeds", "bench", "cost", "road")
-#: the methods of method_cost's batch-64 part: the single-pass ones and two samplers at bench sample counts
+#: the methods of method_cost's batch-64 part: the single-pass ones, then two samplers at the bench's sample counts
 COST_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken", "tokentm", "transformer_attribution",
                 "lrp", "attcat", "agcam"]
-COST_OPTIONS = {"tis": {"n_masks": 128}, "rise": {"n_masks": 256}}
+COST_SAMPLERS = ("tis", "rise")
 
 
 def bench_options() -> dict[str, dict]:
@@ -133,16 +139,34 @@ def seeds(device: torch.device, count: int) -> None:
         print(f"| {method} | " + " | ".join(cells) + " |")
 
 
-def bench(device: torch.device, limit: int | None) -> None:
+def where_the_time_went(timings: dict[str, dict[str, dict[str, float]]], top: int = 5) -> str:
+    """The bench's largest seconds by phase (maps, each metric, sanity) and by method, summed over the models."""
+    phases: dict[str, float] = {}
+    methods: dict[str, float] = {}
+    for per_method in timings.values():
+        for method, spent in per_method.items():
+            for phase, seconds in spent.items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+                methods[method] = methods.get(method, 0.0) + seconds
+
+    def largest(found: dict[str, float]) -> str:
+        ranked = sorted(found.items(), key=lambda item: -item[1])[:top]
+        return ", ".join(f"{name} {seconds:.0f} s" for name, seconds in ranked)
+
+    return f"largest phases: {largest(phases)}; methods: {largest(methods)}"
+
+
+def bench(device: torch.device, limit: int | None, precisions: list[str]) -> None:
     print("\n## The default bench on this device (wall seconds, one process, fresh cache)\n")
-    for precision in ("float32", "bfloat16"):
+    for precision in precisions:
         with tempfile.TemporaryDirectory() as folder:
             data = {**read_yaml(DEFAULT_CONFIG), "output_dir": folder, "device": str(device), "progress": False,
                     "precision": precision}
             config = BenchConfig.from_dict({**data, "limit": limit or data["limit"]})
             start = time.perf_counter()
             result = run_benchmark(config)
-            print(f"- {precision}: {time.perf_counter() - start:.1f} s, {len(result.errors)} error(s)", flush=True)
+            print(f"- {precision}: {time.perf_counter() - start:.1f} s, {len(result.errors)} error(s); "
+                  f"{where_the_time_went(result.timings)}", flush=True)
             for error in result.errors[:5]:
                 print(f"  error: {error['model']} / {error['method']} / {error['metric']}: {error['error'][:100]}")
 
@@ -150,12 +174,13 @@ def bench(device: torch.device, limit: int | None) -> None:
 def cost(device: torch.device, model: str, batch: int, repeats: int) -> None:
     from method_cost import REFERENCE, measure, print_model
 
-    methods = COST_METHODS + list(COST_OPTIONS)
+    options = {name: bench_options()[name] for name in COST_SAMPLERS}
+    methods = COST_METHODS + list(COST_SAMPLERS)
     print(f"\n## method_cost at batch {batch}, {model} (random weights)\n")
     found = {}
     for precision in ("float32", "bfloat16"):
         with precision_mode(precision, device):
-            found[precision] = measure(model, {}, methods, batch, repeats, device, COST_OPTIONS, False)
+            found[precision] = measure(model, {}, methods, batch, repeats, device, options, False)
         print(f"{precision}:")
         print_model(found[precision], batch, False)
     print("\nbfloat16 autocast / float32, seconds per image:")
@@ -169,9 +194,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--images", type=int, default=32, help="digits test canvases per model")
+    parser.add_argument("--images", type=int, default=32, help="digits test canvases per model (fidelity part)")
+    parser.add_argument("--seed-images", type=int, default=8, help="digits test canvases per model (seeds part)")
     parser.add_argument("--methods", nargs="+", default=None, help="methods of the fidelity part (default: all)")
     parser.add_argument("--limit", type=int, help="images per model of the bench part (default: the bench's)")
+    parser.add_argument("--bench-precisions", nargs="+", default=["float32"], choices=PRECISIONS,
+                        help="precisions of the bench part")
     parser.add_argument("--model", default="vit_base_patch16_224", help="timm model of the cost part")
     parser.add_argument("--batch", type=int, default=64, help="batch of the cost and road parts")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the cost part")
@@ -185,9 +213,9 @@ def main() -> None:
         if part == "fidelity":
             fidelity(device, args.images, methods)
         elif part == "seeds":
-            seeds(device, args.images)
+            seeds(device, args.seed_images)
         elif part == "bench":
-            bench(device, args.limit)
+            bench(device, args.limit, args.bench_precisions)
         elif part == "road":
             print("\n## ROAD's imputation: LU on the CPU against conjugate gradients on the device\n")
             road_table(device, args.batch, [112, 224], 1)

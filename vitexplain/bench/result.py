@@ -309,10 +309,7 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
     for model in config.models:
         for entry in config.metrics:
             metric = get_metric(entry.name)
-
-            def report(values: dict[str, Tensor], metric=metric, options=entry.options) -> dict[str, float]:
-                return metric.report(values, options)
-
+            report = metric.reporter(entry.options)
             samples = {}
             for method in config.methods:
                 parts = [part for part in merged[model.name, method.label, entry.label] if part.indices]

@@ -31,8 +31,8 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
             perturbation tests use 1).
         recompute: compute each block again under the rules as the relevance's backward reaches it (default),
             so that peak memory does not grow with blocks × tokens²; False keeps every block's graph from the
-            forward: one forward of the blocks fewer, for that memory (docs/decisions/performance.md). The same
-            maps up to float rounding.
+            forward: one forward of the blocks fewer, for that memory (16 % faster on an H100 at ViT-B/16, batch
+            64; docs/decisions/performance.md). The same maps up to float rounding.
     """
     start = block_index("start_layer", start_layer, adapter.num_blocks)
     chosen = range(start, adapter.num_blocks)
