@@ -246,8 +246,9 @@ class _RecomputedBlock(torch.autograd.Function):
         read = [name for name in ("attn", "mixed") if name in taken and taken[name].requires_grad]
         found = torch.autograd.grad(out, [leaf, *(taken[name] for name in read)], grad, allow_unused=True)
         if ctx.handover:
-            gradients = {name: torch.zeros_like(taken[name]) for name in ("attn", "mixed") if name in taken}
-            gradients.update((name, gradient) for name, gradient in zip(read, found[1:]) if gradient is not None)
+            given = {name: gradient for name, gradient in zip(read, found[1:]) if gradient is not None}
+            gradients = {name: given[name] if name in given else torch.zeros_like(taken[name])
+                         for name in ("attn", "mixed") if name in taken}
             ctx.sink.sink().put_backward(ctx.block, {name: taken[name].detach() for name in ("attn", "v")
                                                      if name in taken}, gradients)
         return found[0], None, None, None, None, None

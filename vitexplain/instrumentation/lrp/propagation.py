@@ -170,7 +170,8 @@ def _wanted(trace: Trace, images: Tensor, at: Collection[str], num_blocks: int) 
     }
 
 
-def _plain_gradients(phase: r.Phase, logits: Tensor, classes: Tensor, anchors: list[Tensor]) -> list[Tensor]:
+def _plain_gradients(phase: r.Phase, logits: Tensor, classes: Tensor,
+                     anchors: list[Tensor]) -> tuple[Tensor | None, ...]:
     """The plain backward of the target logit through the attention of the blocks read (to the ``anchors``),
     which leaves each its plain gradient (:class:`~.trace.AttentionReadings`; where the anchors are the kept
     probabilities, the gradients returned) and keeps the graph for the relevance's."""
@@ -180,15 +181,18 @@ def _plain_gradients(phase: r.Phase, logits: Tensor, classes: Tensor, anchors: l
                                     allow_unused=True)
     finally:
         phase.plain = False
-    return [torch.zeros_like(anchor) if gradient is None else gradient for anchor, gradient in zip(anchors, found)]
+    return found
 
 
-def _read_kept_attention(trace: Trace, relevances: list[Tensor], plain: list[Tensor] | None) -> None:
-    """Hand the readings each block's relevance and plain gradient at the probabilities the forward kept
-    (``recompute=False``), the last block first, as the backward that computes each block again hands them."""
+def _read_kept_attention(trace: Trace, relevances: list[Tensor], plain: tuple[Tensor | None, ...] | None) -> None:
+    """Hand the readings each block's relevance and plain gradient (0 where none reached it) at the probabilities
+    the forward kept (``recompute=False``), the last block first, as the backward that computes each block again
+    hands them."""
     blocks = list(trace.attention)
     for index in reversed(range(len(blocks))):
-        found = {"attn": relevances[index]} if plain is None else {"attn": relevances[index], "grad": plain[index]}
+        found = {"attn": relevances[index]}
+        if plain is not None:
+            found["grad"] = torch.zeros_like(relevances[index]) if plain[index] is None else plain[index]
         trace.readings.read(blocks[index], found, trace.layouts.get(blocks[index]))
 
 
