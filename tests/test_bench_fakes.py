@@ -93,7 +93,7 @@ REPLAY = register_metric(Metric(
 
 NEEDS_MASKS = register_metric(Metric(
     name="bench_needs_masks",
-    compute=lambda batch: {"on_mask": batch.masks.float().mean((1, 2))},
+    compute=lambda batch: {"on_mask": batch.truth["masks"].float().mean((1, 2))},
     reduce=lambda v: {"on_mask": v["on_mask"].mean()},
     requires=("masks",),
     higher_is_better={"on_mask": True},

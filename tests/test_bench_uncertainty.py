@@ -13,9 +13,10 @@ from safetensors import safe_open
 
 from vitexplain.bench import BenchConfig, run_benchmark
 from vitexplain.bench.tables import Estimate, column_decimals, format_estimate
-from vitexplain.bench.uncertainty import Sample, bootstrap, leaders
+from vitexplain.bench.uncertainty import Sample, leaders
 from vitexplain.metrics import Metric, available_metrics, get_metric
 from vitexplain.metrics.base import GROUPS
+from vitexplain.uncertainty import bootstrap
 
 from conftest import make_vit
 from test_bench_fakes import RandomImages

@@ -32,8 +32,9 @@ from vitexplain.metrics import Metric, register_metric
 
 def share_inside(batch):
     """Per image, the share of the map's positive mass inside the mask (a toy protocol)."""
-    maps = torch.nn.functional.interpolate(batch.maps[:, None].float(), size=batch.masks.shape[-2:])[:, 0].clamp(min=0)
-    return {"share": (maps * batch.masks).flatten(1).sum(1) / maps.flatten(1).sum(1).clamp(min=1e-12)}
+    masks = batch.truth["masks"]
+    maps = torch.nn.functional.interpolate(batch.maps[:, None].float(), size=masks.shape[-2:])[:, 0].clamp(min=0)
+    return {"share": (maps * masks).flatten(1).sum(1) / maps.flatten(1).sum(1).clamp(min=1e-12)}
 
 
 register_metric(Metric("throwaway_share", share_inside, lambda values: {"share": values["share"].mean().item()},

@@ -47,7 +47,7 @@ def test_registered_metric_explains_the_second_class():
 
     batch = EvalBatch(images=torch.zeros(1, 3, 2, 2), maps=torch.tensor([[[1.0, 1.0], [0.0, 0.0]]]),
                       targets=torch.tensor([3]), labels=torch.tensor([3]), explain=explain, logits=None, ids=["a"],
-                      masks=MASK_A, second={"targets": torch.tensor([5]), "masks": MASK_B, "boxes": None})
+                      truth={"masks": MASK_A, "second": {"targets": torch.tensor([5]), "masks": MASK_B, "boxes": None}})
     metric = get_metric("class_sensitivity")
     values = metric.compute(batch, **metric.options)
     assert [c.tolist() for c in calls] == [[5]]

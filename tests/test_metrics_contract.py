@@ -28,8 +28,9 @@ def make_batch(model, method, rows=slice(None)):
 
     return EvalBatch(images=images, maps=explain(images, labels), targets=labels, labels=labels, explain=explain,
                      logits=vitexplain.adapter_for(model).logits, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-                     ids=[f"img{i}" for i in range(4)][rows], masks=masks, boxes=boxes,
-                     second={"targets": torch.tensor([3, 3, 0, 9])[rows], "masks": second_masks, "boxes": None})
+                     ids=[f"img{i}" for i in range(4)][rows],
+                     truth={"masks": masks, "boxes": boxes, "second": {"targets": torch.tensor([3, 3, 0, 9])[rows],
+                                                                        "masks": second_masks, "boxes": None}})
 
 
 @pytest.fixture(scope="module")

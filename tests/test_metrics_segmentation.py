@@ -133,7 +133,7 @@ def test_the_registered_metric_reports_with_the_threshold_it_computed_with():
     maps, masks = _random_case(2)
     batch = EvalBatch(images=torch.zeros(5, 3, 16, 16), maps=maps, targets=torch.zeros(5, dtype=torch.long),
                       labels=torch.zeros(5, dtype=torch.long), explain=None, logits=None, ids=list("abcde"),
-                      masks=masks)
+                      truth={"masks": masks})
     metric = get_metric("segmentation")
     for threshold in ("best", "best_per_metric", "mean"):
         values = metric.compute(batch, threshold=threshold)
@@ -170,8 +170,8 @@ def test_registered_metric_reads_the_batch_ignore_mask():
 
     def batch(ignored):
         return EvalBatch(images=torch.zeros(1, 3, 2, 2), maps=maps, targets=torch.zeros(1, dtype=torch.long),
-                         labels=torch.zeros(1, dtype=torch.long), explain=None, logits=None, ids=["a"], masks=masks,
-                         ignore=ignored)
+                         labels=torch.zeros(1, dtype=torch.long), explain=None, logits=None, ids=["a"],
+                         truth={"masks": masks, "ignore": ignored})
 
     metric = get_metric("segmentation")
     with_ignore = metric.reduce(metric.compute(batch(ignore)))

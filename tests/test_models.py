@@ -9,9 +9,13 @@ from vitexplain.models import ModelLoadError, data_config, load_model, load_text
 from conftest import TINY, make_vit
 
 
-def test_model_loading_errors_say_what_to_do(tmp_path):
-    with pytest.raises(ModelLoadError, match="not in the local cache.*--arch vit_base_patch16_224"):
-        load_model("vit_base_patch16_224", device="cpu")
+def test_model_loading_errors_say_what_to_do(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # offline: nothing downloads
+    with pytest.raises(ModelLoadError, match="offline mode is on.* not .*in the local cache.*pre-fetch it.*"
+                                             "--arch vit_base_patch16_224"):
+        load_model("vit_base_patch16_224", device="cpu", offline=True)
     with pytest.raises(ModelLoadError, match="unknown timm architecture"):
         load_model("vit_no_such_model_999", device="cpu")
     bogus = tmp_path / "weights.pth"

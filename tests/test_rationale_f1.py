@@ -60,7 +60,8 @@ def test_token_f1_equals_a_loop_over_words_and_spans():
 
 def test_metric_reports_the_mean_f1_per_k_and_over_k():
     metric = get_metric("rationale_f1")
-    assert metric.options == {"ks": (10, 20, 30, 40, 50, 60, 70, 80)} and set(metric.requires) == {"masks", "boxes"}
+    assert metric.options == {"ks": (10, 20, 30, 40, 50, 60, 70, 80)}
+    assert set(metric.requires) == {"word_index", "rationale_spans"}
     values = {"f1@1": torch.tensor([0.5, 0.0]), "f1@2": torch.tensor([1.0, 0.5]),
               "f1": torch.tensor([[0.5, 1.0], [0.0, 0.5]]), "precision": torch.ones(2, 2), "recall": torch.ones(2, 2)}
     assert metric.reduce(values) == {"f1@1": 0.25, "f1@2": 0.75, "mean_f1": 0.5}
@@ -90,11 +91,12 @@ def test_movies_loader_aligns_word_pieces_with_words(tmp_path):
     assert first["id"] == "negR_000.txt" and first["label"] == 0 and second["label"] == 1
     assert tokenizer.convert_ids_to_tokens(first["image"].tolist()) == \
         ["[CLS]", "the", "plot", "was", "superb", "##ly", "bad", "[SEP]"]  # truncated: "acting" is cut
-    assert first["mask"].tolist() == [0, 1, 2, 3, 4, 4, 5, 0]
-    assert first["boxes"].tolist() == [[3, 5]]
-    assert second["image"].tolist()[-2:] == [0, 0] and second["mask"].tolist() == [0, 1, 1, 2, 3, 0, 0, 0]
+    assert first["word_index"].tolist() == [0, 1, 2, 3, 4, 4, 5, 0]
+    assert first["rationale_spans"].tolist() == [[3, 5]]
+    assert second["image"].tolist()[-2:] == [0, 0] and second["word_index"].tolist() == [0, 1, 1, 2, 3, 0, 0, 0]
     batch = collate([first, second])
-    assert batch["images"].shape == (2, 8) and batch["masks"].shape == (2, 8) and len(batch["boxes"]) == 2
+    assert batch["images"].shape == (2, 8) and batch["word_index"].shape == (2, 8)
+    assert len(batch["rationale_spans"]) == 2
     one = get_dataset("movies", tmp_path / "movies", preprocess=tokenizer, n=1, seed=3)[0]
     assert one["id"] in {"negR_000.txt", "posR_001.txt"}
 
@@ -174,7 +176,7 @@ def test_a_trained_bert_points_at_the_rationales_through_the_bench(tmp_path):
         progress=False))
     assert not result.errors
     noise = torch.rand(batch["images"].shape, generator=torch.Generator().manual_seed(1))
-    chance = rationale_f1(noise, batch["masks"], batch["boxes"], ks)["f1"].mean().item()
+    chance = rationale_f1(noise, batch["word_index"], batch["rationale_spans"], ks)["f1"].mean().item()
     assert chance < 0.35
     for method in ("gae", "tokentm", "agcam"):  # gradient-weighted attention; the best possible mean F1 is 0.7625
         scores = result.scores["bert"][method]["rationale_f1"]

@@ -21,17 +21,30 @@ _EXPORTS = {
     "register_method": "registry",
     "explain_texts": "text_prompts",
     "text_embeddings": "text_prompts",
+    "plot": "viz",
+    "evaluate": "evaluation",
+    "Scores": "evaluation",
+    "load_model": "models",
+    "load_plugin": "plugins",
+    "ExplorerPage": "explorer",
+    "explorer_items": "explorer",
 }
 
-__all__ = ["UnsupportedModelError", "adapter_for", "available_methods", "explain", "explain_files", "explain_texts",
-           "get_method", "register_method", "text_embeddings", "__version__"]
+__all__ = ["ExplorerPage", "Scores", "UnsupportedModelError", "adapter_for", "available_methods", "evaluate", "explain",
+           "explain_files", "explain_texts", "explorer_items", "get_method", "load_model", "load_plugin", "plot",
+           "register_method", "text_embeddings", "__version__"]
 
 if TYPE_CHECKING:
     from .api import explain
+    from .evaluation import Scores, evaluate
+    from .explorer import ExplorerPage, explorer_items
     from .image_files import explain_files
     from .instrumentation import UnsupportedModelError, adapter_for
+    from .models import load_model
+    from .plugins import load_plugin
     from .registry import available_methods, get_method, register_method
     from .text_prompts import explain_texts, text_embeddings
+    from .viz import plot
 
 
 def __getattr__(name: str) -> Any:

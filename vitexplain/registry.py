@@ -6,10 +6,11 @@ kind: each lives in a module of the registry's package (methods in :mod:`vitexpl
 :mod:`vitexplain.metrics`, datasets in :mod:`vitexplain.datasets`, model families in
 :mod:`vitexplain.instrumentation.families`, recipes in :mod:`vitexplain.reproduce.tables`), registers itself
 when imported, and the registry imports every module of its package whose name does not start with ``_``
-before its first lookup; adding one is adding a module. Everything a part of the library needs to
-know about an entry lives on the entry (for a method: its resolution, whether it is class-specific,
-randomised or a control, which inputs it explains, what it costs), so adding one touches no table
-elsewhere.
+before its first lookup; adding one is adding a module. Entries from outside the package come as plug-ins
+(:mod:`vitexplain.plugins`: a file, a module, or an installed distribution's entry point). Everything a
+part of the library needs to know about an entry lives on the entry (for a method: its resolution, whether
+it is class-specific, randomised or a control, which inputs it explains, what it costs), so adding one
+touches no table elsewhere.
 
 Explanation methods are functions ``fn(adapter, images, target, *, option=default, ...) -> Tensor
 [B, h, w]`` decorated with :func:`register_method`. Their keyword-only parameters are their options,
@@ -62,11 +63,24 @@ class Registry(Generic[T]):
         self._sort = sort
 
     def _load(self) -> None:
+        """The built-in entries, then every installed plug-in's (:mod:`vitexplain.plugins`)."""
+        self._load_builtins()
+        from .plugins import load_entry_point_plugins
+
+        load_entry_point_plugins()
+
+    def _load_builtins(self) -> None:
         if self._package is not None:
             package, self._package = self._package, None
             import_modules(package)
 
     def add(self, name: str, entry: T) -> T:
+        """Register ``entry`` as ``name``; a taken name is a ValueError. A plug-in adding an entry finds the
+        built-ins registered first, so its clash with one is reported against the plug-in."""
+        from .plugins import importing_plugin
+
+        if importing_plugin():
+            self._load_builtins()
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
         if name in self._entries:

@@ -140,6 +140,9 @@ class BenchConfig:
         notes: lines shown at the top of the reports (e.g. why a setting differs from a paper's).
         highlight: labels of the methods the reports' curves draw in colour (the others grey, the
             controls dashed); empty: every method in colour.
+        plugins: plug-ins imported before anything else is read: ``.py`` files (in a YAML file, relative
+            to its folder) or module names, registering methods, metrics, datasets or model families
+            (:mod:`vitexplain.plugins`).
     """
 
     models: Any
@@ -161,8 +164,13 @@ class BenchConfig:
     sanity: Any = None
     notes: Any = ()
     highlight: Any = ()
+    plugins: Any = ()
 
     def __post_init__(self) -> None:
+        from ..plugins import load_plugins
+
+        self.plugins = [self.plugins] if isinstance(self.plugins, (str, Path)) else [str(p) for p in self.plugins]
+        load_plugins(self.plugins)
         self.models = _models(self.models)
         self.methods = _entries(MethodEntry, self.methods, "methods", self.exclude_methods,
                                 lambda: available_methods("image"))
@@ -230,11 +238,23 @@ class BenchConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> BenchConfig:
         """A config from a YAML file with the keys of :class:`BenchConfig`; errors name the file."""
-        data = read_yaml(path)
+        data = read_config(path)
         try:
-            return cls.from_dict({} if data is None else data)
+            return cls.from_dict(data)
         except (ValueError, TypeError) as error:
             raise type(error)(f"{path}: {error}") from error
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The mapping a bench config file holds (empty for an empty file), its plug-in files as seen from its folder."""
+    data = read_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a bench config must be a mapping of BenchConfig keys, got {type(data).__name__}")
+    if data.get("plugins"):
+        data["plugins"] = [_beside(path, plugin) for plugin in _as_list(data["plugins"], "plugins")]
+    return data
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -248,6 +268,14 @@ def read_yaml(path: str | Path) -> Any:
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         problem = " ".join(part for part in (getattr(error, "problem", None), getattr(error, "context", None)) if part)
         raise ValueError(f"{where}: invalid YAML: {problem or error}") from None
+
+
+def _beside(config: str | Path, plugin: Any) -> str:
+    """A plug-in a YAML file names: a relative file path as seen from the file's folder; a module name as it is."""
+    from ..plugins import is_file_plugin
+
+    path = Path(str(plugin)).expanduser()
+    return str(Path(config).parent / path) if is_file_plugin(str(plugin)) and not path.is_absolute() else str(plugin)
 
 
 def _check_options_mapping(name: str, options: Any) -> None:

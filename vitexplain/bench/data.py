@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from ..datasets.base import move, take
 from .config import DatasetSpec
 
 
@@ -85,27 +85,6 @@ class Batch:
     def take(self, rows: list[int]) -> Batch:
         """The images at ``rows``."""
         return Batch([self.indices[r] for r in rows], take(self.data, rows), [])
-
-
-def move(value: Any, device: torch.device) -> Any:
-    if isinstance(value, Tensor):
-        return value.to(device)
-    if isinstance(value, list):
-        return [move(item, device) for item in value]
-    if isinstance(value, dict):
-        return {key: move(item, device) for key, item in value.items()}
-    return value
-
-
-def take(value: Any, rows: list[int]) -> Any:
-    """Rows of a per-image tensor, list, or dict of them."""
-    if isinstance(value, Tensor):
-        return value[torch.tensor(rows, dtype=torch.long, device=value.device)]
-    if isinstance(value, list):
-        return [value[r] for r in rows]
-    if isinstance(value, dict):
-        return {key: take(item, rows) for key, item in value.items()}
-    return value
 
 
 def collate(items: list[tuple[int, Any]]) -> Batch:

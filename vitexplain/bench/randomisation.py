@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .uncertainty import CONFIDENCE, bootstrap, interval
+from ..uncertainty import CONFIDENCE, bootstrap, interval
 
 TOP_PREFIXES = ("head", "norm.", "fc_norm.", "attn_pool.")
 INIT_STD = 0.02

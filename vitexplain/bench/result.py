@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..metrics import get_metric
 from ..registry import METHODS
+from ..uncertainty import CONFIDENCE, RESAMPLES, bootstrap, interval
 from .config import DatasetSpec
 from .randomisation import VERDICT_RULE
 from .tables import (
@@ -26,7 +27,7 @@ from .tables import (
     summary_markdown,
     summary_text,
 )
-from .uncertainty import CONFIDENCE, RESAMPLES, Sample, bootstrap, interval, leaders
+from .uncertainty import Sample, leaders
 
 
 @dataclass

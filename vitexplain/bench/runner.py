@@ -25,9 +25,11 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from ..api import AllZeroMapWarning, explain
+from ..api import AllZeroMapWarning
+from ..datasets.base import NOT_TRUTH
+from ..evaluation import NOT_TRUTH_REQUIREMENTS, reexplainer, score
 from ..instrumentation import ModelAdapter, adapter_for
-from ..instrumentation.precision import float32_scope, precision_mode
+from ..instrumentation.precision import precision_mode
 from ..metrics import EvalBatch, Metric, get_metric
 from ..registry import get_method
 from .cache import MethodCache, model_folder
@@ -116,6 +118,13 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
         normal = normalisation(dataset, data_config)
         metrics = [(entry, get_metric(entry.name), _metric_options(entry, config.seed)) for entry in entries]
         wanted = {entry.label: _mine(len(dataset), config.limit_of(entry), config, where) for entry in entries}
+        for entry, metric, _ in metrics:
+            lacking = _not_provided(metric, dataset)
+            if lacking and wanted[entry.label]:     # refused before any work, once per method
+                wanted[entry.label] = []
+                work.errors += [error_entry(model_entry.name, method.label, entry.label, ["all images"],
+                                            f"metric {metric.name!r} needs {', '.join(lacking)}, which dataset "
+                                            f"{_dataset_name(spec)} does not provide") for method in config.methods]
         shown = []
         if group == 0 and where.rank == 0:
             shown = _mine(len(dataset), config.limit, config, where)[:max(config.gallery, _sanity_images(config))]
@@ -142,6 +151,18 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
     if config.sanity is not None:
         work.sanity[model_entry.name] = check_model(model, model_entry.name, dataset, shown[:config.sanity.images],
                                                     caches, config.sanity, config.seed, where.device, work)
+
+
+def _not_provided(metric: Metric, dataset: Dataset) -> list[str]:
+    """The ground truth ``metric`` needs that ``dataset`` declares it does not serve (none when it declares nothing)."""
+    provides = getattr(dataset, "provides", None)
+    if provides is None:
+        return []
+    return [need for need in metric.requires if need not in (*NOT_TRUTH_REQUIREMENTS, *provides)]
+
+
+def _dataset_name(spec: DatasetSpec | Dataset) -> str:
+    return repr(spec.name) if isinstance(spec, DatasetSpec) else type(spec).__name__
 
 
 def _mine(size: int, limit: int | None, config: BenchConfig, where: Place) -> list[int]:
@@ -184,24 +205,6 @@ def _metric_options(entry: MetricEntry, seed: int) -> dict[str, Any]:
     return options
 
 
-def _check_requirements(metric: Metric, batch: Batch) -> None:
-    provided = {key: batch.data.get(key) is not None for key in ("masks", "boxes", "second")}
-    provided["labels"] = bool((batch.data["labels"] >= 0).all())
-    missing = [need for need in metric.requires if not provided.get(need, False)]
-    if missing:
-        raise ValueError(f"metric {metric.name!r} needs {', '.join(missing)}, which these images do not have")
-
-
-def _check_values(metric: Metric, values: Any, count: int) -> dict[str, Tensor]:
-    if not isinstance(values, dict) or not all(isinstance(v, Tensor) for v in values.values()):
-        raise TypeError(f"metric {metric.name!r} must return a dict of per-image tensors, got {type(values).__name__}")
-    for key, value in values.items():
-        if value.ndim not in (1, 2) or value.shape[0] != count:
-            raise ValueError(f"metric {metric.name!r} returned {key!r} of shape {tuple(value.shape)}; "
-                             f"expected [{count}] or [{count}, steps]")
-    return values
-
-
 class MethodRun:
     """One (model, method): the loop over the images that still miss maps or a metric value."""
 
@@ -212,16 +215,10 @@ class MethodRun:
         self.metrics, self.normalisation = metrics, normal
         self.config, self.where = config, where
         self.cache = MethodCache(base, method.name, options, {e.label: (m.name, o) for e, m, o in metrics})
+        self.explain = reexplainer(adapter, method.name, options)
         self.wanted: dict[str, set[int]] = {}
         #: seconds spent by this process: "maps" (explaining) and each metric label
         self.seconds: dict[str, float] = {}
-
-    def explain(self, images: Tensor, targets: Tensor, seed: int | None = None) -> Tensor:
-        """The method's maps with the run's options; ``seed`` replaces a randomised method's seed."""
-        options = self.options
-        if seed is not None and get_method(self.method.name).randomised:
-            options = {**options, "seed": seed}
-        return explain(self.adapter, images, self.method.name, target=targets, **options)
 
     def run(self, dataset: Dataset, wanted: dict[str, list[int]], shown: list[int] = ()) -> list[dict[str, Any]]:
         """Process the images that miss maps or a metric value; returns the errors.
@@ -255,9 +252,9 @@ class MethodRun:
     def _eval_batch(self, batch: Batch, maps: Tensor, targets: Tensor) -> EvalBatch:
         data = batch.data
         mean, std = self.normalisation or (None, None)
+        truth = {key: value for key, value in data.items() if key not in NOT_TRUTH}
         return EvalBatch(images=data["images"], maps=maps, targets=targets, labels=data["labels"], explain=self.explain,
-                         logits=self.adapter.logits, ids=batch.ids, masks=data.get("masks"), boxes=data.get("boxes"),
-                         second=data.get("second"), ignore=data.get("ignore"), mean=mean, std=std)
+                         logits=self.adapter.logits, ids=batch.ids, truth=truth, mean=mean, std=std)
 
     def _maps(self, batch: Batch) -> tuple[Tensor, Tensor, list[int]]:
         """Maps and targets of the batch (cached or computed, on the device) and the rows computed now."""
@@ -312,10 +309,9 @@ class MethodRun:
                 continue
             part = batch if len(rows) == len(batch.indices) else batch.take(rows)
             try:
-                _check_requirements(metric, part)
                 subset = evaluated if part is batch else self._eval_batch(part, maps[rows], targets[rows])
-                with self._timed(entry.label), float32_scope(self.adapter.model):  # its forwards: the run's precision
-                    values = _check_values(metric, metric.compute(subset, **options), len(rows))
+                with self._timed(entry.label):
+                    values = score(metric, subset, options, self.adapter.model)
                 store.write(part.indices, part.ids, values)
             except Exception as error:  # noqa: BLE001 - a metric failing on a batch must not lose the rest
                 errors.append(error_entry(self.model_name, self.method.label, entry.label, part.ids, error))

@@ -15,7 +15,7 @@ import textwrap
 import warnings
 from typing import Any
 
-from .shared import add_precision_option, output_folder
+from .shared import add_model_arguments, add_precision_option, output_folder
 
 
 def add_parser(subparsers) -> None:
@@ -25,8 +25,7 @@ def add_parser(subparsers) -> None:
                     "when no --model/--method/--metric/--dataset is given either). "
                     "Results: OUTPUT/report.html, OUTPUT/results.{json,csv,md}, OUTPUT/plots/.")
     parser.add_argument("--config", help="YAML file with the keys of vitexplain.bench.BenchConfig")
-    parser.add_argument("--model", action="append", help="shipped name, timm name or checkpoint file (repeatable)")
-    parser.add_argument("--arch", help="timm architecture of the --model checkpoint files")
+    add_model_arguments(parser, repeatable=True)
     parser.add_argument("--method", action="append", help="explanation method (repeatable)")
     parser.add_argument("--method-option", action="append", default=[], metavar="METHOD.KEY=VALUE",
                         help="an option of one method, the value read as YAML (repeatable)")
@@ -84,15 +83,13 @@ def _with_options(entries: list, assignments: list[str], what: str) -> list[dict
 def config_from_args(args: argparse.Namespace):
     """The :class:`~vitexplain.bench.BenchConfig` that ``--config`` and the flags describe."""
     from ..bench import DEFAULT_CONFIG, BenchConfig
-    from ..bench.config import read_yaml
+    from ..bench.config import read_config
 
     data: dict[str, Any] = {}
     content_flags = (args.model, args.method, args.metric, args.dataset, args.data_root, args.dataset_option)
     path = args.config or (None if any(content_flags) else DEFAULT_CONFIG)
     if path:
-        data = read_yaml(path) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a bench config must be a mapping of BenchConfig keys, got {type(data).__name__}")
+        data = read_config(path)
     if args.model:
         data["models"] = [{"name": name, "arch": args.arch} for name in args.model]
     for key in ("method", "metric"):
@@ -130,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import run_benchmark
     from ..models import ModelLoadError
 
+    offline = {"HF_HUB_OFFLINE": "1"} if args.offline else {}   # every model of the run from the local cache
+    saved = {key: os.environ.get(key) for key in offline}
     try:
+        os.environ.update(offline)
         with warnings.catch_warnings():          # the run's warnings (e.g. a repaired cache) as one plain line each
             warnings.showwarning = _show_warning
             config = config_from_args(args)
@@ -139,6 +139,12 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError, ModelLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     print(result.text())

@@ -16,6 +16,7 @@ from typing import Any
 
 from .shared import (
     add_method_options,
+    add_model_arguments,
     add_precision_option,
     method_options,
     output_folder,
@@ -42,11 +43,7 @@ def add_parser(subparsers) -> None:
                                "overlay (PNG) and the raw map (.npy) per image and method.",
         epilog=NAMING, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any mode PIL reads)")
-    parser.add_argument("--model", required=True,
-                        help="shipped model name, timm model name, checkpoint file, or a local transformers folder of "
-                             "a CLIP / SigLIP two-tower model (save_pretrained, with its tokenizer; "
-                             "explained with --text)")
-    parser.add_argument("--arch", help="timm architecture of a checkpoint file")
+    add_model_arguments(parser, required=True)
     parser.add_argument("--method", required=True,
                         help="a method name (see `vitexplain methods`), several separated by commas (gae,tokentm,tis: "
                              "one grid per image), or 'all' (every method that explains images, without the controls)")
@@ -56,8 +53,9 @@ def add_parser(subparsers) -> None:
                         help="the model's outputs are classes: explain them although its head looks like a CLIP-style "
                              "projection to an embedding (which is refused without this flag)")
     parser.add_argument("--text", action="append", metavar="TEXT",
-                        help="explain the image's similarity to this text (two-tower models: the cosine of the image "
-                             "and text embeddings); repeat it for several texts, one map each")
+                        help="explain the image's similarity to this text (CLIP / SigLIP two-tower models, with their "
+                             "tokenizer: the cosine of the image and text embeddings); repeat it for several texts, "
+                             "one map each")
     parser.add_argument("-o", "--output", default="vitexplain-out", help="output folder (default: %(default)s)")
     parser.add_argument("--batch-size", type=positive_int, default=16,
                         help="images read and explained together (default: %(default)s)")
@@ -114,7 +112,7 @@ def prepare(args, out: Path) -> Setup:
     methods = (available_methods("image", controls=False) if args.method == "all"
                else list(dict.fromkeys(get_method(name.strip()).name for name in args.method.split(","))))
     options = method_options(methods, args.options)
-    model, config = load_model(args.model, arch=args.arch, device=device)
+    model, config = load_model(args.model, arch=args.arch, device=device, offline=args.offline or None)
     names = class_names_for(model, config)
     texts = check_texts(args, model, config)
     if texts:  # a text is a score target: 'all' means the methods that explain one, and a named LRP method is refused

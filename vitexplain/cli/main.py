@@ -1,7 +1,9 @@
 """``vitexplain`` entry point: one subcommand per module of this package.
 
 Only the module of the command being run is imported (the others are listed by name and summary),
-so ``vitexplain --help`` and ``--version`` answer without loading torch.
+so ``vitexplain --help`` and ``--version`` answer without loading torch. Every subcommand takes
+``--plugin FILE|MODULE`` (repeatable): the plug-ins are imported before the command's arguments are
+read, so what they register is there for it (:mod:`vitexplain.plugins`).
 """
 from __future__ import annotations
 
@@ -38,20 +40,52 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     for name, summary in COMMANDS.items():
         if name in full:
             importlib.import_module(f"{__package__}.{name.replace('-', '_')}").add_parser(subparsers)
+            _add_plugin_option(subparsers.choices[name])
         else:
             subparsers.add_parser(name, help=summary)
     return parser
 
 
+def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE|MODULE",
+                        help="import a plug-in first: a .py file or a module that registers methods, metrics, "
+                             "datasets or model families (repeatable; installed plug-ins load by themselves)")
+
+
+def _load_plugins(argv: list[str]) -> str | None:
+    """Import the ``--plugin`` arguments of ``argv`` (before the full parser reads them); the error, if any."""
+    early = argparse.ArgumentParser(add_help=False)
+    _add_plugin_option(early)
+    named = early.parse_known_args(argv[1:])[0].plugins
+    if not named:
+        return None
+    from ..plugins import PluginError, load_plugins
+
+    try:
+        load_plugins(named)
+    except PluginError as error:
+        return str(error)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    problem = _load_plugins(argv) if argv[:1] and argv[0] in COMMANDS else None
+    if problem:
+        print(f"vitexplain: error: {problem}", file=sys.stderr)
+        return 2
     parser = build_parser(argv[:1])
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
+    from ..plugins import PluginError
+
     try:
         return int(args.func(args) or 0)
+    except PluginError as error:       # a plug-in named in a config, or an installed one, that cannot be loaded
+        print(f"vitexplain: error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

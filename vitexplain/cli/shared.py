@@ -28,6 +28,25 @@ def add_precision_option(parser: argparse.ArgumentParser, default: str | None = 
                              "take it")
 
 
+MODEL_FORMS = ("a shipped model (e.g. digits_vit), a timm name with an optional pretrained tag "
+               "(vit_base_patch16_224.augreg_in21k), timm's hf-hub:ORG/NAME, the Hugging Face Hub id of a transformers "
+               "ViT / DeiT / DINOv2 / CLIP / SigLIP model (google/vit-base-patch16-224, openai/clip-vit-base-patch32), "
+               "a local folder of either (save_pretrained), or a checkpoint file with --arch; pretrained weights are "
+               "downloaded into the Hugging Face cache (HF_HOME, HF_HUB_CACHE; from HF_ENDPOINT) unless --offline")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, required: bool = False, repeatable: bool = False) -> None:
+    """``--model``, ``--arch`` and ``--offline``, one help text for every command that loads models
+    (:func:`vitexplain.models.load_model`)."""
+    parser.add_argument("--model", required=required, action="append" if repeatable else "store",
+                        help=MODEL_FORMS + (" (repeatable)" if repeatable else ""))
+    parser.add_argument("--arch", help="timm architecture of a checkpoint file given as --model (default: the "
+                                       "'arch' of the model card beside it)")
+    parser.add_argument("--offline", action="store_true",
+                        help="read pretrained weights from the local caches only, never the network (as "
+                             "HF_HUB_OFFLINE=1 does); a model missing there is a one-line error saying how to fetch it")
+
+
 def output_folder(path: str | Path) -> Path:
     """``path`` as the folder a command writes into, checked but not created (a command refused after this
     check leaves nothing behind): a file in the way, or a folder that cannot be created or written, is a

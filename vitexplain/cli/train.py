@@ -82,6 +82,9 @@ def command_line(args) -> str:
     for name, value in vars(args).items():
         if name in ("command", "func") or value is None or value is False:
             continue
+        if name == "plugins":      # --plugin, repeatable (common to every subcommand)
+            words += [word for plugin in value for word in ("--plugin", plugin)]
+            continue
         words += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return shlex.join(words)
 

@@ -1,11 +1,13 @@
 """What every loader shares: errors, the name registry, seeded subsets, dict samples and their batching.
 
 A sample is a dict: ``image`` float [3, H, W] (preprocessed), ``label`` int (-1 when unknown),
-``id`` str, and when the dataset has them ``mask`` bool [H, W] (foreground, aligned with the
-image), ``boxes`` float [k, 4] (x0, y0, x1, y1 in image pixels) and ``second`` (the second object
-of a two-object image: ``{"label", "mask", "boxes"}``). :func:`collate` batches samples into the
-names of :class:`vitexplain.metrics.EvalBatch`: ``images``, ``labels``, ``ids``, ``masks``,
-``boxes`` (a list) and ``second`` (``{"targets", "masks", "boxes"}``); other keys keep their name.
+``id`` str, and the ground truth the dataset has, e.g. ``mask`` bool [H, W] (foreground, aligned
+with the image), ``boxes`` float [k, 4] (x0, y0, x1, y1 in image pixels) and ``second`` (the second
+object of a two-object image: ``{"label", "mask", "boxes"}``). :func:`collate` batches samples into
+``images``, ``labels``, ``ids`` and the ground truth by the names of
+:data:`vitexplain.metrics.base.TRUTH` (``mask`` becomes ``masks``; ``boxes`` stays a list, one
+entry per image; ``second`` becomes ``{"targets", "masks", "boxes"}``); other keys keep their name.
+A dataset declares the ground truth it serves, by those batch names, in ``provides``.
 """
 from __future__ import annotations
 
@@ -74,10 +76,13 @@ def choose_indices(total: int, n: int | None = None, seed: int = 0,
 class DictDataset(Dataset):
     """A map-style dataset of dict samples over a fixed list of ``total`` items, of which a subset is served.
 
-    Subclasses set ``splits`` (the first is the default) and implement :meth:`load`.
+    Subclasses set ``splits`` (the first is the default), ``provides`` (the ground truth their batches
+    carry, by batch name: ``"masks"``, ``"boxes"`` ...; see :data:`vitexplain.metrics.base.TRUTH`) and
+    implement :meth:`load`.
     """
 
     splits: tuple[str, ...] = ()
+    provides: tuple[str, ...] = ()
 
     def __init__(self, total: int, n: int | None = None, seed: int = 0,
                  indices: Sequence[int] | str | Path | None = None):
@@ -106,10 +111,14 @@ class DictDataset(Dataset):
 
 _BATCH_NAMES = {"image": "images", "label": "labels", "id": "ids", "mask": "masks"}
 _SECOND_NAMES = {"label": "targets", "mask": "masks"}
+#: batch names that are not ground truth
+NOT_TRUTH = ("images", "labels", "ids")
+#: ground truth with a varying number of entries per image: batched as a list, one entry per image
+_PER_IMAGE_LISTS = ("boxes", "rationale_spans")
 
 
 def _batch(key: str, values: list) -> Any:
-    if key == "boxes" or isinstance(values[0], str):
+    if key in _PER_IMAGE_LISTS or isinstance(values[0], str):
         return values
     if isinstance(values[0], (int, float, bool)):
         return torch.tensor(values)
@@ -140,6 +149,28 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     if not samples:
         raise ValueError("cannot batch an empty list of samples")
     return _collate(list(samples), _BATCH_NAMES)
+
+
+def move(value: Any, device: torch.device) -> Any:
+    """A batch value (tensor, or list / dict of them) on ``device``."""
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, list):
+        return [move(item, device) for item in value]
+    if isinstance(value, dict):
+        return {key: move(item, device) for key, item in value.items()}
+    return value
+
+
+def take(value: Any, rows: list[int]) -> Any:
+    """Rows of a per-image tensor, list, or dict of them."""
+    if isinstance(value, Tensor):
+        return value[torch.tensor(rows, dtype=torch.long, device=value.device)]
+    if isinstance(value, list):
+        return [value[r] for r in rows]
+    if isinstance(value, dict):
+        return {key: take(item, rows) for key, item in value.items()}
+    return value
 
 
 # ---------------------------------------------------------------------------------------- registry

@@ -194,6 +194,7 @@ class Digits(DictDataset):
             raise ValueError(f"digits canvases are {CANVAS} x {CANVAS}; "
                              f"the preprocessing asks for {self.preprocess.size}")
         self.split, self.seed, self.objects = split, seed, objects
+        self.provides = ("masks", "boxes", "second") if objects == 2 else ("masks", "boxes")
         self.pool = split_scans(split_seed)[split]
         classes = _scans()[1].numpy()
         blocks = [_draw_block(np.random.default_rng([seed, _SPLIT_CODES[split], objects, b]), self.pool.numpy(),

@@ -79,11 +79,11 @@ class MovieReviews(DictDataset):
     * ``image``: the token ids [max_length] (long), padded with the tokenizer's pad token, which is
       what :func:`vitexplain.explain` treats as padding;
     * ``label``: the class (0 NEG, 1 POS, or as ``classes`` orders them); ``id``: the annotation id;
-    * ``mask``: the word alignment [max_length] (long): for each token the 1-based number of the
+    * ``word_index``: the word alignment [max_length] (long): for each token the 1-based number of the
       review word it belongs to, 0 for special tokens and padding (words past the truncation have
       no token);
-    * ``boxes``: the human rationales [k, 2] (long) as word spans [start, end) over the whole review,
-      all annotated evidences together.
+    * ``rationale_spans``: the human rationales [k, 2] (long) as word spans [start, end) over the whole
+      review, all annotated evidences together.
 
     Args:
         root: see ``LAYOUT``.
@@ -96,6 +96,7 @@ class MovieReviews(DictDataset):
     """
 
     splits = ("test", "val", "train")
+    provides = ("word_index", "rationale_spans")
 
     def __init__(self, root: str | Path, split: str = "test", *, preprocess: Any = None, max_length: int = 512,
                  classes: Sequence[str] = ("NEG", "POS"), n: int | None = None, seed: int = 0,
@@ -133,6 +134,6 @@ class MovieReviews(DictDataset):
             "image": torch.tensor(encoding["input_ids"], dtype=torch.long),
             "label": self.classes.index(entry["classification"]),
             "id": entry["annotation_id"],
-            "mask": torch.tensor(word_numbers, dtype=torch.long),
-            "boxes": spans,
+            "word_index": torch.tensor(word_numbers, dtype=torch.long),
+            "rationale_spans": spans,
         }

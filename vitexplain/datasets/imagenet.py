@@ -176,6 +176,7 @@ class ImageNetVal(DictDataset):
             files = self._flat_files(image_dir, root, ground_truth)
         self.files = sorted(files, key=lambda item: (item[1], item[0].name))
         self.with_boxes = boxes
+        self.provides = ("boxes",) if boxes else ()
         self._annotations = self._find_annotations(root, annotations_dir) if boxes else None
         super().__init__(len(self.files), n, seed, indices)
 

@@ -47,6 +47,7 @@ class ImageNetSegmentation(DictDataset):
     """
 
     splits = ("test",)
+    provides = ("masks",)
 
     def __init__(self, root: str | Path, split: str = "test", *, preprocess: Preprocess | dict | None = None,
                  n: int | None = None, seed: int = 0, indices: Sequence[int] | str | Path | None = None):

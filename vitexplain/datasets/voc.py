@@ -50,6 +50,7 @@ class VOCSegmentation(DictDataset):
     """
 
     splits = ("val", "train", "trainval")
+    provides = ("masks", "ignore", "class_mask", "classes")
 
     def __init__(self, root: str | Path, split: str = "val", *, preprocess: Preprocess | dict | None = None,
                  n: int | None = None, seed: int = 0, indices: Sequence[int] | str | Path | None = None):

@@ -7,8 +7,10 @@ read the token or pixel under the cursor and its raw value; the predicted top-5 
 explained target; the options each map was made with. The page's script and style are the package
 files ``explorer.js`` and ``explorer.css``, inlined into ``template.html``.
 
-The page is built in :mod:`.page`; maps are encoded as :mod:`.encoding` says.
+In a notebook, ``ExplorerPage(items)`` shows the page inline (and ``.save(path)`` writes it), and
+``explorer_items(images, maps, ...)`` makes the items of a batch. The page is built in :mod:`.page`;
+maps are encoded as :mod:`.encoding` says.
 """
-from .page import ExplorerItem, explorer_html, write_explorer
+from .page import ExplorerItem, ExplorerPage, explorer_html, explorer_items, write_explorer
 
-__all__ = ["ExplorerItem", "explorer_html", "write_explorer"]
+__all__ = ["ExplorerItem", "ExplorerPage", "explorer_html", "explorer_items", "write_explorer"]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..viz import DIVERGING, OVERLAY_ALPHA, SEQUENTIAL, as_array, map_scale, palette
+from ..viz import DIVERGING, OVERLAY_ALPHA, SEQUENTIAL, as_array, map_scale, method_maps, palette, pictures
 from .encoding import encode_map
 
 #: The palettes offered in the page, first the convention's (:mod:`vitexplain.viz`): (matplotlib name, label shown).
@@ -54,11 +54,129 @@ class ExplorerItem:
 
 def write_explorer(path: str | Path, items: Sequence[ExplorerItem], *, title: str = "vitexplain explorer") -> Path:
     """Write the explorer page for ``items`` to ``path`` (parent folders are created); returns the path."""
-    page = explorer_html(items, title=title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
+    return ExplorerPage(items, title=title).save(path)
+
+
+class ExplorerPage:
+    """The explorer page of ``items`` (:func:`explorer_html`), for a notebook: Jupyter shows it inline, in an
+    ``<iframe>`` of ``height`` pixels; :meth:`save` writes it as the file :func:`write_explorer` writes.
+
+    Example::
+
+        maps = {name: vitexplain.explain(model, images, name) for name in ("gae", "tis")}
+        items = vitexplain.explorer_items(images, maps, config=config, probabilities=model(images).softmax(-1))
+        page = vitexplain.ExplorerPage(items)   # the cell's value: the page, inline
+        page.save("explorer.html")
+    """
+
+    def __init__(self, items: Sequence[ExplorerItem], *, title: str = "vitexplain explorer", height: int = 760):
+        if not isinstance(height, (int, np.integer)) or isinstance(height, bool) or height <= 0:
+            raise ValueError(f"height must be a positive number of pixels; got {height!r}")
+        items = list(items)
+        #: the page, one self-contained HTML document
+        self.html = explorer_html(items, title=title)
+        self.title, self.height, self.names = title, int(height), [str(item.name) for item in items]
+
+    def _repr_html_(self) -> str:
+        """The page in an iframe (its own document: the page's script, style and Content-Security-Policy stay
+        inside it; sandboxed, so the script cannot reach the notebook)."""
+        return (f'<iframe srcdoc="{html.escape(self.html, quote=True)}" title="{html.escape(self.title, quote=True)}" '
+                f'sandbox="allow-scripts" style="width: 100%; height: {self.height}px; border: 1px solid #d0d7de">'
+                "</iframe>")
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page to ``path`` (parent folders are created); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.html, encoding="utf-8")
+        return path
+
+    def __repr__(self) -> str:
+        return f"ExplorerPage({self.title!r}: {len(self.names)} image{'s' * (len(self.names) != 1)})"
+
+
+def explorer_items(images, maps, *, names: Sequence[str] | None = None, mean=None, std=None, config=None,
+                   probabilities=None, class_names: Sequence[str] | None = None, targets=None,
+                   options: Mapping[str, Mapping] | None = None,
+                   grid: tuple[int, int] | None = None) -> list[ExplorerItem]:
+    """The explorer's items of a batch: images and maps as :func:`vitexplain.plot` takes them.
+
+    Args:
+        images: a preprocessed batch [B, 3, H, W] with ``mean`` / ``std`` or ``config`` (the model's data
+            config) to un-normalise it, or pictures (PIL images, [H, W, 3] arrays); see :func:`vitexplain.viz.pictures`.
+        maps: one method's maps [B, h, w] (labelled ``"map"``) or ``{method: maps [B, h, w]}``.
+        names: one per image, distinct (default ``"image 0"``, ``"image 1"`` ...).
+        probabilities: the model's class probabilities [B, K] (softmax): each image's top-5, named by
+            ``class_names`` (K names; default the class indices).
+        targets: the class each image's maps explain (an int for all, or one per image; ints are named by
+            ``class_names``, strings shown as they are); None: the predicted class when ``probabilities``
+            are given (what :func:`vitexplain.explain` explains by default), else not shown.
+        options: ``{method: {option: value}}`` shown beside each method's maps (what they were made with).
+        grid: the model's patch grid (h, w), which makes a map of that shape token-level (hover names the
+            token); None: the shape all of an image's maps share that is not the image's own.
+    """
+    shown = pictures(images, mean=mean, std=std, config=config)
+    per_method = method_maps(maps, len(shown))
+    count = len(shown)
+    names = [f"image {i}" for i in range(count)] if names is None else [str(name) for name in names]
+    if len(names) != count:
+        raise ValueError(f"names: {len(names)} names for {count} images")
+    top5 = _top5_rows(probabilities, class_names, count)
+    explained = _targets(targets, probabilities, class_names, count)
+    items = []
+    for i, picture in enumerate(shown):
+        picture = picture if picture.dtype == np.uint8 else np.round(picture * 255).astype(np.uint8)
+        maps_i = {method: values[i] for method, values in per_method.items()}
+        shapes = {saliency.shape for saliency in maps_i.values()} - {picture.shape[:2]}
+        items.append(ExplorerItem(name=names[i], image=picture, maps=maps_i,
+                                  options={method: dict(values) for method, values in (options or {}).items()},
+                                  top5=top5[i], target=explained[i],
+                                  grid=grid if grid is not None or len(shapes) != 1 else next(iter(shapes))))
+    return items
+
+
+def _class_name(index: int, class_names: Sequence[str] | None) -> str:
+    return str(index) if class_names is None else str(class_names[index])
+
+
+def _top5_rows(probabilities, class_names: Sequence[str] | None, count: int) -> list[list[tuple[str, float]]]:
+    if probabilities is None:
+        return [[] for _ in range(count)]
+    probabilities = np.asarray(as_array(probabilities), dtype=np.float64)
+    if probabilities.ndim != 2 or probabilities.shape[0] != count:
+        raise ValueError(f"probabilities must be [B, K] with B = {count} images; got shape {list(probabilities.shape)}")
+    if class_names is not None and len(class_names) != probabilities.shape[1]:
+        raise ValueError(f"class_names: {len(class_names)} names for {probabilities.shape[1]} classes")
+    if probabilities.min() < -1e-6 or probabilities.max() > 1 + 1e-6:
+        raise ValueError(f"probabilities must be in [0, 1] (the softmax of the logits); got {probabilities.min():.3g} "
+                         f"to {probabilities.max():.3g}")
+    probabilities = probabilities.clip(0.0, 1.0)
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :5]
+    return [[(_class_name(int(k), class_names), float(row[k])) for k in ranks]
+            for row, ranks in zip(probabilities, order)]
+
+
+def _targets(targets, probabilities, class_names: Sequence[str] | None, count: int) -> list[str | None]:
+    if targets is None:
+        if probabilities is None:
+            return [None] * count
+        targets = np.asarray(as_array(probabilities)).argmax(1)
+    elif isinstance(targets, (str, int, np.integer)) or (hasattr(targets, "ndim") and targets.ndim == 0):
+        targets = [targets.item() if hasattr(targets, "item") else targets] * count
+    targets = list(targets)
+    if len(targets) != count:
+        raise ValueError(f"targets: {len(targets)} targets for {count} images")
+    found = []
+    for target in targets:
+        target = target.item() if hasattr(target, "item") else target
+        if isinstance(target, str):
+            found.append(target)
+        elif isinstance(target, (int, np.integer)) and not isinstance(target, bool) and (
+                class_names is None or 0 <= target < len(class_names)):
+            found.append(_class_name(int(target), class_names))
+        else:
+            raise ValueError(f"targets must be class indices (of class_names) or strings; got {target!r}")
+    return found
 
 
 def explorer_html(items: Sequence[ExplorerItem], *, title: str = "vitexplain explorer") -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -16,6 +16,17 @@ from torch import Tensor
 
 from ..options import check_options, option_defaults
 from ..registry import Registry
+
+#: the ground truth the built-in protocols read, by the name a dataset gives it in
+#: :attr:`EvalBatch.truth` (and declares in its ``provides``); a plug-in may add names of its own
+TRUTH = {
+    "masks": "foreground masks [B, H, W] (bool)",
+    "boxes": "per image, boxes [k, 4] (x0, y0, x1, y1) in pixels of the preprocessed image",
+    "ignore": "pixels no protocol should count [B, H, W] (bool), e.g. VOC's void borders",
+    "second": "on two-object images, the other object: {'targets': [B], 'masks': [B, H, W], 'boxes': list}",
+    "word_index": "for text, the 1-based number of the word each token belongs to [B, T] (0: special / padding)",
+    "rationale_spans": "for text, per review the annotated rationales as word spans [k, 2], [start, end)",
+}
 
 
 @dataclass
@@ -27,17 +38,15 @@ class EvalBatch:
         maps: raw explanation maps for ``targets`` [B, h, w].
         targets: class each map explains [B].
         labels: ground-truth class [B] (-1 where unknown).
-        masks: foreground masks [B, H, W] (bool), or None.
-        boxes: per image, ground-truth boxes [k, 4] as float (x0, y0, x1, y1) pixels, or None.
-        second: for two-object images, the second object's ``{"targets": [B], "masks": [B, H, W],
-            "boxes": list}``, or None.
-        ignore: pixels no protocol should count [B, H, W] (bool), e.g. VOC's void borders, or None.
         explain: re-runs the same method with the same options: (images, targets) -> maps; called as
             (images, targets, seed=s), a randomised method runs with seed s instead of its own (a
-            deterministic method ignores it).
+            deterministic method ignores it). None when the maps came from elsewhere: a protocol that
+            re-explains then refuses the batch.
         logits: the model's forward: images -> logits [B, classes], batched, in eval mode, without
             gradients (the bench passes its adapter's :meth:`~vitexplain.instrumentation.ModelAdapter.logits`).
         ids: an identifier per image (file name or dataset index).
+        truth: the ground truth, by name, as the dataset fills it (see :data:`TRUTH` for the names the
+            built-in protocols read); a protocol names what it needs in :attr:`Metric.requires`.
         mean, std: per channel, the normalisation the images were preprocessed with (what a black
             pixel is in the preprocessed space), or None when unknown.
     """
@@ -46,13 +55,10 @@ class EvalBatch:
     maps: Tensor
     targets: Tensor
     labels: Tensor
-    explain: Callable[[Tensor, Tensor], Tensor]
+    explain: Callable[[Tensor, Tensor], Tensor] | None
     logits: Callable[[Tensor], Tensor]
     ids: list[str]
-    masks: Tensor | None = None
-    boxes: list[Tensor] | None = None
-    second: dict[str, Any] | None = None
-    ignore: Tensor | None = None
+    truth: Mapping[str, Any] = field(default_factory=dict)
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
 
@@ -107,7 +113,9 @@ class Metric:
             keyword-only parameters are the metric's options.
         reduce: per-image values of the whole dataset (concatenated) -> reported numbers; it may take
             some of the options as keywords (segmentation's ``threshold``), see :meth:`report`.
-        requires: what the dataset must provide, from ``{"masks", "boxes", "labels", "second"}``.
+        requires: what the images must come with: names of :attr:`EvalBatch.truth` (see :data:`TRUTH`),
+            ``"labels"`` for a ground-truth class on every image, ``"explain"`` for a protocol that runs the
+            method again (:attr:`EvalBatch.explain`).
         higher_is_better: for every reported number, whether higher is better (drives the arrows and
             the bold best value of the tables).
         cost: model passes per image given the effective options and the explanation method's own passes

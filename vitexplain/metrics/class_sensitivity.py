@@ -66,17 +66,16 @@ def reduce_class_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
 
 
 def _compute(batch: EvalBatch) -> dict[str, Tensor]:
-    if batch.masks is None or batch.second is None:
-        raise ValueError("class sensitivity needs two labelled objects per image (batch.masks and batch.second)")
-    second_maps = batch.explain(batch.images, batch.second["targets"])
-    return class_sensitivity(batch.maps, second_maps, batch.masks, batch.second["masks"])
+    second = batch.truth["second"]
+    second_maps = batch.explain(batch.images, second["targets"])
+    return class_sensitivity(batch.maps, second_maps, batch.truth["masks"], second["masks"])
 
 
 register_metric(Metric(
     name="class_sensitivity",
     compute=_compute,
     reduce=reduce_class_sensitivity,
-    requires=("masks", "second"),
+    requires=("masks", "second", "explain"),
     higher_is_better={"class_sensitivity": True, "first_share": True, "second_share": True},
     cost=lambda options, method: method,
     group="class sensitivity",

@@ -74,9 +74,7 @@ def reduce_pointing_game(values: dict[str, Tensor]) -> dict[str, float]:
 
 
 def _compute(batch: EvalBatch, *, max_coverage: Share = 0.5) -> dict[str, Tensor]:
-    if batch.boxes is None:
-        raise ValueError("the pointing game needs ground-truth boxes (batch.boxes is None)")
-    return pointing_game(batch.maps, batch.boxes, tuple(batch.images.shape[-2:]), max_coverage=max_coverage)
+    return pointing_game(batch.maps, batch.truth["boxes"], tuple(batch.images.shape[-2:]), max_coverage=max_coverage)
 
 
 register_metric(Metric(

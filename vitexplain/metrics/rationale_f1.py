@@ -20,8 +20,9 @@ them unspecified); k defaults to GradToken's 10 … 80 (Chefer et al.'s code als
 
 Text in :class:`~vitexplain.metrics.EvalBatch` (as :class:`vitexplain.datasets.eraser.MovieReviews`
 serves it): ``maps`` [B, T] per-token relevance (what :func:`vitexplain.explain` returns for
-text), ``masks`` [B, T] long, the 1-based number of the review word each token belongs to (0:
-special token or padding), ``boxes`` per review the rationale word spans [k, 2] as [start, end).
+text), and in its ``truth``: ``word_index`` [B, T] long, the 1-based number of the review word each token
+belongs to (0: special token or padding), ``rationale_spans`` per review the rationale word spans [k, 2] as
+[start, end).
 
 Per review: ``f1``, ``precision``, ``recall`` [B, K] (one column per k, plotted by the bench) and
 ``f1@k`` [B]. Reported: ``f1@k`` (mean over reviews) and ``mean_f1`` (their mean over k).
@@ -104,10 +105,7 @@ def reduce_rationale_f1(values: dict[str, Tensor]) -> dict[str, float]:
 
 
 def _compute(batch: EvalBatch, *, ks: Sequence[PositiveInt] = DEFAULT_KS) -> dict[str, Tensor]:
-    if batch.masks is None or batch.boxes is None:
-        raise ValueError("rationale_f1 needs the word numbers of the tokens (masks) and the rationale spans (boxes), "
-                         "as the 'movies' dataset serves them")
-    values = rationale_f1(batch.maps, batch.masks, batch.boxes, ks)
+    values = rationale_f1(batch.maps, batch.truth["word_index"], batch.truth["rationale_spans"], ks)
     return {**{f"f1@{k}": values["f1"][:, i] for i, k in enumerate(ks)}, **values}
 
 
@@ -115,7 +113,7 @@ register_metric(Metric(
     name="rationale_f1",
     compute=_compute,
     reduce=reduce_rationale_f1,
-    requires=("masks", "boxes"),
+    requires=("word_index", "rationale_spans"),
     higher_is_better={**{f"f1@{k}": True for k in DEFAULT_KS}, "mean_f1": True},
     group="localisation",
 ))

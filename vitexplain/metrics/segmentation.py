@@ -31,7 +31,7 @@ thresholds used are reported (``pixel_accuracy_threshold``, ``miou_threshold``; 
 PASCAL VOC (GradToken Table 1, right; the paper gives no further detail): each ground-truth class
 present in an image is one item (map explaining that class, mask = that class's pixels), evaluated
 with ``threshold="best"``; its table reads ``pixel_accuracy`` and ``miou``. VOC's void pixels are
-left out through ``ignore`` (``EvalBatch.ignore``, which the bench fills from a dataset's ``ignore``
+left out through ``ignore`` (``EvalBatch.truth["ignore"]``, which the bench fills from a dataset's ``ignore``
 samples) as Chefer et al.'s code does with label -1.
 
 Numbers are reported in percent, as in both papers' tables.
@@ -158,9 +158,7 @@ def reduce_segmentation(values: dict[str, Tensor], *, threshold: str = "best") -
 
 
 def _compute(batch: EvalBatch, *, threshold: Literal["mean", "best", "best_per_metric"] = "mean") -> dict[str, Tensor]:
-    if batch.masks is None:
-        raise ValueError("the segmentation test needs ground-truth masks (batch.masks is None)")
-    return segmentation(batch.maps, batch.masks, threshold=threshold, ignore=batch.ignore)
+    return segmentation(batch.maps, batch.truth["masks"], threshold=threshold, ignore=batch.truth.get("ignore"))
 
 
 register_metric(Metric(

@@ -134,6 +134,7 @@ register_metric(Metric(
     name="max_sensitivity",
     compute=_compute,
     reduce=reduce_max_sensitivity,
+    requires=("explain",),
     higher_is_better={"max_sensitivity": False},
     cost=lambda options, method: options["n_samples"] * method,
     group="robustness",

@@ -42,6 +42,8 @@ class PerClassItems(Dataset):
     class + 1``), ``id`` = ``<image id>#<class>``. The classes of every image are read once, here.
     """
 
+    provides = ("masks", "ignore")
+
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
         self.items = [(index, int(cls)) for index in range(len(dataset)) for cls in dataset[index]["classes"].tolist()]

@@ -21,7 +21,7 @@ class ModelSpec:
     """A model of the papers.
 
     Attributes:
-        source: timm name with its pretrained tag (weights from the local cache), or None when the
+        source: timm name with its pretrained tag (weights downloaded by timm, or from its cache), or None when the
             paper's model has no public weights: the user then gives a checkpoint.
         arch: timm architecture of such a checkpoint (for a text model: what it should be).
         description: what the model is, for messages.

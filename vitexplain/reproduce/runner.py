@@ -155,7 +155,7 @@ def _load(key: str, override: nn.Module | str | None) -> Loaded:
 
 def _model_problem(key: str, error: Exception) -> str:
     spec = MODELS[key]
-    given = f"timm name {spec.source} (weights in the local cache) or a checkpoint" if spec.source else \
+    given = f"timm name {spec.source} (downloaded, or from the cache offline) or a checkpoint" if spec.source else \
         "a model directory" if spec.text else "a checkpoint"
     return (f"model {key}: {spec.description}. {error}\n    provide {given}: --model {key}=PATH_OR_NAME "
             f"(a checkpoint of timm architecture {spec.arch}, or with a model card beside it); "

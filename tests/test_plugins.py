@@ -1,0 +1,216 @@
+"""Plug-ins from outside the package reach every registry and every command: a file or module named with
+``--plugin`` or in a bench config's ``plugins:``, and a pip-installed distribution's ``vitexplain.plugins``
+entry point. A plug-in that cannot be loaded is one line naming it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from vitexplain.plugins import PluginError, load_plugin
+from vitexplain.registry import METHODS
+
+from cli import run_cli_many, run_python_many
+
+#: registers one entry in each registry: a method, a metric, a dataset (made at the digits models' size) and a family
+PLUGIN = '''
+"""A researcher's own method, metric, dataset and model family."""
+import torch
+from torch.utils.data import Dataset
+
+from vitexplain import register_method
+from vitexplain.datasets import register_dataset
+from vitexplain.instrumentation.families import register_family
+from vitexplain.instrumentation.families.timm_vit import TimmViT
+from vitexplain.metrics import Metric, register_metric
+
+
+@register_method("{prefix}_last_attention", class_specific=False, cost=1)
+def last_attention(adapter, images, target=None, *, scale: float = 1.0):
+    """The readout's row of the last block's head-averaged attention."""
+    record = adapter.record(images, target, fields=("attn",))
+    return scale * record.geometry.readout_row(record.blocks[-1].attn.mean(1))
+
+
+def _mass_in_mask(batch):
+    masks = batch.truth["masks"].float()
+    maps = torch.nn.functional.interpolate(batch.maps[:, None].clamp(min=0), size=masks.shape[-2:])[:, 0]
+    return {{"mass": (maps * masks).flatten(1).sum(1) / maps.flatten(1).sum(1).clamp(min=1e-12)}}
+
+
+register_metric(Metric("{prefix}_mass_in_mask", _mass_in_mask, lambda v: {{"mass": v["mass"].mean().item()}},
+                       requires=("masks",), higher_is_better={{"mass": True}}, group="localisation"))
+
+
+@register_dataset("{prefix}_squares")
+class Squares(Dataset):
+    """Bright squares on noise, the square as the mask."""
+
+    splits = ("test",)
+    provides = ("masks",)
+
+    def __init__(self, split="test", n=3, preprocess=None):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        image = 0.1 * torch.randn(3, 112, 112, generator=torch.Generator().manual_seed(index))
+        mask = torch.zeros(112, 112, dtype=torch.bool)
+        mask[16 * index:16 * index + 48, 20:68] = True
+        image[:, mask] += 1.0
+        return {{"image": image, "label": index % 10, "mask": mask, "id": f"square-{{index}}"}}
+
+
+class {prefix}ViT(torch.nn.Module):
+    """A model class of its own (never built here: its family's registration is what is checked)."""
+
+
+@register_family
+class {prefix}Family(TimmViT):
+    """{prefix}ViT, read as timm's ViT is."""
+
+    name = "{prefix} ViT"
+
+    @classmethod
+    def recognises(cls, model):
+        return isinstance(model, {prefix}ViT)
+'''
+
+REGISTRIES = ("from vitexplain.registry import available_methods; from vitexplain.metrics import available_metrics; "
+              "from vitexplain.datasets import available_datasets; "
+              "from vitexplain.instrumentation.families.base import served_families; "
+              "print(sorted(n for n in available_methods() + available_metrics() + available_datasets() "
+              "+ [f.name for f in served_families()] if n.startswith('{prefix}')))")
+
+
+def _plugin(prefix: str) -> str:
+    return textwrap.dedent(PLUGIN.format(prefix=prefix))
+
+
+def _every_entry(prefix: str) -> list[str]:
+    return sorted([f"{prefix}_last_attention", f"{prefix}_mass_in_mask", f"{prefix}_squares", f"{prefix} ViT"])
+
+
+@pytest.fixture(scope="module")
+def distribution(tmp_path_factory):
+    """A plug-in distribution declaring the entry point, built and installed with pip (no network) into a folder
+    that the commands below put on their Python path."""
+    source = tmp_path_factory.mktemp("dist")
+    (source / "lab_plugins").mkdir()
+    (source / "lab_plugins" / "__init__.py").write_text(_plugin("lab"))
+    (source / "pyproject.toml").write_text(textwrap.dedent('''
+        [build-system]
+        requires = ["setuptools>=64"]
+        build-backend = "setuptools.build_meta"
+
+        [project]
+        name = "lab-plugins"
+        version = "0.1"
+
+        [project.entry-points."vitexplain.plugins"]
+        lab = "lab_plugins"
+        '''))
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-index",
+                    "--no-deps", "--disable-pip-version-check", "--target", str(target), str(source)],
+                   check=True, capture_output=True, timeout=300)
+    assert list(target.glob("lab_plugins-*.dist-info")) or list(target.glob("lab_plugins*")), "not installed"
+    return target
+
+
+def _digit_image(path) -> None:
+    rng = np.random.default_rng(0)
+    Image.fromarray((rng.random((112, 112, 3)) * 255).astype(np.uint8)).save(path)
+
+
+def test_an_installed_distribution_and_a_plugin_file_reach_every_registry_and_command(distribution, tmp_path,
+                                                                                        monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(distribution))
+    (tmp_path / "mine.py").write_text(_plugin("mine"))
+    _digit_image(tmp_path / "digit.png")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "bench.yaml").write_text(yaml.safe_dump({
+        "plugins": ["../mine.py"], "models": ["digits_vit"],
+        "methods": ["mine_last_attention", "lab_last_attention", "raw_attention"],
+        "metrics": ["mine_mass_in_mask", "lab_mass_in_mask", "segmentation"],
+        "dataset": {"name": "lab_squares", "options": {"n": 3}}, "gallery": 0, "device": "cpu",
+        "output_dir": str(tmp_path / "bench")}))
+    metrics, both_listed, explained, benched = run_cli_many(
+        ["methods", "--metrics", "--plugin", "mine.py"],
+        ["methods", "--plugin", "mine.py"],
+        ["explain", "digit.png", "--model", "digits_vit", "--method", "lab_last_attention,mine_last_attention",
+         "--plugin", "mine.py", "-o", "out", "--no-progress"],
+        ["bench", "--config", "configs/bench.yaml", "--no-progress"], cwd=tmp_path)
+    assert metrics.returncode == 0, metrics.stderr
+    assert {"lab_mass_in_mask", "mine_mass_in_mask"} <= {line.split()[0] for line in metrics.stdout.splitlines()
+                                                         if line and not line.startswith(" ")}
+    assert both_listed.returncode == 0, both_listed.stderr
+    listed = [line.split()[0] for line in both_listed.stdout.splitlines() if line and not line.startswith(" ")]
+    assert {"lab_last_attention", "mine_last_attention", "gae"} <= set(listed)
+    assert explained.returncode == 0, explained.stderr
+    for method in ("lab_last_attention", "mine_last_attention"):
+        assert np.load(tmp_path / "out" / f"digit.{method}.npy").shape == (14, 14)   # digits_vit: 8-px patches
+    assert benched.returncode == 0, benched.stderr
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())
+    scores = results["scores"]["digits_vit"]
+    for method in ("mine_last_attention", "lab_last_attention", "raw_attention"):
+        for metric in ("mine_mass_in_mask", "lab_mass_in_mask"):
+            assert 0.0 <= scores[method][metric]["mass"] <= 1.0
+        assert np.isfinite(scores[method]["segmentation"]["miou"])
+    assert not results["errors"]
+
+    (entries,) = run_python_many(["-c", REGISTRIES.format(prefix="lab")], cwd=tmp_path)
+    assert entries.returncode == 0, entries.stderr
+    assert eval(entries.stdout) == _every_entry("lab")       # all four registries, from the entry point alone
+
+
+def test_a_plugin_that_cannot_load_is_one_line_naming_it(tmp_path):
+    (tmp_path / "broken.py").write_text("import torch\n\ndef oops(:\n    pass\n")
+    (tmp_path / "clash.py").write_text("from vitexplain import register_method\n\n"
+                                       "@register_method('gae')\ndef gae(adapter, images, target=None):\n"
+                                       "    return images\n")
+    (tmp_path / "failing.py").write_text("raise RuntimeError('no licence server')\n")
+    runs = run_cli_many(["methods", "--plugin", "broken.py"], ["methods", "--plugin", "clash.py"],
+                        ["explain", "x.png", "--model", "digits_vit", "--method", "gae", "--plugin", "failing.py"],
+                        ["methods", "--plugin", "missing.py"], ["methods", "--plugin", "no_such_plugin_module"],
+                        cwd=tmp_path)
+    expected = ["plugin broken.py: line 3: invalid syntax",
+                "plugin clash.py: ValueError: a explanation method named 'gae' is already registered",
+                "plugin failing.py: RuntimeError: no licence server",
+                "plugin missing.py: no such Python file",
+                "plugin no_such_plugin_module: no module named 'no_such_plugin_module'"]
+    for run, message in zip(runs, expected):
+        assert run.returncode == 2 and run.stdout == ""
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("vitexplain: error: ") and message in lines[0], run.stderr
+
+
+def test_a_plugin_is_imported_once_and_a_bench_config_resolves_it_beside_itself(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "once.py").write_text(
+        "from vitexplain import register_method\n\n"
+        "@register_method('once_only', class_specific=False, cost=1, reads='output')\n"
+        "def once_only(adapter, images, target=None):\n    return images.mean(1)\n")
+    try:
+        first = load_plugin(tmp_path / "sub" / "once.py")
+        assert load_plugin("sub/once.py", base=tmp_path) is first        # same file: not imported twice
+        assert "once_only" in METHODS
+        from vitexplain.bench import BenchConfig
+
+        (tmp_path / "sub" / "bench.yaml").write_text(yaml.safe_dump({
+            "plugins": ["once.py"], "models": ["digits_vit"], "methods": ["once_only"], "metrics": ["sparseness"],
+            "dataset": "digits"}))
+        config = BenchConfig.from_yaml(tmp_path / "sub" / "bench.yaml")
+        assert config.plugins == [str(tmp_path / "sub" / "once.py")]
+        with pytest.raises(PluginError, match=r"^plugin nowhere\.py: no such Python file"):
+            load_plugin("nowhere.py", base=tmp_path)
+    finally:
+        METHODS.remove("once_only")

@@ -1,0 +1,255 @@
+"""Scoring explanation maps from Python: the registered protocols on maps from any source, with intervals.
+
+:func:`evaluate` is the front door, shaped like Quantus's ``metric(model, x, y, a, s)``: a model, its
+preprocessed images, the maps to score, the metric(s), and optionally the explained classes and the
+ground truth. :func:`score` is the one call that runs a protocol on a batch; the bench scores through it
+too, so a number from Python and the bench's stored per-image value are the same computation.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .datasets.base import move, take
+from .instrumentation import ModelAdapter, adapter_for
+from .instrumentation.precision import float32_scope
+from .metrics import EvalBatch, Metric, get_metric
+from .uncertainty import CONFIDENCE, bootstrap, interval
+
+#: requirement names that are not ground truth: a class on every image, and a method to run again
+NOT_TRUTH_REQUIREMENTS = {"labels": "a ground-truth class on every image (labels=)",
+              "explain": "the method, to explain the images again (method=)"}
+
+
+def missing_requirements(metric: Metric, batch: EvalBatch) -> list[str]:
+    """What of ``metric.requires`` the batch lacks: ground truth by name, labels, or a method to re-run."""
+    provided = {"labels": bool((batch.labels >= 0).all()), "explain": batch.explain is not None}
+    return [need for need in metric.requires
+            if not provided.get(need, batch.truth.get(need) is not None)]
+
+
+def score(metric: Metric | str, batch: EvalBatch, options: Mapping[str, Any] | None = None,
+          model: nn.Module | None = None) -> dict[str, Tensor]:
+    """Per-image values of ``metric`` on ``batch`` with ``options`` over its defaults: ``{key: [B] or [B, S]}``.
+
+    A requirement the batch lacks is a one-line ValueError naming it; so are values of the wrong shape
+    (a plug-in metric's). The metric's own arithmetic runs in float32 (``model``'s low-precision weights
+    seen in float32), its forwards (:attr:`EvalBatch.logits`) in the caller's precision.
+    """
+    metric = get_metric(metric) if isinstance(metric, str) else metric
+    missing = missing_requirements(metric, batch)
+    if missing:
+        named = ", ".join(NOT_TRUTH_REQUIREMENTS.get(need, need) for need in missing)
+        raise ValueError(f"metric {metric.name!r} needs {named}, which these images do not have")
+    with float32_scope(model):
+        values = metric.compute(batch, **{**metric.options, **(options or {})})
+    count = len(batch.ids)
+    if not isinstance(values, dict) or not all(isinstance(v, Tensor) for v in values.values()):
+        raise TypeError(f"metric {metric.name!r} must return a dict of per-image tensors, got {type(values).__name__}")
+    for key, value in values.items():
+        if value.ndim not in (1, 2) or value.shape[0] != count:
+            raise ValueError(f"metric {metric.name!r} returned {key!r} of shape {tuple(value.shape)}; "
+                             f"expected [{count}] or [{count}, steps]")
+    return values
+
+
+def reexplainer(adapter: ModelAdapter, method: str, options: Mapping[str, Any]) -> Callable[..., Tensor]:
+    """``(images, targets, seed=None) -> maps``: ``method`` with ``options`` again (:attr:`EvalBatch.explain`);
+    a given ``seed`` replaces a randomised method's own."""
+    from .api import explain
+    from .registry import get_method
+
+    randomised = get_method(method).randomised
+
+    def again(images: Tensor, targets: Tensor, seed: int | None = None) -> Tensor:
+        chosen = {**options, "seed": seed} if seed is not None and randomised else dict(options)
+        return explain(adapter, images, method, target=targets, **chosen)
+
+    return again
+
+
+@dataclass
+class Scores:
+    """One metric's result on a set of images.
+
+    Attributes:
+        metric: its registry name.
+        values: per image (rows in the order given), each value the metric computes [N] or [N, steps].
+        numbers: the reported numbers (the metric's reduction of every image's values).
+        intervals: per reported number, its 95 % percentile-bootstrap interval over the images.
+        images: how many images the numbers rest on.
+        higher_is_better: per reported number, its direction (absent: not ranked).
+    """
+
+    metric: str
+    values: dict[str, Tensor]
+    numbers: dict[str, float]
+    intervals: dict[str, tuple[float, float]]
+    images: int
+    higher_is_better: dict[str, bool]
+
+    def __str__(self) -> str:
+        arrows = {True: " ↑", False: " ↓"}
+        lines = [f"{self.metric} ({self.images} images, {CONFIDENCE:.0%} bootstrap intervals)"]
+        for key, value in self.numbers.items():
+            low, high = self.intervals.get(key, (float("nan"), float("nan")))
+            lines.append(f"  {key}{arrows.get(self.higher_is_better.get(key), '')}: "
+                         f"{value:.4g} [{low:.4g}, {high:.4g}]")
+        return "\n".join(lines)
+
+
+def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric: str | Sequence[str],
+             targets: int | Sequence[int] | Tensor | None = None, truth: Mapping[str, Any] | None = None, *,
+             labels: Sequence[int] | Tensor | None = None, method: str | Callable[..., Tensor] | None = None,
+             method_options: Mapping[str, Any] | None = None, mean: Sequence[float] | None = None,
+             std: Sequence[float] | None = None, ids: Sequence[str] | None = None, batch_size: int = 32,
+             seed: int = 0, progress: bool = False, **options) -> Scores | dict[str, Scores]:
+    """Score explanation maps with one metric (a :class:`Scores`) or several (a dict of them by name).
+
+    Args:
+        model: the model the maps explain (any ``nn.Module`` mapping images to class scores).
+        images: its preprocessed input images [N, 3, H, W].
+        maps: the maps to score, one per image [N, h, w] (token grid or pixels), from vitexplain or elsewhere.
+        metric: a registered metric name (``vitexplain methods --metrics`` lists them), or a list of them.
+        targets: the class each map explains: None (the model's prediction), one int, or one per image.
+        truth: the ground truth by name, one entry per image: ``masks`` [N, H, W] (bool), ``boxes`` (a list
+            of [k, 4] pixel boxes), ``ignore``, ``second`` ... (:data:`vitexplain.metrics.base.TRUTH`); a
+            metric that needs what is absent is a one-line error naming it.
+        labels: ground-truth classes (-1: unknown), for the protocols that need them.
+        method: for the protocols that explain the images again (max-sensitivity, class sensitivity): a
+            registered method name (run with ``method_options``) or ``(images, targets) -> maps``.
+        mean, std: the normalisation of ``images`` per channel (what a black pixel is), when known.
+        ids: a name per image (default: its position), used in error messages.
+        batch_size: images scored at once.
+        seed: the metrics' seed (those that draw noise) and the bootstrap's.
+        progress: show a progress bar over the batches.
+        **options: the metric's options (for several metrics, each takes those it has; an option none of
+            them has is an error).
+
+    Returns:
+        :class:`Scores`: per-image values, reported numbers and their intervals, the image count.
+
+    Example::
+
+        maps = vitexplain.explain(model, images, "gae")
+        print(vitexplain.evaluate(model, images, maps, "insertion_deletion"))
+    """
+    names = [metric] if isinstance(metric, str) else list(metric)
+    metrics = [get_metric(name) for name in names]
+    adapter = adapter_for(model)
+    count = _count(images, maps)
+    device = images.device
+    maps = torch.as_tensor(maps, dtype=torch.float32, device=device)
+    chosen = _split_options(metrics, options, seed)
+    again = _method(adapter, method, method_options)
+    targets = _targets(adapter, images, targets, count, device)
+    labels = _per_image("labels", labels, count, device, fill=-1)
+    truth = move(_check_truth(truth or {}, count), device)
+    ids = [str(i) for i in (range(count) if ids is None else ids)]
+    if len(ids) != count:
+        raise ValueError(f"ids has {len(ids)} entries for {count} images")
+    parts: dict[str, list[dict[str, Tensor]]] = {name: [] for name in names}
+    for start in tqdm(range(0, count, batch_size), desc="evaluate", unit="batch", disable=not progress):
+        rows = list(range(start, min(start + batch_size, count)))
+        batch = EvalBatch(images=take(images, rows), maps=take(maps, rows), targets=take(targets, rows),
+                          labels=take(labels, rows), explain=again, logits=adapter.logits, ids=take(ids, rows),
+                          truth=take(truth, rows), mean=mean, std=std)
+        for entry in metrics:
+            values = score(entry, batch, chosen[entry.name], adapter.model)
+            parts[entry.name].append({key: value.detach().cpu() for key, value in values.items()})
+    found = {entry.name: _scores(entry, parts[entry.name], chosen[entry.name], count, seed) for entry in metrics}
+    return found[names[0]] if isinstance(metric, str) else found
+
+
+def _count(images: Tensor, maps: Tensor | np.ndarray) -> int:
+    if not isinstance(images, Tensor) or images.ndim != 4:
+        raise ValueError(f"images must be a tensor [N, C, H, W], got {_shape(images)}")
+    if maps.ndim != 3 or maps.shape[0] != images.shape[0]:
+        raise ValueError(f"maps must be [N, h, w] with one map per image ({images.shape[0]}), got {_shape(maps)}")
+    return images.shape[0]
+
+
+def _shape(value: Any) -> str:
+    return f"shape {tuple(value.shape)}" if hasattr(value, "shape") else type(value).__name__
+
+
+def _split_options(metrics: list[Metric], options: dict[str, Any], seed: int) -> dict[str, dict[str, Any]]:
+    """Per metric, the options it has (checked), and ``seed`` for a metric with a seed option not given one."""
+    unknown = sorted(key for key in options if not any(key in entry.options for entry in metrics))
+    if unknown:
+        offered = ", ".join(sorted({key for entry in metrics for key in entry.options})) or "none"
+        raise ValueError(f"no chosen metric has an option {', '.join(map(repr, unknown))} (their options: {offered})")
+    chosen = {}
+    for entry in metrics:
+        own = {key: value for key, value in options.items() if key in entry.options}
+        entry.check_options(own)
+        if "seed" in entry.options:
+            own.setdefault("seed", seed)
+        chosen[entry.name] = own
+    return chosen
+
+
+def _method(adapter: ModelAdapter, method: str | Callable[..., Tensor] | None,
+            options: Mapping[str, Any] | None) -> Callable[..., Tensor] | None:
+    if method is None or callable(method):
+        if options:
+            raise ValueError("method_options are for a registered method given by name")
+        if method is None:
+            return None
+        return lambda images, targets, seed=None: method(images, targets)
+    from .registry import get_method
+
+    get_method(method).check_options(dict(options or {}))
+    return reexplainer(adapter, method, dict(options or {}))
+
+
+def _targets(adapter: ModelAdapter, images: Tensor, targets: Any, count: int, device: torch.device) -> Tensor:
+    if targets is None:
+        return adapter.target(images, None).classes.to(device)
+    if isinstance(targets, int) and not isinstance(targets, bool):
+        return torch.full((count,), targets, dtype=torch.long, device=device)
+    return _per_image("targets", targets, count, device)
+
+
+def _per_image(name: str, values: Any, count: int, device: torch.device, fill: int | None = None) -> Tensor:
+    if values is None:
+        return torch.full((count,), fill, dtype=torch.long, device=device)
+    values = torch.as_tensor(values, device=device)
+    if values.shape != (count,) or values.is_floating_point():
+        raise ValueError(f"{name} must be {count} integers, one per image, got {_shape(values)} of {values.dtype}")
+    return values.long()
+
+
+def _check_truth(truth: Mapping[str, Any], count: int, where: str = "truth") -> dict[str, Any]:
+    """``truth`` as tensors and lists, every entry (of a nested mapping too) checked to hold one item per image."""
+    checked: dict[str, Any] = {}
+    for key, value in truth.items():
+        if isinstance(value, Mapping):
+            checked[key] = _check_truth(value, count, f"{where}[{key!r}]")
+            continue
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        if value is not None and (not isinstance(value, (Tensor, list)) or len(value) != count):
+            raise ValueError(f"{where}[{key!r}] must have one entry per image ({count}), got {_shape(value)}")
+        checked[key] = value
+    return checked
+
+
+def _scores(metric: Metric, parts: list[dict[str, Tensor]], options: dict[str, Any], count: int,
+            seed: int) -> Scores:
+    values = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+    report = metric.reporter(options)
+    numbers = {key: float(value) for key, value in report(values).items()}
+    replicates = bootstrap(values, report, seed) if count > 1 else {}
+    intervals = {key: interval(replicates[key]) if key in replicates else (float("nan"), float("nan"))
+                 for key in numbers}
+    return Scores(metric.name, values, numbers, intervals, count,
+                  {key: value for key, value in metric.higher_is_better.items() if key in numbers})
