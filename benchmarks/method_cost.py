@@ -10,8 +10,12 @@ reference is the plain model: one forward of the batch and one backward of the s
 logits to the images; a training step (parameter gradients too) is printed beside it. The reference and
 the methods run in interleaved rounds (after a warm-up round), so a slow spell of a shared machine
 touches them alike; a ratio is the median over the rounds of method time / that round's reference time
-(the lowest and highest beside it). ``--flops`` adds the ratio of floating-point operations (matrix
-products, convolutions, attention; element-wise work not counted), which does not depend on the machine's load.
+(the lowest and highest beside it). Beside it, from the same run, the ratio of floating-point operations (matrix
+products, convolutions, attention; element-wise work not counted, as ``common.flops`` counts them), which does not
+depend on the machine's load, and time ratio / FLOP ratio: how far a method's time is above what its arithmetic
+alone predicts (issue 34's target for AttnLRP and CP-LRP, on a GPU at batch 64: within 15 %, <= 1.15); ``--no-flops``
+leaves both out. For the methods with a ``recompute`` option the path taken is printed too (``recompute="auto"``:
+``kept`` the rules' graphs or ``recomputed`` each block; docs/decisions/performance.md).
 
 ``--families`` builds the ViT-B-sized model of every family in ``common.FAMILIES`` and prints each
 method's ratio per family, and each family's relative difference to plain ViT (target: within 20 %).
@@ -25,6 +29,7 @@ import torch
 
 import vitexplain
 from vitexplain.instrumentation import UnsupportedModelError
+from vitexplain.instrumentation.lrp import memory
 from vitexplain.instrumentation.precision import precision_mode
 from vitexplain.options import PRECISIONS
 
@@ -42,21 +47,33 @@ from common import (
     ratios,
 )
 
-#: the default: the recording methods with a target, and GAE's and transformer attribution's
-DEFAULT_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken", "tokentm", "transformer_attribution"]
+#: the default: the recording methods with a target, and GAE's, transformer attribution's, AttnLRP's and CP-LRP's
+DEFAULT_METHODS = ["raw_attention", "rollout", "attn_gradcam", "gae", "gradtoken", "tokentm", "transformer_attribution",
+                   "attnlrp", "cp_lrp"]
+#: methods whose time ratio is held against their own FLOP ratio (issue 34: within 15 % on a GPU at batch 64)
+FLOP_TARGETS = {"attnlrp": 1.15, "cp_lrp": 1.15}
 REFERENCE = "forward+backward"
 
 
 def measure(model_name: str, model_options: dict, methods: list[str], batch: int, repeats: int, device: torch.device,
             options: dict[str, dict], count_flops: bool, training: bool = True) -> dict:
-    """{case: (median ratio, lowest, highest, seconds per image, flop ratio or None)} for one model (built with
-    ``model_options``); a method that refuses the model gets None."""
+    """{case: (median ratio, lowest, highest, seconds per image, flop ratio or None, path or None)} for one model
+    (built with ``model_options``); a method that refuses the model gets None. The path: for a method with a
+    ``recompute`` option, ``"recomputed"`` or ``"kept"`` (what its last run at this batch chose)."""
     model = build_model(model_name, device=device, **model_options)
     images = image_batch(model, batch, device)
     cases = {REFERENCE: forward_backward(model, images)}
     if training:
         cases["training step"] = forward_backward(model, images, parameters=True)
     refused = {}
+    paths: dict[str, str] = {}
+
+    def run(method: str) -> None:
+        with memory.collecting() as made:
+            vitexplain.explain(model, images, method, **options.get(method, {}))
+        if made:
+            paths[method] = "recomputed" if made[-1].recompute else "kept"
+
     for method in methods:
         try:
             vitexplain.explain(model, images[:1], method, **options.get(method, {}))
@@ -64,7 +81,7 @@ def measure(model_name: str, model_options: dict, methods: list[str], batch: int
             refused[method] = None
             print(f"  {model_name}: {method} refused ({error})")
             continue
-        cases[method] = lambda method=method: vitexplain.explain(model, images, method, **options.get(method, {}))
+        cases[method] = lambda method=method: run(method)
     times = interleaved(cases, device, repeats)
     reference_flops = flops(cases[REFERENCE]) if count_flops else None
     found = {}
@@ -72,7 +89,7 @@ def measure(model_name: str, model_options: dict, methods: list[str], batch: int
         median, low, high = ratios(seconds, times[REFERENCE])
         per_image = sorted(seconds)[len(seconds) // 2] / batch
         flop_ratio = flops(cases[name]) / reference_flops if count_flops else None
-        found[name] = (median, low, high, per_image, flop_ratio)
+        found[name] = (median, low, high, per_image, flop_ratio, paths.get(name))
     return {name: found.get(name) for name in [*cases, *refused] if name in found or name in refused}
 
 
@@ -82,18 +99,23 @@ def _target(method: str, batch: int) -> str:
 
 
 def print_model(found: dict, batch: int, count_flops: bool) -> None:
-    header = f"{'':26s} {'ms/image':>9s} {'ratio':>6s} {'(lowest-highest)':>17s}"
-    header += f" {'flops':>6s}" if count_flops else ""
-    print(header + "   target")
+    """One table: per case the time per image, the time ratio (lowest-highest), and from the same run the FLOP ratio
+    and time ratio / FLOP ratio (unless ``count_flops`` is off), the recompute path, the targets."""
+    header = f"{'':26s} {'ms/image':>9s} {'time':>6s} {'(lowest-highest)':>17s}"
+    header += f" {'flops':>6s} {'time/flops':>10s}" if count_flops else ""
+    print(header + f" {'recompute':>10s}   target")
     for name, values in found.items():
         if values is None:
             print(f"{name:26s} refused")
             continue
-        median, low, high, per_image, flop_ratio = values
+        median, low, high, per_image, flop_ratio, path = values
         line = f"{name:26s} {per_image * 1e3:9.1f} {median:6.2f} {f'({low:.2f}-{high:.2f})':>17s}"
         if count_flops:
-            line += f" {flop_ratio:6.2f}"
-        print(f"{line}   {_target(name, batch) if name != REFERENCE else ''}")
+            line += f" {flop_ratio:6.2f} {median / flop_ratio:10.2f}"
+        targets = [] if name == REFERENCE else [_target(name, batch)]
+        if count_flops and name in FLOP_TARGETS:
+            targets.append(f"time/flops <= {FLOP_TARGETS[name]} (GPU, batch 64)")
+        print(f"{line} {path or '':>10s}   {'; '.join(target for target in targets if target)}")
 
 
 def print_families(found: dict[str, dict], batch: int) -> None:
@@ -128,7 +150,10 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="method names, or 'all'")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="rounds measured after the warm-up round")
-    parser.add_argument("--flops", action="store_true", help="also the ratio of floating-point operations")
+    parser.add_argument("--flops", action="store_true", default=True,
+                        help="the ratio of floating-point operations beside the time's (the default)")
+    parser.add_argument("--no-flops", dest="flops", action="store_false",
+                        help="leave the FLOP ratios out (counting them runs every case once more)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     parser.add_argument("--precision", choices=PRECISIONS, default="float32",

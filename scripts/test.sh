@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install vitexplain with its test extras, lint, and run the test suite (the README's test command; CI runs it too).
+# Install vitexplain with its test extras, lint, build the documentation site and run the test suite (the README's
+# test command; CI runs it too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the HTML report test drives Debian's headless Chromium
@@ -13,4 +14,8 @@ fi
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 # lint first (config in pyproject.toml [tool.ruff]): a lint error stops the run before the tests
 python3 -m ruff check .
+# the documentation site (mkdocs.yml): a broken link, a missing page or a missing API object fails the build
+site_dir="$(mktemp -d)"
+trap 'rm -rf "$site_dir"' EXIT
+NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet --site-dir "$site_dir"
 python3 -m pytest "$@"

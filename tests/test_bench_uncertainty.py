@@ -176,7 +176,9 @@ def test_every_protocol_declares_its_kind_and_the_summary_never_mixes_kinds(benc
         "road": "faithfulness",
         "saco": "faithfulness", "segmentation": "localisation", "pointing_game": "localisation",
         "rationale_f1": "localisation", "max_sensitivity": "robustness", "sparseness": "complexity",
-        "class_sensitivity": "class sensitivity"}
+        "class_sensitivity": "class sensitivity", "smooth_mprt": "randomisation", "efficient_mprt": "randomisation",
+        "numerical_stability": "robustness", "srg": "faithfulness", "region_perturbation": "faithfulness",
+        "irof": "faithfulness", "selectivity": "faithfulness"}
     with pytest.raises(ValueError, match="group must be one of faithfulness, localisation"):
         Metric("bench_ungrouped", lambda batch: {}, lambda values: {}, group="accuracy")
     _, result = bench

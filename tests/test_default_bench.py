@@ -37,7 +37,7 @@ def test_the_default_runs_every_method_every_protocol_and_both_shipped_models():
     metrics = _library(available_metrics(), lambda n: get_metric(n).compute, "vitexplain.metrics")
     assert {"random_baseline", "constant_baseline", "tokentm", "gradtoken", "tis"} <= methods
     names = [entry.name for entry in config.methods if entry.name in methods]   # (`all` also takes the tests' fakes)
-    assert sorted(set(names)) == sorted(methods) and len(names) == len(methods) + 1     # GradToken twice:
+    assert sorted(set(names)) == sorted(methods) and len(names) == len(methods) + 3     # GradToken twice, 3 degraded:
     variants = {entry.label: entry.options for entry in config.methods if entry.name == "gradtoken"}
     assert variants == {"gradtoken": {}, "gradtoken(transpose=True)": {"transpose": True}}  # printed and our variant
     configured = sorted(entry.name for entry in config.metrics if entry.name in metrics)
@@ -48,7 +48,8 @@ def test_the_default_runs_every_method_every_protocol_and_both_shipped_models():
     by_name = {entry.name: entry for entry in config.metrics}
     assert by_name["class_sensitivity"].dataset.options["objects"] == 2
     assert config.dataset.options.get("objects", 1) == 1
-    assert all(entry.label == entry.name for entry in config.methods if not entry.options.get("transpose"))  # short
+    assert all(entry.label == entry.name for entry in config.methods
+               if not entry.options.get("transpose") and entry.name != "degraded")  # short
     assert config.highlight == ["tokentm", "gradtoken", "tis"]                  # the seed methods, in colour
 
 
@@ -109,7 +110,8 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     assert result.errors == []
     assert list(result.scores) == SHIPPED
     expected = {"segmentation", "pointing_game", "perturbation", "aopc", "insertion_deletion", "sparseness",
-                "max_sensitivity", "class_sensitivity", "road", "saco"}
+                "max_sensitivity", "class_sensitivity", "road", "saco", "smooth_mprt", "efficient_mprt",
+                "numerical_stability", "srg", "region_perturbation", "irof", "selectivity"}
     for model in SHIPPED:
         assert list(result.scores[model]) == ["tokentm", "gradtoken", "gradtoken(transpose=True)", "random_baseline",
                                               "constant_baseline"]
@@ -121,7 +123,8 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
         flags = {m: found["flagged"] for m, found in result.sanity[model]["methods"].items()}
         assert flags == {"tokentm": False, "gradtoken": False, "gradtoken(transpose=True)": False,
                          "random_baseline": True, "constant_baseline": True}
-        assert set(result.curves[model]) == {"perturbation", "aopc", "insertion_deletion", "road", "saco"}
+        assert {"perturbation", "aopc", "insertion_deletion", "road", "saco", "srg"} <= set(result.curves[model]) \
+            <= expected
     assert [g.model for g in result.galleries] == SHIPPED and all(len(g.ids) == 2 for g in result.galleries)
     page = (tmp_path / "report.html").read_text()
     assert all(f'id="{model}"' in page for model in SHIPPED) and "cascading randomisation" in page

@@ -31,8 +31,10 @@ QUICK = {"tis": {"n_masks": 8}, "rise": {"n_masks": 12, "batch_size": 16}, "inte
 #: options that have a reading on a hierarchical model, where the defaults are refused
 HIERARCHICAL = {"tis": {"input_space": True}, "gradtoken": {"aggregation": "rollout"}}
 #: (model, method) refused whatever the options: TokenTM and BT-T need per-head outputs, which a
-#: res-post-norm block (Swin V2, SwinV2-CR) has not
-REFUSED = {(name, method) for name in ("swinv2", "swinv2_cr") for method in ("tokentm", "bt_token")}
+#: res-post-norm block (Swin V2, SwinV2-CR) has not; CLIP Surgery's v-v path attends over the whole sequence,
+#: which windowed attention (every Swin) has not
+REFUSED = ({(name, method) for name in ("swinv2", "swinv2_cr") for method in ("tokentm", "bt_token")}
+           | {(name, "clip_surgery") for name in ("swin", "swinv2", "swinv2_cr")})
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

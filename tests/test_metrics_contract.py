@@ -5,13 +5,16 @@ import pytest
 import torch
 
 import vitexplain
+from vitexplain.instrumentation.modifying import modifier
 from vitexplain.metrics import EvalBatch, get_metric
 
 from conftest import make_vit
 
-CHEAP = {"insertion_deletion": {"n_steps": 6}, "max_sensitivity": {"n_samples": 3}, "road": {"fractions": [0.2, 0.7]}}
+CHEAP = {"insertion_deletion": {"n_steps": 6}, "max_sensitivity": {"n_samples": 3}, "road": {"fractions": [0.2, 0.7]},
+         "srg": {"patch_size": 8, "n_steps": 4}, "region_perturbation": {"patch_size": 8, "n_regions": 5},
+         "selectivity": {"patch_size": 16}, "irof": {"n_segments": 6}}
 PROTOCOLS = ["segmentation", "perturbation", "aopc", "insertion_deletion", "pointing_game", "max_sensitivity",
-             "sparseness", "class_sensitivity", "road", "saco"]
+             "sparseness", "class_sensitivity", "road", "saco", "srg", "region_perturbation", "selectivity", "irof"]
 
 
 def make_batch(model, method, rows=slice(None)):
@@ -28,6 +31,7 @@ def make_batch(model, method, rows=slice(None)):
 
     return EvalBatch(images=images, maps=explain(images, labels), targets=labels, labels=labels, explain=explain,
                      logits=vitexplain.adapter_for(model).logits, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+                     modified=modifier(model),
                      ids=[f"img{i}" for i in range(4)][rows],
                      truth={"masks": masks, "boxes": boxes, "second": {"targets": torch.tensor([3, 3, 0, 9])[rows],
                                                                         "masks": second_masks, "boxes": None}})

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vitexplain.bench import BenchConfig, BenchResult, run_benchmark
-from vitexplain.bench.tables import arrow, groups_of
+from vitexplain.bench.tables import UNTRUSTED, arrow, groups_of
 from vitexplain.metrics.base import GROUPS
 
 from chromium import start_chromium
@@ -142,8 +142,10 @@ def test_summary_per_kind_and_sticky_method_column(tiny_report, tmp_path):
     assert len(rows) == len(leads) == 5
     for row, lead in zip(rows, leads):
         assert row[:3] == [lead.metric, lead.number + arrow(lead.better), "5"]
-        assert row[3] == ("–" if not lead.methods else f"best: {lead.methods[0]}" if len(lead.methods) == 1
+        assert row[3] == ("–" if not lead.methods else UNTRUSTED if not lead.counted  # metric-trust.md
+                          else f"best: {lead.methods[0]}" if len(lead.methods) == 1
                           else f"tied ({len(lead.methods)}): {', '.join(lead.methods)}")
+        assert row[5] == lead.trust_text() and row[5].startswith("separates random: ")
     assert "mean rank" not in page.read_text()
     overflows, offset, before, after, left = scrolled
     assert overflows and offset > 0

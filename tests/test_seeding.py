@@ -29,7 +29,7 @@ from test_metrics_contract import make_batch
 #: small options of the seeded methods and metrics (a new one runs with its defaults)
 SMALL_METHODS = {"rise": dict(n_masks=8), "smoothgrad": dict(n_samples=2), "tis": dict(n_masks=8)}
 SMALL_METRICS = {"insertion_deletion": dict(n_steps=4, baseline="random"), "max_sensitivity": dict(n_samples=2),
-                 "road": dict(fractions=[0.3])}
+                 "road": dict(fractions=[0.3]), "smooth_mprt": dict(n_samples=2, cascade=False)}
 SEEDED_METHODS = [name for name in available_methods("image") if get_method(name).randomised]
 SEEDED_METRICS = [name for name in available_metrics() if "seed" in get_metric(name).options]
 #: the functions and tensor methods that draw random numbers

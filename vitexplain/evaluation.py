@@ -18,18 +18,22 @@ from tqdm.auto import tqdm
 
 from .datasets.base import move, take
 from .instrumentation import ModelAdapter, adapter_for
+from .instrumentation.modifying import modifier
 from .instrumentation.precision import float32_scope
 from .metrics import EvalBatch, Metric, get_metric
 from .uncertainty import CONFIDENCE, bootstrap, interval
 
-#: requirement names that are not ground truth: a class on every image, and a method to run again
+#: requirement names that are not ground truth: a class on every image, a method to run again, and the model to
+#: change for a while (:attr:`EvalBatch.modified`)
 NOT_TRUTH_REQUIREMENTS = {"labels": "a ground-truth class on every image (labels=)",
-              "explain": "the method, to explain the images again (method=)"}
+                          "explain": "the method, to explain the images again (method=)",
+                          "model": "the model, to change its weights for a while and restore them (model=)"}
 
 
 def missing_requirements(metric: Metric, batch: EvalBatch) -> list[str]:
-    """What of ``metric.requires`` the batch lacks: ground truth by name, labels, or a method to re-run."""
-    provided = {"labels": bool((batch.labels >= 0).all()), "explain": batch.explain is not None}
+    """What of ``metric.requires`` the batch lacks: ground truth by name, labels, a method to re-run, or the model."""
+    provided = {"labels": bool((batch.labels >= 0).all()), "explain": batch.explain is not None,
+                "model": batch.modified is not None}
     return [need for need in metric.requires
             if not provided.get(need, batch.truth.get(need) is not None)]
 
@@ -113,7 +117,9 @@ def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric
     """Score explanation maps with one metric (a :class:`Scores`) or several (a dict of them by name).
 
     Args:
-        model: the model the maps explain (any ``nn.Module`` mapping images to class scores).
+        model: the model the maps explain (any ``nn.Module`` mapping images to class scores); the protocols
+            that explain it again with changed weights (smooth / efficient MPRT, numerical stability) change it
+            only within a block and restore it exactly (:attr:`EvalBatch.modified`).
         images: its preprocessed input images [N, 3, H, W].
         maps: the maps to score, one per image [N, h, w] (token grid or pixels), from vitexplain or elsewhere.
         metric: a registered metric name (``vitexplain methods --metrics`` lists them), or a list of them.
@@ -155,11 +161,12 @@ def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric
     if len(ids) != count:
         raise ValueError(f"ids has {len(ids)} entries for {count} images")
     parts: dict[str, list[dict[str, Tensor]]] = {name: [] for name in names}
+    modify = modifier(adapter.model)
     for start in tqdm(range(0, count, batch_size), desc="evaluate", unit="batch", disable=not progress):
         rows = list(range(start, min(start + batch_size, count)))
         batch = EvalBatch(images=take(images, rows), maps=take(maps, rows), targets=take(targets, rows),
                           labels=take(labels, rows), explain=again, logits=adapter.logits, ids=take(ids, rows),
-                          truth=take(truth, rows), mean=mean, std=std)
+                          truth=take(truth, rows), mean=mean, std=std, modified=modify)
         for entry in metrics:
             values = score(entry, batch, chosen[entry.name], adapter.model)
             parts[entry.name].append({key: value.detach().cpu() for key, value in values.items()})

@@ -135,6 +135,7 @@ def explain_files(model: torch.nn.Module, files: Sequence[str | Path], methods: 
     Yields one :class:`ExplainedImage` per readable file, in order.
     """
     from .api import explain
+    from .instrumentation import adapter_for
 
     on_error = on_error or (lambda message: warnings.warn(message, stacklevel=3))
     options = options or {}
@@ -144,8 +145,7 @@ def explain_files(model: torch.nn.Module, files: Sequence[str | Path], methods: 
             for method in methods:
                 (on_progress or (lambda *_: None))(taken, method)
             continue
-        with torch.no_grad():
-            probabilities = model(batch.images).softmax(-1).cpu()
+        probabilities = adapter_for(model).logits(batch.images).softmax(-1).cpu()  # a transformers output's logits
         predicted = probabilities.argmax(-1)
         targets = predicted if target is None else torch.full_like(predicted, target)
         maps = {}

@@ -24,7 +24,7 @@ from ..metrics.base import GROUPS
 from .plots import CurvePlot, cascade_plot, model_styles, png_of
 from .randomisation import VERDICT_RULE
 from .result import BenchResult, Gallery
-from .tables import Lead, Table, arrow, groups_of, sanity_cells
+from .tables import TRUST_HEADER, TRUST_NOTE, UNTRUSTED, Lead, Table, arrow, groups_of, sanity_cells, trust_rows
 
 STYLE = """
 body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1f2328;
@@ -53,6 +53,9 @@ tr.flagged:not(.control) td.method, span.flagged { color: #cf222e; font-weight: 
 td.best { font-weight: 700; } td.tied { text-decoration: underline dotted #1a7f37; text-underline-offset: 3px; }
 table.scores td { white-space: nowrap; }
 table.summary td.leads, table.summary td.controls { text-align: left; white-space: normal; min-width: 16em; }
+table.summary td.trust, table.trust td { text-align: left; white-space: normal; min-width: 14em; }
+table.trust { font-size: 13px; } table.trust thead th { background: #f6f8fa; font-weight: 600; text-align: left; }
+span.untrusted { color: #9a6700; font-style: italic; } .verdict { color: #9a6700; }
 table.summary tr.group th { text-align: left; font-weight: 400; background: #f6f8fa; }
 table.summary tr.group th b { margin-right: 0.5em; } span.control { color: #6e7781; font-style: italic; }
 .figures { display: flex; flex-wrap: wrap; gap: 0.6em; }
@@ -131,7 +134,7 @@ def summary_table(leads: list[Lead], flagged: set[str]) -> str:
     """Per kind of protocol, a header row with what it rewards, then per reported number who leads it."""
     rows = []
     for group, members in groups_of(leads).items():
-        rows.append(f'<tr class="group"><th colspan="5"><b>{_e(group)}</b>rewards '
+        rows.append(f'<tr class="group"><th colspan="6"><b>{_e(group)}</b>rewards '
                     f'{_e(GROUPS.get(group, "what its protocols measure"))}</th></tr>')
         for lead in members:
             if not lead.methods:
@@ -140,14 +143,34 @@ def summary_table(leads: list[Lead], flagged: set[str]) -> str:
                 shown = f"<b>best</b>: {_names(lead.methods, flagged)}"
             else:
                 shown = f"tied ({len(lead.methods)}): {_names(lead.methods, flagged)}"
-            rows.append(f'<tr><td class="method">{_e(lead.metric)}</td>'
+            controls = _names(lead.controls, set(), "control") or "–"
+            if lead.methods and not lead.counted:
+                shown, controls = f'<span class="untrusted">{_e(UNTRUSTED)}</span>', "–"
+            rows.append(f'<tr class="{"" if lead.counted else "untrusted"}"><td class="method">{_e(lead.metric)}</td>'
                         f'<td>{_breakable(lead.number)}{arrow(lead.better)}</td><td>{_e(lead.images)}</td>'
                         f'<td class="leads">{shown}</td>'
-                        f'<td class="controls">{_names(lead.controls, set(), "control") or "–"}</td></tr>')
+                        f'<td class="controls">{controls}</td><td class="trust">{_e(lead.trust_text())}</td></tr>')
     header = ("<tr><th class='method'>protocol</th><th>number</th><th title='images'>n</th><th>leads</th>"
-              "<th title='controls that no leader is better than'>controls as good</th></tr>")
+              "<th title='controls that no leader is better than'>controls as good</th>"
+              "<th title='how far this number can be trusted on this model (docs/decisions/metric-trust.md)'>trust"
+              "</th></tr>")
     return (f'<div class="scroll"><table class="scores summary"><thead>{header}</thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def trust_table(leads: list[Lead]) -> str:
+    """Per number: the best method against the random control, each method against its degraded copies, and the
+    stability of the methods' order over resamples (:func:`vitexplain.bench.tables.trust_rows`); empty when
+    nothing was computed."""
+    rows = trust_rows(leads)
+    if not rows:
+        return ""
+    header = "<tr>" + "".join(f"<th{' class=method' if k == 0 else ''}>{_e(title)}</th>"
+                              for k, title in enumerate(TRUST_HEADER)) + "</tr>"
+    body = ["<tr>" + "".join(f'<td{" class=method" if k == 0 else ""}>{_e(cell)}</td>' for k, cell in enumerate(row))
+            + "</tr>" for row in rows]
+    return (f"<h3>How far each number can be trusted</h3><p class='muted'>{_e(TRUST_NOTE)}</p>"
+            + _scrolled_table("trust", header, body))
 
 
 def score_table(table: Table, flagged: set[str]) -> str:
@@ -361,6 +384,7 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
                  'map that explains nothing).</p>')
     for model in models:
         parts += [f"<h3>{_e(model)}</h3>", summary_table(result.summary(model), _flagged(result, model))]
+        parts += [f'<p class="verdict">{_e(line)}</p>' for line in result.verdict_lines(model)]
     parts.append('<p class="muted">Tables: methods as rows; every number: value [95 % interval] (images); ↑ / ↓ = '
                  'higher / lower is better; <b>bold</b> = best, better than every other method at 95 %; '
                  '<span style="text-decoration: underline dotted #1a7f37">underlined</span> = tied with the best; '
@@ -371,7 +395,8 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
     figure = itertools.count()
     for model in models:
         table = result.table(model)
-        parts += [f'<h2 id="{_anchor(model)}">{_e(model)}</h2>', score_table(table, _flagged(result, model))]
+        parts += [f'<h2 id="{_anchor(model)}">{_e(model)}</h2>', score_table(table, _flagged(result, model)),
+                  trust_table(result.summary(model))]
         mine = [plot for plot in plots if plot.model == model]
         if mine:
             parts += ["<h3>Curves</h3>", toggled_figures(f"figures{next(figure)}", mine, model_styles(result, model),
@@ -386,7 +411,8 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
                      'trained model, averaged over the images; the floor is what the correlation is without the '
                      'model (below), and the plot shows each correlation less its floor. A method whose maps stay '
                      'above their floor once nothing learned is left does not depend on what the model learned. '
-                     'Controls (grey) must be flagged.</p>')
+                     'The random and constant controls (grey) must be flagged; a degraded copy of a real '
+                     'method\'s maps (also grey) depends on the model as its method does.</p>')
         for model, check in result.sanity.items():
             parts.append(sanity_section(result, model, check, f"figures{next(figure)}"))
     if result.errors:

@@ -34,94 +34,31 @@ Here (decisions in docs/decisions/default-bench.md):
 
 Which parameters form a level is read from timm's parameter names (``blocks.<i>.``, ``head``,
 ``norm``, ``fc_norm``, ``attn_pool``); the instrumentation adapter does not expose the blocks'
-modules. Running it inside a benchmark (caching, errors, timing) is :mod:`vitexplain.bench.randomisation_run`.
+modules. The levels, the re-initialisation and Spearman live in :mod:`vitexplain.metrics._randomise`,
+shared with the smooth / efficient MPRT protocols. Running it inside a benchmark (caching, errors,
+timing) is :mod:`vitexplain.bench.randomisation_run`.
 """
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from ..metrics._randomise import INIT_STD, TOP_PREFIXES, average_ranks, cascade_levels, reinitialise, spearman
 from ..uncertainty import CONFIDENCE, bootstrap, interval
 
-TOP_PREFIXES = ("head", "norm.", "fc_norm.", "attn_pool.")
-INIT_STD = 0.02
+__all__ = ["INIT_STD", "TOP_PREFIXES", "CascadeResult", "VERDICT_RULE", "average_ranks", "cascade_levels",
+           "cascading_randomisation", "image_to_image", "reinitialise", "spearman", "verdict"]
+
 #: the verdict, as the reports state it (``images``: how many images the check ran on)
 VERDICT_RULE = ("Verdict: a method is flagged when, with the whole model random, its maps are clearly more like the "
                 "trained model's maps than its noise floor explains: the {images} images' mean of (correlation - "
                 f"floor) has a {CONFIDENCE:.0%} bootstrap interval above 0, or its maps did not change at all "
                 "(correlation 1 on every image). Floor: for a randomised method, the trained model's map of the same "
                 "image with another seed; for a deterministic one, the trained model's map of another image.")
-
-
-def average_ranks(values: Tensor) -> Tensor:
-    """Rank of every value in its row, 0-based, ties given their average rank (float64) [B, n]."""
-    values = values.contiguous()
-    ordered = values.sort(dim=1).values
-    below = torch.searchsorted(ordered, values, side="left")
-    through = torch.searchsorted(ordered, values, side="right")
-    return (below + through - 1).double() / 2
-
-
-def spearman(first: Tensor, second: Tensor, *, absolute: bool = False) -> Tensor:
-    """Spearman rank correlation of each pair of maps [B, ...] -> [B].
-
-    Two constant maps give 1 (identical rankings), one constant map against a varying one gives 0.
-    """
-    if first.shape != second.shape:
-        raise ValueError(f"maps to compare must have one shape, got {tuple(first.shape)} and {tuple(second.shape)}")
-    first, second = first.flatten(1), second.flatten(1)
-    if absolute:
-        first, second = first.abs(), second.abs()
-    ranks = [average_ranks(maps) for maps in (first, second)]
-    centred = [r - r.mean(1, keepdim=True) for r in ranks]
-    spreads = [c.square().sum(1) for c in centred]
-    covariance = (centred[0] * centred[1]).sum(1)
-    both_vary = (spreads[0] > 0) & (spreads[1] > 0)
-    correlation = covariance / torch.where(both_vary, spreads[0] * spreads[1], 1.0).sqrt()
-    none_vary = (spreads[0] == 0) & (spreads[1] == 0)
-    return torch.where(both_vary, correlation, none_vary.double())
-
-
-def cascade_levels(model: nn.Module) -> list[tuple[str, list[str]]]:
-    """The randomisation levels, top first: (level name, names of the parameters it re-initialises)."""
-    blocks: dict[int, list[str]] = {}
-    top, bottom = [], []
-    for name, _ in model.named_parameters():
-        found = re.match(r"blocks\.(\d+)\.", name)
-        if found:
-            blocks.setdefault(int(found[1]), []).append(name)
-        elif name.startswith(TOP_PREFIXES):
-            top.append(name)
-        else:
-            bottom.append(name)
-    if not blocks:
-        raise ValueError("the model-randomisation check needs a timm Vision Transformer (parameters named "
-                         f"blocks.<i>.*); this {type(model).__name__} has none")
-    levels = [("head", top)] + [(f"block {i}", blocks[i]) for i in sorted(blocks, reverse=True)]
-    return levels + [("embedding", bottom)]
-
-
-def reinitialise(model: nn.Module, names: list[str], generator: torch.Generator) -> None:
-    """Re-draw the named parameters as timm initialises a ViT (see the module docstring), in place."""
-    parameters = dict(model.named_parameters())
-    modules = dict(model.named_modules())
-    with torch.no_grad():
-        for name in names:
-            parameter = parameters[name]
-            owner, _, leaf = name.rpartition(".")
-            is_norm = "norm" in type(modules[owner]).__name__.lower()
-            if parameter.ndim >= 2:
-                value = nn.init.trunc_normal_(torch.empty(parameter.shape), std=INIT_STD, generator=generator)
-            elif (is_norm and leaf == "weight") or leaf == "gamma":
-                value = torch.ones(parameter.shape)
-            else:
-                value = torch.zeros(parameter.shape)
-            parameter.copy_(value)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -26,8 +27,10 @@ from .tables import (
     score_text,
     summary_markdown,
     summary_text,
+    trust_markdown,
+    trust_text_lines,
 )
-from .uncertainty import Sample, leaders
+from .uncertainty import Sample, leaders, paired_difference
 
 
 @dataclass
@@ -97,6 +100,10 @@ class BenchResult:
         seconds: wall time of the run that wrote the reports (a resumed run counts its own work only).
         timings: model -> method -> seconds this run spent on its ``maps``, on each metric label and on
             the ``sanity`` check (all processes added up).
+        trust: model -> metric label -> reported number with a direction -> how far it can be trusted on this
+            model and data (:func:`metric_trust`, docs/decisions/metric-trust.md): ``best``, ``random`` (the best
+            method against the random control), ``degraded`` (each method against its degraded copies) and
+            ``rank_stability`` (the methods' order under resampling of the images).
         galleries: images and maps for report.html's overlays (not in results.json).
     """
 
@@ -115,6 +122,7 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     timings: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    trust: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
     galleries: list[Gallery] = field(default_factory=list, repr=False)
 
     def columns(self, model: str) -> list[tuple[str, str, str]]:
@@ -179,8 +187,39 @@ class BenchResult:
             group = self.settings.get("metrics", {}).get(label, {}).get("group", "other")
             for number, lead in self.leaders.get(model, {}).get(label, {}).items():
                 found.append(Lead(group, label, number, directions[number], counts.get(label, "0"), lead["methods"],
-                                  lead["controls"]))
+                                  lead["controls"], self.trust.get(model, {}).get(label, {}).get(number)))
         return found
+
+    def untrusted(self, model: str) -> list[Lead]:
+        """The model's numbers that cannot tell the random control from the methods (their leaders not counted)."""
+        return [lead for lead in self.summary(model) if not lead.counted]
+
+    def chaotic(self, model: str) -> list[str]:
+        """The model's methods (not controls) whose maps are chaotic at rounding level: a ``numerical_stability``
+        metric's ``r_worst`` below its ``CHAOTIC_BELOW`` (empty when the run has no such metric)."""
+        labels = [label for label, entry in self.settings.get("metrics", {}).items()
+                  if entry.get("name") == "numerical_stability"]
+        if not labels:
+            return []
+        try:
+            from ..metrics.numerical_stability import CHAOTIC_BELOW
+        except ImportError:
+            return []
+        controls = self.controls(model)
+        return [method for method, per_metric in self.scores.get(model, {}).items() if method not in controls
+                and any(per_metric.get(label, {}).get("r_worst", math.inf) < CHAOTIC_BELOW for label in labels)]
+
+    def verdict_lines(self, model: str) -> list[str]:
+        """Sentences under the model's summary: the numbers not counted, and the chaotic maps."""
+        lines = []
+        untrusted = self.untrusted(model)
+        if untrusted:
+            names = ", ".join(f"{lead.metric} {lead.number}" for lead in untrusted)
+            lines.append("Not counted, as they cannot tell the random control from the methods on this model: "
+                         f"{names}.")
+        if self.chaotic(model):
+            lines.append(f"Maps chaotic at rounding level: {', '.join(self.chaotic(model))}.")
+        return lines
 
     def flagged(self, model: str) -> list[str]:
         """The model's methods flagged by the model-randomisation check."""
@@ -190,7 +229,10 @@ class BenchResult:
         return (f"Every number: value [low, high] (images), the {CONFIDENCE:.0%} bootstrap interval over the images "
                 f"({self.settings.get('bootstrap', {}).get('resamples', RESAMPLES)} resamples). Best: better than "
                 "every other method at that confidence, paired over the same images; tied: cannot be told apart from "
-                "the best. Controls never lead.")
+                "the best. Controls never lead. Trust, per number and model: does the best method beat the random "
+                "control at that confidence (a number that cannot tell them apart is not counted), how many degraded "
+                "copies of real maps their method beats, how stable the methods' order is over resamples of the "
+                "images (docs/decisions/metric-trust.md).")
 
     def markdown(self) -> str:
         """Per model: who leads each kind of protocol, then the table in the papers' layout (methods as
@@ -202,10 +244,14 @@ class BenchResult:
                       "each rewards something else.", ""]
         for model in self.scores:
             lines += [f"### {model}", ""] + summary_markdown(self.summary(model))
+            lines += [line for found in self.verdict_lines(model) for line in (found, "")]
             if self.flagged(model):
                 lines += [f"Flagged by the model-randomisation check: {', '.join(self.flagged(model))}.", ""]
         for model in self.scores:
             lines += [f"## {model}", ""] + score_markdown(self.table(model))
+            found = trust_markdown(self.summary(model))
+            if found:
+                lines += [f"### {model}: how far each number can be trusted", ""] + found
         for model, check in self.sanity.items():
             lines += [f"## {model}: model randomisation (Spearman correlation with the original maps)", ""]
             lines += sanity_markdown(check)
@@ -240,11 +286,18 @@ class BenchResult:
         for model in self.scores:
             lines += say(f"{model}: who leads, per kind of protocol (never mixed)")
             lines += summary_text(self.summary(model), width)
+            for found in self.verdict_lines(model):
+                lines += say(f"{model}: {found}")
+            if self.verdict_lines(model):
+                lines += [""]
             if self.flagged(model):
                 lines += say(f"{model}: flagged by the model-randomisation check: "
                              f"{', '.join(self.flagged(model))}") + [""]
             lines += say(f"{model}: scores (* best, ≈ tied; ↑/↓ higher/lower is better)")
             lines += score_text(self.table(model), width)
+            detail = trust_text_lines(self.summary(model), width)
+            if detail:
+                lines += say(f"{model}: how far each number can be trusted") + detail
         for model, check in self.sanity.items():
             lines += say(f"{model}: model randomisation, Spearman correlation with the original maps")
             lines += sanity_text(check, width)
@@ -342,6 +395,107 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                 found = {m: result.scores[model.name][m][entry.label][number] for m in samples
                          if number in result.scores[model.name][m][entry.label]}
                 if found:
-                    result.leaders.setdefault(model.name, {}).setdefault(entry.label, {})[number] = leaders(
-                        samples, found, higher, result.controls(model.name), number, report, config.seed)
+                    lead = leaders(samples, found, higher, result.controls(model.name), number, report, config.seed)
+                    result.leaders.setdefault(model.name, {}).setdefault(entry.label, {})[number] = lead
+                    if lead["methods"]:
+                        result.trust.setdefault(model.name, {}).setdefault(entry.label, {})[number] = metric_trust(
+                            samples, found, higher, lead["methods"][0], result.controls(model.name),
+                            settings["methods"], number, report, config.seed)
     return result
+
+
+#: the control a metric must tell the methods from (``random_baseline``'s registry name)
+RANDOM_CONTROL = "random_baseline"
+#: the control method that degrades another method's maps (``degraded``'s registry name)
+DEGRADED_CONTROL = "degraded"
+
+
+def _advantage(first: Sample, second: Sample, scores: dict[str, float], names: tuple[str, str], higher: bool,
+               number: str, report, seed: int) -> tuple[list[float], bool]:
+    """How much better ``names[0]`` is than ``names[1]`` on ``number`` (positive: better, in the number's units),
+    with its paired 95 % interval, and whether that interval lies above 0."""
+    low, high = paired_difference(first, second, number, report, seed)
+    value = scores[names[0]] - scores[names[1]]
+    if not higher:
+        value, low, high = -value, -high, -low
+    return [float(value), float(low), float(high)], bool(low > 0)
+
+
+def _effective(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    return {**(METHODS.get(name).options if name in METHODS else {}), **options}
+
+
+def degraded_copies(methods: dict[str, dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
+    """Per method row of a run (``settings["methods"]``: label -> name and options), the rows that are degraded
+    copies of it: a ``degraded`` row whose ``of`` (default ``gae``) is that row's method with the same effective
+    options (``degraded``'s ``options``), as (copy label, kind)."""
+    copies: dict[str, list[tuple[str, str]]] = {}
+    for label, entry in methods.items():
+        if entry.get("name") != DEGRADED_CONTROL:
+            continue
+        options = _effective(DEGRADED_CONTROL, entry.get("options") or {})
+        of, wanted = options.get("of"), _effective(str(options.get("of")), options.get("options") or {})
+        for original, other in methods.items():
+            if other.get("name") == of and _effective(of, other.get("options") or {}) == wanted:
+                copies.setdefault(original, []).append((label, str(options.get("kind"))))
+    return copies
+
+
+def rank_stability(samples: dict[str, Sample], scores: dict[str, float], methods: list[str],
+                   number: str) -> list[float] | None:
+    """How stable the order of ``methods`` on ``number`` is when the images are resampled: the Spearman
+    correlation of their values on each bootstrap resample with their values on all the images, as the median
+    and the central 95 % of the resamples ([median, low, high]); None with fewer than 3 methods on the same
+    images (only those are resampled at the same positions, so only their orders are comparable)."""
+    from scipy.stats import rankdata
+
+    sets = Counter(tuple(samples[m].indices) for m in methods)
+    if not sets:
+        return None
+    common = sets.most_common(1)[0][0]
+    ranked = [m for m in methods if tuple(samples[m].indices) == common and number in samples[m].replicates]
+    if len(ranked) < 3:
+        return None
+    full = np.array([scores[m] for m in ranked], dtype=float)
+    replicates = np.stack([samples[m].replicates[number] for m in ranked]).astype(float)   # [methods, resamples]
+    keep = np.isfinite(replicates).all(0)
+    if not keep.any() or np.ptp(full) == 0:
+        return None
+    ranks = rankdata(replicates[:, keep], axis=0)
+    centred = ranks - ranks.mean(0)
+    reference = rankdata(full) - rankdata(full).mean()
+    norms = np.sqrt((centred ** 2).sum(0) * (reference ** 2).sum())
+    rho = np.where(norms > 0, (centred * reference[:, None]).sum(0) / np.where(norms > 0, norms, 1), 0.0)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.percentile(rho, [tail, 100 - tail])
+    return [float(np.median(rho)), float(low), float(high)]
+
+
+def metric_trust(samples: dict[str, Sample], scores: dict[str, float], higher: bool, best: str, controls: set[str],
+                 methods: dict[str, dict[str, Any]], number: str, report, seed: int) -> dict[str, Any]:
+    """How far one reported number can be trusted on one model's images (docs/decisions/metric-trust.md).
+
+    ``best``: the best-valued method that is not a control (the leader). ``random``: its advantage over the
+    random control (``random_baseline``; the first such row), paired over the images, and whether its 95 %
+    interval lies above 0 (``separates``); None when the run has no random control with a value.
+    ``degraded``: for every method of the run with degraded copies (:func:`degraded_copies`), its advantage over
+    each copy and whether it ``beats`` it at 95 %. ``rank_stability``: :func:`rank_stability` of the methods that
+    are not controls. Every advantage is [value, low, high], positive = better in the number's direction.
+    """
+    found = {m for m, v in scores.items() if m in samples and np.isfinite(v)}
+    random = next((m for m in methods if methods[m].get("name") == RANDOM_CONTROL and m in found), None)
+    trust: dict[str, Any] = {"best": best, "random": None, "degraded": []}
+    if random is not None:
+        advantage, separates = _advantage(samples[best], samples[random], scores, (best, random), higher, number,
+                                          report, seed)
+        trust["random"] = {"control": random, "advantage": advantage, "separates": separates}
+    for original, copies in degraded_copies(methods).items():
+        for copy, kind in copies:
+            if original in found and copy in found:
+                advantage, beats = _advantage(samples[original], samples[copy], scores, (original, copy), higher,
+                                              number, report, seed)
+                trust["degraded"].append({"method": original, "copy": copy, "kind": kind, "advantage": advantage,
+                                          "beats": beats})
+    trust["rank_stability"] = rank_stability(samples, scores, [m for m in found if m not in controls],
+                                             number)
+    return trust

@@ -29,6 +29,7 @@ from ..api import AllZeroMapWarning
 from ..datasets.base import NOT_TRUTH
 from ..evaluation import NOT_TRUTH_REQUIREMENTS, reexplainer, score
 from ..instrumentation import ModelAdapter, adapter_for
+from ..instrumentation.modifying import modifier
 from ..instrumentation.precision import precision_mode
 from ..metrics import EvalBatch, Metric, get_metric
 from ..registry import get_method
@@ -254,7 +255,8 @@ class MethodRun:
         mean, std = self.normalisation or (None, None)
         truth = {key: value for key, value in data.items() if key not in NOT_TRUTH}
         return EvalBatch(images=data["images"], maps=maps, targets=targets, labels=data["labels"], explain=self.explain,
-                         logits=self.adapter.logits, ids=batch.ids, truth=truth, mean=mean, std=std)
+                         logits=self.adapter.logits, ids=batch.ids, truth=truth, mean=mean, std=std,
+                         modified=modifier(self.adapter.model))
 
     def _maps(self, batch: Batch) -> tuple[Tensor, Tensor, list[int]]:
         """Maps and targets of the batch (cached or computed, on the device) and the rows computed now."""

@@ -103,10 +103,15 @@ class Table:
         return ["–" if row[column] is None else format_estimate(row[column], decimals) for row in self.values]
 
 
+#: what the summary says of a number that cannot tell the random control from the methods
+UNTRUSTED = "cannot tell the random control from the methods on this model: not counted"
+
+
 @dataclass
 class Lead:
     """Who leads one reported number: ``methods`` (one: better than every other method at 95 %; more:
-    tied, in order of value) and the ``controls`` no leader is better than; ``images`` as Table.counts."""
+    tied, in order of value) and the ``controls`` no leader is better than; ``images`` as Table.counts;
+    ``trust`` how far the number can be trusted on this model (``BenchResult.trust``; None: not computed)."""
 
     group: str
     metric: str
@@ -115,11 +120,80 @@ class Lead:
     images: str
     methods: list[str]
     controls: list[str]
+    trust: dict | None = None
+
+    @property
+    def counted(self) -> bool:
+        """False when the number cannot tell the random control from the best method at 95 %: its leaders are
+        not counted (shown as :data:`UNTRUSTED`)."""
+        random = (self.trust or {}).get("random")
+        return random is None or bool(random["separates"])
 
     def leaders(self) -> str:
         if not self.methods:
             return "–"
+        if not self.counted:
+            return UNTRUSTED
         return ("best: " if len(self.methods) == 1 else f"tied ({len(self.methods)}): ") + ", ".join(self.methods)
+
+    def trust_text(self) -> str:
+        """One short line: ``separates random: yes; beats its degraded copies: 3/3; ranking rho 0.91 [0.72, 0.99]``
+        (``–`` where nothing was computed)."""
+        return trust_text(self.trust)
+
+
+def trust_text(trust: dict | None) -> str:
+    """The short line of :meth:`Lead.trust_text` for one number's ``BenchResult.trust`` entry."""
+    if not trust:
+        return "–"
+    random = trust.get("random")
+    parts = ["separates random: " + ("– (no random control)" if random is None
+                                     else "yes" if random["separates"] else "no")]
+    copies = trust.get("degraded") or []
+    if copies:
+        parts.append(f"beats its degraded copies: {sum(c['beats'] for c in copies)}/{len(copies)}")
+    stability = trust.get("rank_stability")
+    if stability is not None:
+        parts.append(f"ranking ρ {fixed(stability[0], 2)} [{fixed(stability[1], 2)}, {fixed(stability[2], 2)}]")
+    return "; ".join(parts)
+
+
+def advantage_text(advantage: list[float], images: int | str, verdict: bool) -> str:
+    """``value [low, high] (n)`` of an advantage, then ``yes`` / ``no`` (its interval above 0 or not)."""
+    count = int(str(images).split("/")[0]) if str(images).split("/")[0].isdigit() else 0
+    return f"{format_estimate(Estimate(*advantage, count))} {'yes' if verdict else 'no'}"
+
+
+def trust_rows(leads: list[Lead]) -> list[list[str]]:
+    """Per number with a trust entry: protocol, number, best method, its advantage over the random control,
+    each method's advantage over each of its degraded copies, the ranking's stability over resamples."""
+    rows = []
+    for lead in leads:
+        trust = lead.trust
+        if not trust:
+            continue
+        random = trust.get("random")
+        versus = ("–" if random is None else f"{trust['best']} − {random['control']}: "
+                  + advantage_text(random["advantage"], lead.images, random["separates"]))
+        copies = "; ".join(f"{c['method']} − {c['copy']}: {advantage_text(c['advantage'], lead.images, c['beats'])}"
+                           for c in trust.get("degraded") or []) or "–"
+        stability = trust.get("rank_stability")
+        rho = "–" if stability is None else " ".join([fixed(stability[0], 2),
+                                                       f"[{fixed(stability[1], 2)}, {fixed(stability[2], 2)}]"])
+        rows.append([lead.metric, lead.number + arrow(lead.better), versus, copies, rho])
+    return rows
+
+
+#: the header of :func:`trust_rows`
+TRUST_HEADER = ["protocol", "number", "best − random control (advantage, 95 %)",
+                "method − its degraded copy (advantage, 95 %)", "ranking ρ over resamples"]
+
+#: how the trust columns are read, under every trust table
+TRUST_NOTE = ("Advantage: how much better the first is than the second, in the number's units (positive = better in "
+              "its direction), with the paired 95 % bootstrap interval over the same images; yes = the interval "
+              "lies above 0. Ranking ρ: Spearman correlation of the methods' values (controls left out) on each "
+              "resample of the images with their values on all of them, median and central 95 % of the "
+              "resamples (docs/decisions/metric-trust.md).")
 
 
 @dataclass
@@ -236,17 +310,29 @@ def groups_of(leads: list[Lead]) -> dict[str, list[Lead]]:
 
 
 def summary_text(leads: list[Lead], width: int = 100) -> list[str]:
-    """Per kind of protocol: what it rewards, then who leads each of its numbers."""
+    """Per kind of protocol: what it rewards, then who leads each of its numbers and how far it can be trusted."""
     lines = []
     for group, members in groups_of(leads).items():
         lines += textwrap.wrap(f"{group}: rewards {GROUPS.get(group, 'what its protocols measure')}", width,
                                subsequent_indent="    ")
         for lead in members:
             text = f"{lead.metric} {lead.number}{arrow(lead.better)} (n={lead.images}): {lead.leaders()}"
-            if lead.controls:
+            if lead.controls and lead.counted:
                 text += f"; as good: {', '.join(lead.controls)} (control)"
             lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False)
+            if lead.trust:
+                lines += textwrap.wrap(f"trust: {lead.trust_text()}", width, initial_indent="      ",
+                                       subsequent_indent="        ", break_on_hyphens=False)
     return lines + [""]
+
+
+def trust_text_lines(leads: list[Lead], width: int = 100) -> list[str]:
+    """The trust detail of every number (:func:`trust_rows`), one wrapped paragraph each."""
+    lines = []
+    for metric, number, versus, copies, rho in trust_rows(leads):
+        text = f"{metric} {number}: random: {versus}; degraded: {copies}; ranking ρ {rho}"
+        lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False)
+    return lines + ([""] if lines else [])
 
 
 def sanity_cells(check: dict) -> tuple[list[str], dict[str, list[str]]]:
@@ -288,10 +374,17 @@ def summary_markdown(leads: list[Lead]) -> list[str]:
     lines = []
     for group, members in groups_of(leads).items():
         lines += [f"**{group}**: rewards {GROUPS.get(group, 'what its protocols measure')}.", ""]
-        rows = [[lead.metric, lead.number + arrow(lead.better), lead.images, lead.leaders(),
-                 ", ".join(lead.controls) or "–"] for lead in members]
-        lines += _markdown_rows(["protocol", "number", "n", "leads", "controls as good"], rows)
+        rows = [[lead.metric, lead.number + arrow(lead.better), lead.images,
+                 lead.leaders() if lead.counted else f"*{lead.leaders()}*",
+                 (", ".join(lead.controls) or "–") if lead.counted else "–", lead.trust_text()] for lead in members]
+        lines += _markdown_rows(["protocol", "number", "n", "leads", "controls as good", "trust"], rows)
     return lines
+
+
+def trust_markdown(leads: list[Lead]) -> list[str]:
+    """The trust detail of every number (:func:`trust_rows`) as a Markdown table, with how to read it."""
+    rows = trust_rows(leads)
+    return (_markdown_rows(TRUST_HEADER, rows) + [TRUST_NOTE, ""]) if rows else []
 
 
 def sanity_markdown(check: dict) -> list[str]:

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp import attention_aware, relevance
+from ..instrumentation.lrp.memory import Recompute, choose_recompute
 from ..options import NonNegative
 
 #: γ at the feed-forward and head Linears: one value for every block, or one per block (the head takes the last)
@@ -19,7 +20,7 @@ Stage = Literal["pixels", "patches"]
 
 
 def attention_aware_map(adapter: ModelAdapter, images: Tensor, target, *, constant_attention: bool,
-                        gamma: Gammas, conv_gamma: float, at: Stage, recompute: bool) -> Tensor:
+                        gamma: Gammas, conv_gamma: float, at: Stage, recompute: Recompute) -> Tensor:
     """The channel sum of the relevance at ``at`` [B, H, W], under :func:`attention_aware`'s rule set.
 
     ``at="patches"``: each patch embedding's relevance (before the position embedding) spread evenly over
@@ -29,6 +30,7 @@ def attention_aware_map(adapter: ModelAdapter, images: Tensor, target, *, consta
         raise ValueError(f"gamma takes one value, or one per block: {adapter.num_blocks} for this model, "
                          f"got {len(gamma)}")
     rules = attention_aware(constant_attention, gamma, conv_gamma)
+    recompute = choose_recompute("cp_lrp" if constant_attention else "attnlrp", recompute, adapter, images)
     found = relevance(adapter, images, target, rules, at=(at,), recompute=recompute)
     if at == "pixels":
         return found.pixels.sum(1)

@@ -5,14 +5,15 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp.composites import CONV_GAMMA, LINEAR_GAMMA
+from ..instrumentation.lrp.memory import Recompute
 from ..options import NonNegative
 from ..registry import register_method
 from ._attention_aware import Gammas, Stage, attention_aware_map
 
 
-@register_method("attnlrp", resolution="pixel", cost=lambda o: 4 + o["recompute"], score_targets=False)
+@register_method("attnlrp", resolution="pixel", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False)
 def attnlrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas = LINEAR_GAMMA,
-            conv_gamma: NonNegative = CONV_GAMMA, at: Stage = "pixels", recompute: bool = False) -> Tensor:
+            conv_gamma: NonNegative = CONV_GAMMA, at: Stage = "pixels", recompute: Recompute = "auto") -> Tensor:
     """Attention-aware LRP from the target logit to the input pixels, summed over channels.
 
     Achtibat, Hatefi, Dreyer, Jain, Wiegand, Lapuschkin & Samek, "AttnLRP: Attention-Aware Layer-Wise
@@ -31,9 +32,13 @@ def attnlrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas
         conv_gamma: γ at the patch convolution (0.25, the middle of LXT's sweep).
         at: ``"pixels"`` (LXT's example: input × gradient at the image, summed over channels) or
             ``"patches"`` (the patch embeddings' relevance, each patch's spread evenly over its pixels).
-        recompute: compute each block again in the backward, so that peak memory does not grow with blocks ×
-            tokens², for one more forward of the blocks; False (default): one forward and one backward, as LXT
-            (docs/decisions/performance.md).
+        recompute: ``"auto"`` (default): keep every block's rules' graph from the forward when its estimated peak
+            memory fits the budget (80 % of the free CUDA memory or of the available RAM, or
+            ``VITEXPLAIN_MEMORY_BUDGET``), else compute each block again in the backward
+            (:func:`~vitexplain.instrumentation.lrp.memory.choose_recompute`, logged at debug level). True: always
+            compute each block again, so that peak memory does not grow with blocks × tokens², for one more forward of
+            the blocks; False: one forward and one backward, as LXT, every block's graph kept. Bitwise the same maps
+            on either path (docs/decisions/performance.md).
     """
     return attention_aware_map(adapter, images, target, constant_attention=False, gamma=gamma,
                                conv_gamma=conv_gamma, at=at, recompute=recompute)

@@ -5,11 +5,12 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp import relevance
+from ..instrumentation.lrp.memory import Recompute, choose_recompute
 from ..registry import register_method
 
 
-@register_method("conservative_lrp", cost=lambda o: 4 + o["recompute"], score_targets=False)
-def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, recompute: bool = False) -> Tensor:
+@register_method("conservative_lrp", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False)
+def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, recompute: Recompute = "auto") -> Tensor:
     """Gradient×Input at the token embeddings with attention and LayerNorm scaling held constant.
 
     Ali, Schnake, Eberle, Montavon, Müller & Wolf, "XAI for Transformers: Better Explanations through
@@ -23,9 +24,14 @@ def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, reco
     tokens' relevance, summed over channels, on the patch grid.
 
     Options:
-        recompute: compute each block again in the backward, so that peak memory does not grow with blocks ×
-            tokens², for one more forward of the blocks; False (default): one forward and one backward
-            (docs/decisions/performance.md).
+        recompute: ``"auto"`` (default): keep every block's rules' graph from the forward when its estimated peak
+            memory fits the budget (80 % of the free CUDA memory or of the available RAM, or
+            ``VITEXPLAIN_MEMORY_BUDGET``), else compute each block again in the backward
+            (:func:`~vitexplain.instrumentation.lrp.memory.choose_recompute`, logged at debug level). True: always
+            compute each block again, so that peak memory does not grow with blocks × tokens², for one more forward of
+            the blocks; False: one forward and one backward, every block's graph kept. Bitwise the same maps on
+            either path (docs/decisions/performance.md).
     """
+    recompute = choose_recompute("conservative_lrp", recompute, adapter, images)
     relevances = relevance(adapter, images, target, rules="conservative", at=("residuals",), recompute=recompute)
     return relevances.geometry.patch_map(relevances.tokens.sum(-1))

@@ -7,13 +7,14 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter
 from ..instrumentation.lrp import lrp_baseline, relevance
+from ..instrumentation.lrp.memory import Recompute, choose_recompute
 from ..registry import register_method
 
 
-@register_method("lrp", resolution="pixel", cost=lambda o: 4 + o["recompute"], score_targets=False,
+@register_method("lrp", resolution="pixel", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False,
                  precision_caveats={"bfloat16 weights": -0.360, "float16 weights": -0.755})
 def lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
-        linear_rule: Literal["shared", "separate"] = "shared", recompute: bool = False) -> Tensor:
+        linear_rule: Literal["shared", "separate"] = "shared", recompute: Recompute = "auto") -> Tensor:
     """Layer-wise relevance propagation from the target logit to the input pixels, summed over channels.
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
@@ -31,9 +32,14 @@ def lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
             ``"separate"``: the x⁺ and x⁻ parts each normalised by their own sum, exactly the
             ``Linear.relprop`` of ``layers_lrp.py`` that produced the LRP rows the papers copy from
             Chefer et al. (the reproduce recipes use it there).
-        recompute: compute each block again in the backward, so that peak memory does not grow with blocks ×
-            tokens², for one more forward of the blocks; False (default): one forward and one backward
-            (docs/decisions/performance.md).
+        recompute: ``"auto"`` (default): keep every block's rules' graph from the forward when its estimated peak
+            memory fits the budget (80 % of the free CUDA memory or of the available RAM, or
+            ``VITEXPLAIN_MEMORY_BUDGET``), else compute each block again in the backward
+            (:func:`~vitexplain.instrumentation.lrp.memory.choose_recompute`, logged at debug level). True: always
+            compute each block again, so that peak memory does not grow with blocks × tokens², for one more forward of
+            the blocks; False: one forward and one backward, every block's graph kept. Bitwise the same maps on
+            either path (docs/decisions/performance.md).
     """
+    recompute = choose_recompute("lrp", recompute, adapter, images)
     return relevance(adapter, images, target, rules=lrp_baseline(linear_rule), at=("pixels",),
                      recompute=recompute).pixels.sum(1)

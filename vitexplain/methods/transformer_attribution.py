@@ -5,6 +5,7 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter, TokenGeometry
 from ..instrumentation.lrp import relevance
+from ..instrumentation.lrp.memory import Recompute, choose_recompute
 from ..options import block_index
 from ..registry import register_method
 from ._products import ReadoutFold
@@ -13,7 +14,7 @@ from ._products import ReadoutFold
 @register_method("transformer_attribution", cost=8, score_targets=False,
                  precision_caveats={"bfloat16 weights": 0.735, "float16 weights": 0.374})
 def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0,
-                            recompute: bool = True) -> Tensor:
+                            recompute: Recompute = "auto") -> Tensor:
     """Relevance of each block's attention map weighted by its gradient, rolled out from ``start_layer``.
 
     Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization", CVPR 2021,
@@ -29,14 +30,20 @@ def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, 
     Options:
         start_layer: first block included (0, the default of their code; their segmentation and
             perturbation tests use 1).
-        recompute: compute each block again under the rules as the relevance's backward reaches it (default),
-            so that peak memory does not grow with blocks × tokens²; False keeps every block's graph from the
-            forward: one forward of the blocks fewer, for that memory (16 % faster on an H100 at ViT-B/16, batch
-            64; docs/decisions/performance.md). The same maps up to float rounding.
+        recompute: ``"auto"`` (default): keep every block's rules' graph from the forward when its estimated peak
+            memory fits the budget (80 % of the free CUDA memory or of the available RAM, or
+            ``VITEXPLAIN_MEMORY_BUDGET``), else compute each block again in the backward
+            (:func:`~vitexplain.instrumentation.lrp.memory.choose_recompute`, logged at debug level). True: always
+            compute each block again under the rules as the relevance's backward reaches it, so that peak memory
+            does not grow with blocks × tokens²; False: every block's graph kept from the forward, one forward of the
+            blocks fewer, for that memory (16 % faster on an H100 at ViT-B/16, batch 64;
+            docs/decisions/performance.md). Bitwise the same maps on either path in float64; in float32 within ~1e-7
+            of the largest value (the recomputed path's forward runs the fused attention).
     """
     start = block_index("start_layer", start_layer, adapter.num_blocks)
     chosen = range(start, adapter.num_blocks)
     fold = ReadoutFold(chosen)
+    recompute = choose_recompute("transformer_attribution", recompute, adapter, images, blocks=len(chosen))
 
     def cam(geometry: TokenGeometry, block: int, attn_relevance: Tensor, attn_gradient: Tensor) -> None:
         """Block's E_h[(∇A ⊙ R^A)⁺], folded into the readout's row as the relevance's backward passes the block."""

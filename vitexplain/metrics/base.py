@@ -1,7 +1,8 @@
 """What every evaluation protocol receives and returns, and the registry that names them.
 
-A protocol never sees the model object: the batch carries the model's forward (``logits``) and the
-method under test (``explain``), as Captum's metrics take ``forward_func`` and ``explanation_func``.
+A protocol never sees the model object: the batch carries the model's forward (``logits``), the
+method under test (``explain``), as Captum's metrics take ``forward_func`` and ``explanation_func``, and a
+way to change the model for the length of a block (``modified``: randomised layers, rounded weights).
 """
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..options import check_options, option_defaults
 from ..registry import Registry
@@ -49,6 +50,13 @@ class EvalBatch:
             built-in protocols read); a protocol names what it needs in :attr:`Metric.requires`.
         mean, std: per channel, the normalisation the images were preprocessed with (what a black
             pixel is in the preprocessed space), or None when unknown.
+        modified: ``change -> context manager``: within ``with batch.modified(change):`` the model has
+            ``change(model)`` applied in place (its weights, buffers), so :attr:`explain` and :attr:`logits`
+            run the changed model; on exit, also after an exception, everything (parameters and buffers with
+            their values, dtype and ``requires_grad``, hooks, train / eval) is as it was
+            (:func:`vitexplain.instrumentation.modifying.modified`). ``change`` gets the model object; the
+            protocol itself never holds it. None when no model is at hand: a protocol that requires
+            ``"model"`` then refuses the batch.
     """
 
     images: Tensor
@@ -61,6 +69,7 @@ class EvalBatch:
     truth: Mapping[str, Any] = field(default_factory=dict)
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
+    modified: Callable[[Callable[[nn.Module], None]], ContextManager[None]] | None = None
 
     def __post_init__(self) -> None:
         bad = ~torch.isfinite(self.maps.flatten(1)).all(1)
@@ -77,6 +86,8 @@ GROUPS = {
     "localisation": "maps that agree with the annotated object (masks, boxes, rationales), whether or not the model "
                     "used it",
     "robustness": "maps that change little when the image changes a little (a map that never changes wins)",
+    "randomisation": "maps that change when the model's weights are randomised (a map that does not depend on the "
+                     "model fails)",
     "complexity": "peaky maps, relevance on few pixels (a faithful map of a large object can score low)",
     "class sensitivity": "maps that follow the class asked for: "
                          "on two-object images, each class's map on its own object",
@@ -115,7 +126,8 @@ class Metric:
             some of the options as keywords (segmentation's ``threshold``), see :meth:`report`.
         requires: what the images must come with: names of :attr:`EvalBatch.truth` (see :data:`TRUTH`),
             ``"labels"`` for a ground-truth class on every image, ``"explain"`` for a protocol that runs the
-            method again (:attr:`EvalBatch.explain`).
+            method again (:attr:`EvalBatch.explain`), ``"model"`` for one that changes the model for a while
+            (:attr:`EvalBatch.modified`; with ``"explain"``, to explain the changed model).
         higher_is_better: for every reported number, whether higher is better (drives the arrows and
             the bold best value of the tables).
         cost: model passes per image given the effective options and the explanation method's own passes

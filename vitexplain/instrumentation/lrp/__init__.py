@@ -10,6 +10,8 @@
 * :mod:`.trace` — what a forward under the rules leaves behind to read relevance at (:class:`Trace`);
 * :mod:`.propagation` — one forward and one backward: :func:`relevance` and the :class:`Relevance` it
   returns (its token geometry a :class:`~vitexplain.instrumentation.geometry.TokenGeometry`).
+* :mod:`.memory` — whether a method keeps its rules' graphs or computes each block again
+  (``recompute="auto"``: an estimate of the kept graphs' peak against the free memory).
 
 Like zennit, this changes how the model computes its *backward* while leaving its forward values
 untouched, so that one ordinary backward pass propagates relevance. :func:`lrp_rules` applies a rule
