@@ -43,7 +43,7 @@ def randomise_affines(model: torch.nn.Module, seed: int = 5) -> torch.nn.Module:
 @pytest.fixture
 def unstabilised(monkeypatch):
     """The written-out rules divide exactly; take the 1e-9 stabiliser out of the comparison."""
-    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules.core, "STABILISER", 1e-300)
 
 
 # -- an independent, written-out absLRP, layer by layer in the order of the authors' explain ------

@@ -30,7 +30,7 @@ def relevance(model, *args, **kwargs):
 @pytest.fixture
 def unstabilised(monkeypatch):
     """The written-out rules divide exactly; take the 1e-9 stabiliser out of the comparison."""
-    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules.core, "STABILISER", 1e-300)
 
 
 # -- the rules against their formulas ------------------------------------------------------------

@@ -198,3 +198,29 @@ def test_every_protocol_declares_its_kind_and_the_summary_never_mixes_kinds(benc
                   if (m, n) == (lead.metric, lead.number)][0]
         marked = [method for method, marks in zip(table.methods, table.marks) if marks[column]]
         assert marked == sorted(lead.methods, key=table.methods.index)       # the table marks what the summary says
+
+
+@pytest.mark.parametrize("kind", ["mean", "area under the mean curve", "ratio of sums"])
+def test_the_bootstrap_takes_means_in_one_indexing_only_where_the_report_is_a_mean(kind):
+    """A report that is the mean of its per-image numbers is resampled by indexing (a few calls of the report to
+    test it); any other is called once per resample. Both give the replicates of the plain resampling loop."""
+    generator = torch.Generator().manual_seed(3)
+    values = {"a": torch.rand(12, generator=generator, dtype=torch.float64),
+              "b": torch.rand(12, 5, generator=generator, dtype=torch.float64) + 0.5}
+    reports = {"mean": lambda v: {"m": v["a"].mean().item()},
+               "area under the mean curve": lambda v: {"auc": torch.trapezoid(v["b"].mean(0), dx=0.25).item(),
+                                                       "m": v["a"].mean().item()},
+               "ratio of sums": lambda v: {"r": (v["a"].sum() / v["b"][:, 0].sum()).item()}}
+    calls = []
+
+    def report(v):
+        calls.append(1)
+        return reports[kind](v)
+
+    found = bootstrap(values, report, seed=SEED)
+    plain = {key: numpy_bootstrap({k: v.numpy() for k, v in values.items()},
+                                  lambda v: reports[kind]({k: torch.from_numpy(x) for k, x in v.items()})[key], SEED)
+             for key in found}
+    for key, replicates in found.items():
+        np.testing.assert_allclose(replicates, plain[key], rtol=1e-12, atol=1e-15)
+    assert (len(calls) < 20) == (kind != "ratio of sums"), len(calls)

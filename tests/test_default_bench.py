@@ -61,6 +61,9 @@ def test_the_cli_without_arguments_runs_the_default_and_flags_still_override_it(
     assert [m.label for m in plain.metrics] == [m.label for m in shipped.metrics] and plain.limit == shipped.limit
     small = bench_cli.config_from_args(parse(["bench", "--limit", "4", "-o", "elsewhere"]))
     assert small.limit == 4 and str(small.output_dir) == "elsewhere" and len(small.methods) == len(shipped.methods)
+    own = {m.label: m.limit for m in shipped.metrics}
+    assert max(v for v in own.values() if v) > 4                                      # ROAD's 8 ...
+    assert all(small.limit_of(m) == min(own[m.label] or 4, 4) for m in small.metrics)  # ... capped at --limit 4
     own = bench_cli.config_from_args(parse(["bench", "--model", "x.pt", "--method", "gae", "--metric", "sparseness",
                                             "--dataset", "digits"]))
     assert [m.name for m in own.methods] == ["gae"] and own.sanity is None      # not mixed with the default

@@ -10,7 +10,7 @@ import torch
 
 from vitexplain.bench.distributed import place
 from vitexplain.cli.shared import output_file, output_folder
-from vitexplain.models import resolve_device
+from vitexplain.devices import resolve_device
 
 from cli import run_cli_many
 

@@ -1,44 +1,52 @@
 """A metric, a dataset and a model family added from a module of their own reach `explain`, the bench and
 `vitexplain methods` with no project file edited (a method does too: tests/test_plugin_method.py), and a
-bench config that says `all` takes every registered method and metric, new ones included."""
+bench config that says `all` takes every registered method and metric, new ones included. A family written from
+scratch (no subclass of a family vitexplain has) is enrolled by its declared example in the family-wide tests — the
+method contract, the precision check, the support matrix — with no list edited."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vitexplain import explain
+from vitexplain import explain, support
 from vitexplain.bench import BenchConfig, run_benchmark
 from vitexplain.datasets.base import DATASETS
-from vitexplain.instrumentation import family_of
+from vitexplain.instrumentation import family_of, served_families
 from vitexplain.instrumentation.families.base import FAMILY_REGISTRY
 from vitexplain.metrics.base import METRICS
 from vitexplain.registry import METHODS, available_methods
 
 from cli import run_python_many
 from conftest import module_from_source
+from test_method_contract import contract_inputs, keeps_the_contract
+from test_precision import keeps_its_precision
+from zoo import enrolled
 
 EXTENSION = '''
 """Throwaway extensions: a metric, a dataset, a model family and a method, each registered where it is defined."""
 import timm
 import torch
+from torch import nn
 from torch.utils.data import Dataset
 
 from vitexplain import register_method
 from vitexplain.datasets import register_dataset
+from vitexplain.instrumentation.attention import AttentionParts
 from vitexplain.instrumentation.families import register_family
+from vitexplain.instrumentation.families.base import ClassTokenFirst, EmbeddingParts, Family, TokenContext
+from vitexplain.instrumentation.families.examples import Example
+from vitexplain.instrumentation.families.stack import Parts, Stack
 from vitexplain.instrumentation.families.timm_vit import TimmViT
-from vitexplain.metrics import Metric, register_metric
+from vitexplain.metrics import register_metric
 
 
-def share_inside(batch):
+@register_metric(reduce=lambda values: {"share": values["share"].mean().item()}, requires=("masks",),
+                 higher_is_better={"share": True})
+def throwaway_share(batch):
     """Per image, the share of the map's positive mass inside the mask (a toy protocol)."""
     masks = batch.truth["masks"]
     maps = torch.nn.functional.interpolate(batch.maps[:, None].float(), size=masks.shape[-2:])[:, 0].clamp(min=0)
     return {"share": (maps * masks).flatten(1).sum(1) / maps.flatten(1).sum(1).clamp(min=1e-12)}
-
-
-register_metric(Metric("throwaway_share", share_inside, lambda values: {"share": values["share"].mean().item()},
-                       requires=("masks",), higher_is_better={"share": True}))
 
 
 @register_dataset("throwaway_squares")
@@ -78,7 +86,86 @@ class ThrowawayFamily(TimmViT):
         return isinstance(model, ThrowawayViT)
 
 
-@register_method("throwaway_first_row", class_specific=False, cost=1)
+class TinyAttention(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, nn.Linear(width, 3 * width), nn.Linear(width, width)
+
+    def forward(self, x):
+        batch, tokens, width = x.shape
+        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(batch, tokens, width))
+
+
+class TinyBlock(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.norm1, self.attn, self.norm2 = nn.LayerNorm(width), TinyAttention(width, heads), nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyViT(nn.Module):
+    """A Vision Transformer written from scratch: 8 px patches, a class token, learnt positions, pre-norm blocks."""
+
+    def __init__(self, image_size=32, width=24, depth=2, heads=2, classes=4):
+        super().__init__()
+        self.image_size, self.patches = image_size, nn.Conv2d(3, width, 8, stride=8)
+        self.cls_token = nn.Parameter(0.2 * torch.randn(1, 1, width))
+        self.positions = nn.Parameter(0.2 * torch.randn(1, 1 + (image_size // 8) ** 2, width))
+        self.blocks = nn.ModuleList(TinyBlock(width, heads) for _ in range(depth))
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, classes)
+
+    def tokens(self, images):
+        patches = self.patches(images).flatten(2).transpose(1, 2)
+        return torch.cat([self.cls_token.expand(len(images), -1, -1), patches], 1) + self.positions
+
+    def forward(self, images):
+        x = self.tokens(images)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+@register_family
+class TinyViTFamily(ClassTokenFirst, Family):
+    """TinyViT declared: its class, its blocks and their parts, its example; its attention, head, token subsets and
+    embedding (for LRP) written out."""
+
+    name = "tiny ViT (written from scratch)"
+    model_classes = (TinyViT,)
+    stack = Stack("blocks", {"TinyBlock": "pre_norm"}, "a TinyBlock", parts=Parts(activation="mlp.1"))
+    refusals = (stack.reason,)
+    example_models = (Example("tiny ViT written from scratch", TinyViT),)
+    patch_convolution = "model.patches"
+    image_size = "model.image_size"
+    lrp_modules = ()
+
+    def attention(self, attn):
+        head_dim = attn.proj.in_features // attn.heads
+        return AttentionParts(module=attn, num_heads=attn.heads, head_dim=head_dim, scale=head_dim ** -0.5,
+                              proj=attn.proj, qkv=attn.qkv)
+
+    def head(self, tokens, *, final_norm=True):
+        return self.model.head((self.model.norm(tokens) if final_norm else tokens)[:, 0])
+
+    def embed(self, images):
+        return self.model.tokens(images), TokenContext()
+
+    def encode(self, tokens, context):
+        for block in self.model.blocks:
+            tokens = block(tokens)
+        return self.head(tokens)
+
+    def embedding(self):
+        return EmbeddingParts(self.model.patches, self.model.patches, None, channels_first=True)
+
+
+@register_method(class_specific=False, cost=1)
 def throwaway_first_row(adapter, images, target=None):
     """The readout's row of the first block's head-averaged attention."""
     record = adapter.record(images, target, fields=("attn",), blocks=(0,))
@@ -96,6 +183,7 @@ def extension(tmp_path_factory):
             METRICS.remove("throwaway_share")
             DATASETS.remove("throwaway_squares")
             FAMILY_REGISTRY.remove("throwaway ViT")
+            FAMILY_REGISTRY.remove("tiny ViT (written from scratch)")
             METHODS.remove("throwaway_first_row")
 
 
@@ -111,6 +199,22 @@ def test_the_family_describes_its_models_and_explain_runs_on_them(extension):
     images = torch.randn(2, 3, 32, 32)
     maps = explain(model, images, "gae")
     assert maps.shape == (2, 4, 4) and torch.isfinite(maps).all()
+
+
+def test_a_family_written_from_scratch_is_enrolled_by_its_example_in_the_family_wide_tests(extension):
+    """Its declared example reaches the method contract's and the precision check's enrolment and the support
+    matrix's examples, and keeps the contract for every image method (or is refused in one line)."""
+    module, _ = extension
+    family = module.TinyViTFamily
+    assert not [other for other in served_families() if other is not family and issubclass(family, other)]
+    label = "tiny ViT written from scratch"
+    assert enrolled()[label] == (family, family.example_models[0]) and label in support.examples()
+    model, inputs = support.examples()[label]()
+    assert family_of(model).name == family.name
+    x, first, second = contract_inputs(model, inputs)
+    for method in available_methods("image"):
+        keeps_the_contract(method, model, x, first, second)
+    keeps_its_precision(model, inputs)
 
 
 def test_all_in_a_bench_config_takes_new_methods_and_metrics_and_exclude_leaves_them_out(extension):

@@ -48,7 +48,7 @@ def _extra(attn, kwargs):
 @pytest.mark.parametrize("name", list(ZOO))
 def test_family_and_readout_are_recognised(name):
     adapter = adapter_for(build(name))
-    assert adapter.readout == ZOO[name][2]
+    assert adapter.readout == ZOO[name].readout
     assert adapter.num_blocks == (4 if name.startswith("swin") else 2) and adapter.grid_size(images()) == (4, 4)
 
 
@@ -199,7 +199,7 @@ def _randomise_biases(model):
 @pytest.mark.parametrize("name", NEW)
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])
 def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
-    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules.core, "STABILISER", 1e-300)
     assert_conserves(_randomise_biases(build(name)).double(), images(2).double(), rules)
 
 

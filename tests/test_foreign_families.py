@@ -226,7 +226,7 @@ def _score(output, target):
 def test_recognised_with_its_readout_and_outputs_equal_the_models(name):
     model, x = build(name), images(2)
     adapter = adapter_for(model)
-    assert adapter.readout == (FOREIGN[name][1] if name in FOREIGN else ZOO[name][2])
+    assert adapter.readout == {**ZOO, **FOREIGN}[name].readout
     assert adapter.num_blocks == 2 and adapter.grid_size(x) == (4, 4)
     with torch.no_grad():
         own = adapter.forward(x)
@@ -349,7 +349,7 @@ def test_lrp_conserves_relevance_through_every_block(name, rules, monkeypatch):
     the Chefer-style sets conservative."""
     from vitexplain.instrumentation import lrp
 
-    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules.core, "STABILISER", 1e-300)
     model = build(name)
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():

@@ -275,4 +275,4 @@ def test_what_cannot_be_served_gets_a_reason():
     with pytest.raises(UnsupportedModelError, match="chunk"):
         family_of(make_bert(chunk_size_feed_forward=2))
     with pytest.raises(UnsupportedModelError, match="patches"):
-        adapter_for(make_bert()).patch_size
+        family_of(make_bert()).patch_size

@@ -271,9 +271,10 @@ def test_a_local_folder_of_any_served_class_loads_without_the_network(online, tm
 
 
 def test_the_transformers_models_loaded_are_those_the_families_explain():
-    from vitexplain.instrumentation.families import hf_dinov2, hf_two_tower, hf_vit, hf_vit_model
+    from vitexplain.instrumentation.families import hf_dinov2, hf_two_tower, hf_vit
+    from vitexplain.instrumentation.families.base import loaded_classes
 
-    explained = {*hf_vit._served_classes()[0], *hf_vit_model._served(), *hf_dinov2._served(), *hf_two_tower._served()}
+    explained = loaded_classes((*hf_vit.CLASSIFIERS, *hf_vit.ENCODERS, *hf_dinov2.SERVED, *hf_two_tower.SERVED))
     assert set(TRANSFORMERS_MODELS) == {cls.__name__ for cls in explained}
 
 

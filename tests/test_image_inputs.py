@@ -1,4 +1,5 @@
-"""Images as they come in: files of any mode (vitexplain.image_files), and non-finite tensors (vitexplain.explain)."""
+"""Images as they come in: files of any mode (vitexplain.image_files), explained batch by batch
+(vitexplain.file_explanations), and non-finite tensors (vitexplain.explain)."""
 import struct
 import zlib
 
@@ -87,7 +88,8 @@ def test_explain_refuses_non_finite_images_naming_them(images, method):
 def test_explain_files_is_explain_on_the_preprocessed_files_and_loses_nothing_to_a_bad_one(tmp_path):
     """The library function behind `vitexplain explain`: maps equal to explain() of the same preprocessed
     batch, the class asked for or the prediction, an unreadable file told to on_error and the others kept."""
-    from vitexplain.image_files import explain_files, load_image, make_transform
+    from vitexplain.file_explanations import explain_files
+    from vitexplain.image_files import load_image, make_transform
 
     model = make_vit(img_size=32, patch_size=8)
     config = {"input_size": (3, 32, 32), "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "crop_pct": 1.0,

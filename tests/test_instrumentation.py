@@ -4,6 +4,7 @@ import torch
 
 import vitexplain
 from vitexplain.instrumentation import UnsupportedModelError, adapter_for
+from vitexplain.instrumentation import adapter as adapter_module
 
 from conftest import make_vit
 from reference import manual_forward
@@ -159,6 +160,27 @@ def test_logits_on_all_tokens_equal_the_model_and_subsets_equal_a_manual_run():
                 sequence = torch.cat([tokens[b, :2], tokens[b, 2 + keep[b, m]]])[None]
                 expected = model.forward_head(model.norm(model.blocks(sequence)))
                 torch.testing.assert_close(got[b, m], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_checks_its_inputs_and_scopes_its_precision_once_and_direct_calls_check_their_own(monkeypatch):
+    adapter, images = adapter_for(make_vit()), _images_for("vit", batch=2)
+    checks, scopes = [], []
+    check, scope = adapter.family.check_inputs, adapter_module.float32_scope
+    monkeypatch.setattr(adapter.family, "check_inputs", lambda inputs: checks.append(inputs) or check(inputs))
+    monkeypatch.setattr(adapter_module, "float32_scope", lambda model: scopes.append(model) or scope(model))
+    for method, options in [("gae", {}), ("tis", dict(n_masks=2, input_space=False)), ("rise", dict(n_masks=2)),
+                            ("smoothgrad", dict(n_samples=2)), ("degraded", dict(of="attn_gradcam"))]:
+        checks.clear()
+        scopes.clear()
+        vitexplain.explain(adapter, images, method, **options)  # record, logits, target ... trust explain's call
+        assert (len(checks), len(scopes)) == (1, 1), method
+    broken = images.clone()
+    broken[1, 0, 0, 0] = float("nan")
+    keep = torch.zeros(2, 1, 3, dtype=torch.long)
+    for direct in (adapter.record, adapter.logits, lambda x: adapter.target(x, None),
+                   lambda x: adapter.logits_on_tokens(x, keep)):
+        with pytest.raises(ValueError, match=r"NaN or infinite values in the batch's image\(s\) 1 "):
+            direct(broken)
 
 
 def test_models_it_cannot_serve_get_errors_naming_what_is_missing():

@@ -166,7 +166,7 @@ def double_model():
 @pytest.fixture
 def unstabilised(monkeypatch):
     """The written-out rules divide exactly; take the 1e-9 stabiliser out of the comparison."""
-    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules.core, "STABILISER", 1e-300)
 
 
 @pytest.mark.parametrize("rules", ["chefer", "lrp"])

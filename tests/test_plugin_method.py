@@ -24,7 +24,7 @@ from vitexplain import register_method
 from vitexplain.options import PositiveInt
 
 
-@register_method("plugin_first_attention", class_specific=False, cost=lambda options: 2 * options["n_steps"])
+@register_method(class_specific=False, cost=lambda options: 2 * options["n_steps"])
 def plugin_first_attention(adapter, images, target=None, *, n_steps: PositiveInt = 3,
                            fusion: Literal["mean", "max"] = "mean"):
     """First block's attention from the readout, fused over heads, times n_steps."""

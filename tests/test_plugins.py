@@ -18,7 +18,8 @@ from vitexplain.registry import METHODS
 
 from cli import run_cli_many, run_python_many
 
-#: registers one entry in each registry: a method, a metric, a dataset (made at the digits models' size) and a family
+#: registers one entry in each registry: a method, a metric, a dataset (made at the digits models' size) and a family,
+#: in the shapes plug-ins were first written in (a name given first, a ready ``Metric``), which stay accepted
 PLUGIN = '''
 """A researcher's own method, metric, dataset and model family."""
 import torch
@@ -214,3 +215,47 @@ def test_a_plugin_is_imported_once_and_a_bench_config_resolves_it_beside_itself(
             load_plugin("nowhere.py", base=tmp_path)
     finally:
         METHODS.remove("once_only")
+
+
+def test_every_registry_takes_one_decorator_shape_whose_name_defaults_to_the_decorated_ones():
+    """Bare, with metadata only, or with a name first; ``register_metric(Metric(...))`` is still taken as it is."""
+    from torch.utils.data import Dataset
+
+    from vitexplain.datasets.base import DATASETS, register_dataset
+    from vitexplain.metrics.base import METRICS, Metric, register_metric
+    from vitexplain.registry import register_method
+
+    def shape_bare(adapter, images, target=None):
+        return images.mean(1)
+
+    def shape_costly(adapter, images, target=None):
+        return images.mean(1)
+
+    def compute(batch):
+        return {}
+
+    class ShapeData(Dataset):
+        pass
+
+    try:
+        assert register_method(shape_bare) is shape_bare and METHODS.get("shape_bare").passes() == 3
+        assert register_method(cost=1)(shape_costly) is shape_costly and METHODS.get("shape_costly").passes() == 1
+        register_method("shape_named", cost=2)(shape_bare)
+        assert METHODS.get("shape_named").fn is shape_bare and METHODS.get("shape_named").passes() == 2
+        assert register_metric(reduce=dict, group="other")(compute) is compute
+        assert METRICS.get("compute").compute is compute and METRICS.get("compute").reduce is dict
+        register_metric("shape_metric", reduce=dict)(compute)
+        ready = Metric("shape_ready", compute, dict)
+        assert register_metric(ready) is ready and METRICS.get("shape_ready") is ready
+        assert register_dataset(ShapeData) is ShapeData and DATASETS.get("ShapeData") is ShapeData
+        register_dataset("shape_data")(ShapeData)
+        assert DATASETS.get("shape_data") is ShapeData
+        with pytest.raises(ValueError, match="named 'shape_bare' is already registered"):
+            register_method(shape_bare)
+    finally:
+        for name in ("shape_bare", "shape_costly", "shape_named"):
+            METHODS.remove(name)
+        for name in ("compute", "shape_metric", "shape_ready"):
+            METRICS.remove(name)
+        for name in ("ShapeData", "shape_data"):
+            DATASETS.remove(name)

@@ -1,5 +1,7 @@
 """Maps in the precisions users run: explanations compute in float32 whatever the caller set up, the forwards
-that only score inputs keep the caller's precision, and every flag and weight comes back as it was."""
+that only score inputs keep the caller's precision, and every flag and weight comes back as it was — on the shipped
+models for every method, and on one example of every registered family (:func:`zoo.enrolled`) for a recording
+method and an LRP one."""
 from __future__ import annotations
 
 import copy
@@ -25,6 +27,7 @@ from vitexplain.models import load_model
 from vitexplain.registry import get_method
 
 from conftest import make_vit
+from zoo import enrolled, randomise
 
 #: fewer samples than the defaults, so every method runs in seconds (the masks and samples are the same in
 #: every precision: only the arithmetic differs)
@@ -73,6 +76,41 @@ def test_maps_hold_under_cpu_autocast_and_low_precision_weights(shipped, canvase
     caveat = get_method(method).precision_caveats.get("bfloat16 weights")
     said = [str(w.message) for w in caught if str(w.message).startswith(f"{method} in bfloat16 weights")]
     assert len(said) == (caveat is not None) and (caveat is None or f"r = {caveat:.3f}" in said[0])
+
+
+def _maps_or_refusal(model, inputs, method):
+    try:
+        return vitexplain.explain(model, inputs, method, 0, classes=True)
+    except (vitexplain.UnsupportedModelError, ValueError) as refusal:  # no LRP here, or a text model
+        return str(refusal)
+
+
+def keeps_its_precision(model, inputs):
+    """GAE (a recording) and AttnLRP (relevance) on ``model``: under CPU autocast, the float32 maps; with bfloat16
+    weights, the float32 maps of those weights, and the weights left in bfloat16 (or refused the same way)."""
+    for method in ("gae", "attnlrp"):
+        reference = _maps_or_refusal(model, inputs, method)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = _maps_or_refusal(model, inputs, method)
+        low = copy.deepcopy(model).to(torch.bfloat16)
+        rounded = _maps_or_refusal(copy.deepcopy(low).float(), inputs, method)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the caveat of a method measured to move (tested above)
+            weights = _maps_or_refusal(low, inputs, method)
+        assert {parameter.dtype for parameter in low.parameters()} == {torch.bfloat16}
+        if isinstance(reference, str):
+            assert autocast == weights == rounded == reference
+            continue
+        assert autocast.dtype == weights.dtype == torch.float32
+        torch.testing.assert_close(autocast, reference)
+        torch.testing.assert_close(weights, rounded)
+
+
+@pytest.mark.parametrize("label", list(enrolled()))
+def test_every_family_explains_in_float32_whatever_the_callers_precision(label):
+    example = enrolled()[label][1]
+    torch.manual_seed(0)
+    keeps_its_precision(randomise(example.make()), example.inputs())
 
 
 def test_the_model_comes_back_as_it_was_also_after_an_error(canvases):

@@ -3,6 +3,7 @@ fits the memory budget and computes each block again otherwise, logs the choice,
 on either path (docs/decisions/performance.md, "recompute='auto'")."""
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -180,3 +181,23 @@ def test_the_option_parses_from_the_command_line(text, value):
 def test_the_passes_counted_at_the_default_are_the_kept_path():
     assert METHODS.get("lrp").passes() == 4 and METHODS.get("lrp").passes({"recompute": True}) == 5
     assert METHODS.get("abs_lrp").passes() == 8 and METHODS.get("abs_lrp").passes({"recompute": True}) == 10
+
+
+@pytest.mark.parametrize("budget, path", [("1K", "recomputed"), ("1T", "kept")])
+def test_the_bench_records_the_path_its_maps_took(budget, path, tmp_path, monkeypatch):
+    from vitexplain.bench import BenchConfig, run_benchmark
+
+    from test_bench_fakes import RandomImages
+
+    monkeypatch.setenv(memory.BUDGET_VARIABLE, budget)
+    config = BenchConfig(models={"tiny": make_vit(depth=2)}, methods=["transformer_attribution", "rollout"],
+                         metrics=["sparseness"], dataset=RandomImages(5), batch_size=2, output_dir=tmp_path / "out",
+                         progress=False, device="cpu", sanity=None, gallery=0)
+    result = run_benchmark(config)
+    recorded = result.memory["tiny"]
+    assert list(recorded) == ["transformer_attribution"]             # rollout has no switch
+    assert list(recorded["transformer_attribution"]) == [path]
+    assert recorded["transformer_attribution"][path]["batches"] == 3   # 5 images in batches of 2
+    assert "transformer_attribution: recompute='auto'" in recorded["transformer_attribution"][path]["last"]
+    stored = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert stored["memory"]["tiny"] == recorded

@@ -170,19 +170,19 @@ def test_the_plain_gradient_is_taken_without_the_rules(name, monkeypatch):
     products, gradient tricks) and none of the rules' products or adds is formed while the phase is plain, and
     the forward and relevance's backward form exactly those of a relevance alone."""
     from vitexplain.instrumentation import lrp
-    from vitexplain.instrumentation.lrp import rules as r
+    from vitexplain.instrumentation.lrp.rules import core, modules
 
     formed = {True: 0, False: 0}
 
     def counted(original):
         def count(*args, **kwargs):
-            phase = r._PHASE.get()
+            phase = core._PHASE.get()
             formed[phase is not None and phase.plain] += 1
             return original(*args, **kwargs)
         return count
 
-    for owner, attribute in ((r, "_magnitudes"), (r, "_rule_gradient"), (r._Product, "apply"),
-                             (r._NormalisedAdd, "apply")):
+    for owner, attribute in ((modules, "_magnitudes"), (core, "_rule_gradient"), (modules, "_rule_gradient"),
+                             (core._Product, "apply"), (core._NormalisedAdd, "apply")):
         monkeypatch.setattr(owner, attribute, counted(getattr(owner, attribute)))
     adapter, batch = adapter_for(build(name).double()), images(2).double()
     lrp.relevance(adapter, batch, None, "chefer", at=("attn",))
@@ -196,18 +196,18 @@ def test_a_recomputed_blocks_forward_forms_no_surrogate_and_its_backward_one_per
     """The forward of a block computed again in the backward keeps only its output, so it runs plainly: no block's
     Linear forms its |W| |x| there (the head's, whose graph is kept, does); the backward forms each once."""
     from vitexplain.instrumentation import lrp
-    from vitexplain.instrumentation.lrp import rules as r
+    from vitexplain.instrumentation.lrp.rules import modules
 
     model = build("vit").double()
     adapter, formed = adapter_for(model), []
     in_blocks = {id(module) for module in model.blocks.modules() if isinstance(module, torch.nn.Linear)}
-    original = r._magnitudes
+    original = modules._magnitudes
 
     def magnitudes(module, *args, **kwargs):
         formed.append(id(module) in in_blocks)
         return original(module, *args, **kwargs)
 
-    monkeypatch.setattr(r, "_magnitudes", magnitudes)
+    monkeypatch.setattr(modules, "_magnitudes", magnitudes)
     with lrp.lrp_rules(adapter, "chefer"):
         logits = adapter.forward(images(2).double())
         assert formed and not any(formed)

@@ -283,7 +283,7 @@ def test_lrp_conserves_relevance_across_windows_and_patch_merging(version, rules
     attribute (docs/decisions/families.md): padded window slots are zero tokens through the q / k / v
     biases, so the padded model's attention biases are zero; V2 merges a padded group before its norm
     (conserving), V1 after it (the padding's normalised channels keep relevance), so V1 is not padded."""
-    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules.core, "STABILISER", 1e-300)
     model = swin(version, config).double()
     with torch.no_grad():
         for name, parameter in model.named_parameters():

@@ -130,7 +130,7 @@ def test_rollout_and_gae_equal_dense_products_of_the_models_own_attention(config
 def test_lrp_conserves_relevance_through_windows_extra_norms_and_patch_merging(rules, monkeypatch):
     """Block to block, through the extra norms and the merges, every bias drawn at random. Unpadded: SwinV2-CR
     normalises a merged 2×2 group after padding it (as Swin V1), so padding channels would keep relevance."""
-    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules.core, "STABILISER", 1e-300)
     model = swinv2_cr("shifted", extra_norm_period=1).double()
     with torch.no_grad():
         for name, parameter in model.named_parameters():

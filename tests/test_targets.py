@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitexplain import available_methods, explain, get_method
+from vitexplain import adapter_for, available_methods, explain, get_method
 
 from reference import manual_forward
 from zoo import build, images
@@ -86,3 +86,13 @@ def test_methods_that_explain_classes_only_say_so():
         explain(model, x, "gae", torch.ones(47))
     with pytest.raises(ValueError, match="one value per row"):
         explain(build("vit"), x, "gae", lambda out: out)
+
+
+def test_a_class_target_of_a_headless_model_is_refused_for_its_reason_wherever_it_comes_in():
+    model, x = build("vit", num_classes=0), images(1)
+    adapter = adapter_for(model)
+    for refused in (lambda: explain(model, x, "gae"), lambda: explain(model, x, "degraded", target=2),
+                    lambda: adapter.record(x, fields=()), lambda: adapter.target(x, None)):
+        with pytest.raises(ValueError, match=r"no classifier head \(its output is an embedding\), so it has no"):
+            refused()
+    assert explain(model, x, "constant_baseline").shape == (1, 4, 4)  # the controls read no target

@@ -107,7 +107,7 @@ def test_lrp_conserves_relevance_across_windows_and_patch_merging(version, confi
     and after the last, through the windows, the shifts and the merges; the pixels hold the patches'. Padding is a
     constant the rules cannot attribute (as for timm's Swin, tests/test_swin.py): the padded model's
     attention biases are zero, and V1, which merges after the norm, is not padded."""
-    monkeypatch.setattr(lrp.rules, "STABILISER", 1e-300)
+    monkeypatch.setattr(lrp.rules.core, "STABILISER", 1e-300)
     model, x = torchvision_swin(version, config).double(), images(config).double()
     if config == "padded":
         with torch.no_grad():

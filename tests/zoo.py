@@ -1,52 +1,86 @@
-"""Tiny randomly initialised models of every timm family vitexplain describes, built in the tests.
+"""The tests' models: variants of the families' example models (the one catalogue,
+:mod:`vitexplain.instrumentation.families.examples`), built small, in eval mode, every parameter random.
 
 Parameters that their constructors set to zero or one (relative position tables, q / v biases,
 LayerScale gains, heads, pooling latents, Swin V2's position-bias MLP) are drawn at random too, and
 norm gains set to zero (Swin V2's and SwinV2-CR's res-post norms) are drawn around one, so that a part left out
 of a computation shows in its result.
 
-Swin models are hierarchical: 32 px images, 8 px patches (a 4×4 first-stage grid, as every other
-model's), two stages of two blocks, 2×2 windows, so the first stage has four windows and its second
-block shifts them; tests/test_swin.py builds larger ones (several windows and shifts in every stage,
-padding).
+The variants' Swins take 8 px patches (a 4×4 first-stage grid, as every other model's): two stages of two
+blocks, 2×2 windows, so the first stage has four windows and its second block shifts them; tests/test_swin.py
+builds larger ones (several windows and shifts in every stage, padding).
+
+:func:`enrolled` is what the family-wide tests (the method contract, precision) run on: one example of every
+registered family, so a new family is covered as soon as it declares its examples.
 """
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
-import timm
 import torch
 
-SIZE = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
-HF_SIZE = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-               intermediate_size=96)
-SWIN_SIZE = dict(img_size=32, patch_size=8, embed_dim=24, depths=(2, 2), num_heads=(2, 4), window_size=2,
-                 num_classes=10)
+from vitexplain.instrumentation.families.base import Family, catalogue, served_families
+from vitexplain.instrumentation.families.examples import TINY, Example, timm_tiny
 
-#: family name -> (timm architecture, constructor arguments over SIZE, expected readout)
+SIZE = TINY
+
+
+class Variant(NamedTuple):
+    """A test model: its builder (keyword arguments over its settings) and the readout its family must find."""
+
+    make: Callable[..., torch.nn.Module]
+    readout: str
+
+
+def of(label: str, **arguments) -> Callable[..., torch.nn.Module]:
+    """A builder of the catalogue's example ``label`` with ``arguments`` (then the caller's) over its settings."""
+    make = catalogue()[label].make
+    return lambda **overrides: make(**{**arguments, **overrides})
+
+
+VIT, NAFLEX = "ViT (class token)", "NaFlexViT (linear patches, registers, average pooling)"
+#: timm's flat-sequence models and Swins
 ZOO = {
-    "vit": ("vit_base_patch16_224", dict(), "token"),
-    "vit_avg": ("vit_base_patch16_224", dict(class_token=False, global_pool="avg"), "avg"),
-    "vit_reg_avg": ("vit_base_patch16_224", dict(reg_tokens=2, global_pool="avg"), "avg"),
-    "vit_map": ("vit_base_patch16_siglip_224", dict(class_token=False, global_pool="map"), "map"),
-    "eva02": ("eva02_tiny_patch14_224", dict(patch_size=8, ref_feat_shape=(4, 4)), "avg"),
-    "vit_rope": ("vit_base_patch16_rope_224", dict(), "token"),
-    "vit_rope_mixed": ("vit_base_patch16_rope_mixed_224", dict(), "token"),
-    "vit_rope_reg_gap": ("vit_medium_patch16_rope_reg1_gap_256", dict(), "avg"),
-    "beit": ("beit_base_patch16_224", dict(use_abs_pos_emb=True), "avg"),
-    "beit_shared": ("beit_base_patch16_224", dict(use_rel_pos_bias=False, use_shared_rel_pos_bias=True), "avg"),
-    "relpos": ("vit_relpos_base_patch16_224", dict(), "avg"),
-    "srelpos": ("vit_srelpos_small_patch16_224", dict(), "avg"),
-    "vit_pwee": ("vit_pwee_patch16_reg1_gap_256", dict(qkv_bias=False), "avg"),  # a separate MLP bias
-    "vit_avgmax": ("vit_base_patch16_224", dict(class_token=False, reg_tokens=1, global_pool="avgmax"), "avgmax"),
-    "vit_max": ("vit_base_patch16_224", dict(global_pool="max"), "max"),
-    "naflexvit": ("naflexvit_base_patch16_gap", dict(), "avg"),  # linear patches, 4 registers, LayerScale
-    "naflexvit_parfac_map": ("naflexvit_base_patch16_parfac_gap", dict(global_pool="map"), "map"),
-    "naflexvit_rope_conv": ("naflexvit_base_patch16_gap", dict(embed_proj_type="conv", class_token=True,
-                                                               global_pool="token", rope_type="axial"), "token"),
-    "swin": ("swin_tiny_patch4_window7_224", dict(), "avg"),
-    "swinv2": ("swinv2_tiny_window8_256", dict(), "avg"),
-    "swinv2_cr": ("swinv2_cr_tiny_ns_224", dict(), "avg"),  # an extra norm ending each stage
+    "vit": Variant(of(VIT), "token"),
+    "vit_avg": Variant(of(VIT, class_token=False, global_pool="avg"), "avg"),
+    "vit_reg_avg": Variant(of("ViT, average pooling, registers"), "avg"),
+    "vit_map": Variant(of("SigLIP-style ViT (attention pooling)"), "map"),
+    "eva02": Variant(of("EVA-02 (RoPE, SwiGLU)"), "avg"),
+    "vit_rope": Variant(timm_tiny("vit_base_patch16_rope_224"), "token"),
+    "vit_rope_mixed": Variant(of("RoPE ViT (mixed)"), "token"),
+    "vit_rope_reg_gap": Variant(timm_tiny("vit_medium_patch16_rope_reg1_gap_256"), "avg"),
+    "beit": Variant(of("BEiT (relative position bias)", use_abs_pos_emb=True), "avg"),
+    "beit_shared": Variant(of("BEiT (relative position bias)", use_rel_pos_bias=False, use_shared_rel_pos_bias=True),
+                           "avg"),
+    "relpos": Variant(timm_tiny("vit_relpos_base_patch16_224"), "avg"),
+    "srelpos": Variant(of("relative-position ViT (MLP bias)"), "avg"),
+    "vit_pwee": Variant(of("ViT with parallel blocks (vit_pwee)", qkv_bias=False), "avg"),  # a separate MLP bias
+    "vit_avgmax": Variant(of("ViT, avgmax pooling", reg_tokens=1), "avgmax"),
+    "vit_max": Variant(of(VIT, global_pool="max"), "max"),
+    "naflexvit": Variant(of(NAFLEX), "avg"),  # linear patches, 4 registers, LayerScale
+    "naflexvit_parfac_map": Variant(of("NaFlexViT, factorised positions, attention pooling"), "map"),
+    "naflexvit_rope_conv": Variant(of(NAFLEX, embed_proj_type="conv", class_token=True, global_pool="token",
+                                      rope_type="axial"), "token"),
+    "swin": Variant(of("Swin (shifted windows, merging)", patch_size=8), "avg"),
+    "swinv2": Variant(of("Swin V2 (cosine attention, continuous bias)", patch_size=8), "avg"),
+    # an extra norm ending each stage
+    "swinv2_cr": Variant(of("SwinV2-CR (post-norm, extra stage norms)", patch_size=8), "avg"),
+}
+
+#: open_clip's image tower, LayerScale on both branches (drawn at random, ``gamma``, by :func:`randomise`)
+open_clip_vit = of("open_clip ViT image tower", ls_init_value=1.0)
+#: models outside timm
+FOREIGN = {
+    "torchvision_vit": Variant(of("torchvision ViT"), "token"),
+    "hf_vit_model": Variant(of("transformers ViTModel (embedding)"), "token"),
+    "dinov2": Variant(of("transformers DINOv2 (embedding)"), "token"),
+    "dinov2_reg_swiglu_classifier": Variant(of("transformers DINOv2 with registers, classifier ([CLS] + mean)",
+                                               use_swiglu_ffn=True), "token_avg"),
+    "open_clip_vit": Variant(open_clip_vit, "token"),
+    "open_clip_vit_avg": Variant(of("open_clip ViT image tower", ls_init_value=1.0, pool_type="avg",
+                                    final_ln_after_pool=True), "avg"),
 }
 
 #: what a zero-initialised parameter is called, in any family
@@ -55,11 +89,10 @@ RANDOMISED = ("relative_position_bias_table", "q_bias", "v_bias", "gamma", "head
               "lambda1", "mlp_bias", "in_proj_bias", "out_proj.bias")
 
 
-def torchvision_vit(**overrides) -> torch.nn.Module:
-    from torchvision.models.vision_transformer import VisionTransformer
-
-    return VisionTransformer(**{**dict(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48,
-                                       mlp_dim=96, num_classes=10), **overrides})
+def enrolled() -> dict[str, tuple[type[Family], Example]]:
+    """The first example of every registered family, by label: what the family-wide tests run."""
+    return {family.example_models[0].label: (family, family.example_models[0])
+            for family in served_families() if family.example_models}
 
 
 def _timm_holding(source: torch.nn.Module, names: dict[str, str], blocks: dict[str, str],
@@ -118,55 +151,10 @@ def timm_copy_of_open_clip_vit(source: torch.nn.Module) -> torch.nn.Module:
         fc_norm=after_pool, norm_layer=functools.partial(torch.nn.LayerNorm, eps=source.ln_pre.eps))
 
 
-def transformers_vit_model(**overrides) -> torch.nn.Module:
-    from transformers import ViTConfig, ViTModel
-
-    return ViTModel(ViTConfig(**{**HF_SIZE, **overrides}))
-
-
-def transformers_dinov2(registers: int = 0, classes: int = 0, **overrides) -> torch.nn.Module:
-    """``Dinov2Model`` (``classes=0``) or the classifier, with ``registers`` register tokens."""
-    import transformers
-
-    settings = {**HF_SIZE, "mlp_ratio": 2, "num_labels": classes, **overrides}
-    if registers:
-        config = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **settings)
-        kind = (transformers.Dinov2WithRegistersForImageClassification if classes
-                else transformers.Dinov2WithRegistersModel)
-    else:
-        config = transformers.Dinov2Config(**settings)
-        kind = transformers.Dinov2ForImageClassification if classes else transformers.Dinov2Model
-    return kind(config)
-
-
-def open_clip_vit(**overrides) -> torch.nn.Module:
-    """open_clip's image tower; LayerScale on both branches, drawn at random (``gamma``) by :func:`randomise`."""
-    from open_clip.transformer import VisionTransformer
-
-    return VisionTransformer(**{**dict(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0,
-                                       output_dim=16, ls_init_value=1.0), **overrides})
-
-
-#: models outside timm: family name -> (builder of the tiny model with random weights, expected readout)
-FOREIGN = {
-    "torchvision_vit": (torchvision_vit, "token"),
-    "hf_vit_model": (transformers_vit_model, "token"),
-    "dinov2": (transformers_dinov2, "token"),
-    "dinov2_reg_swiglu_classifier": (lambda **o: transformers_dinov2(2, 10, use_swiglu_ffn=True, **o), "token_avg"),
-    "open_clip_vit": (open_clip_vit, "token"),
-    "open_clip_vit_avg": (lambda **o: open_clip_vit(pool_type="avg", final_ln_after_pool=True, **o), "avg"),
-}
-
-
 def build(name: str, seed: int = 0, **overrides) -> torch.nn.Module:
-    """The tiny ``name`` model of :data:`ZOO` in eval mode, all its parameters random."""
-    if name in FOREIGN:
-        torch.manual_seed(seed)
-        return randomise(FOREIGN[name][0](**overrides))
-    architecture, arguments, _ = ZOO[name]
-    size = SWIN_SIZE if architecture.startswith("swin") else SIZE
+    """The tiny ``name`` model of :data:`ZOO` or :data:`FOREIGN` in eval mode, all its parameters random."""
     torch.manual_seed(seed)
-    return randomise(timm.create_model(architecture, pretrained=False, **{**size, **arguments, **overrides}))
+    return randomise({**ZOO, **FOREIGN}[name].make(**overrides))
 
 
 def randomise(model: torch.nn.Module) -> torch.nn.Module:

@@ -13,7 +13,8 @@ from ._version import __version__
 #: public name -> the submodule that defines it
 _EXPORTS = {
     "explain": "api",
-    "explain_files": "image_files",
+    "explain_files": "file_explanations",
+    "explain_files_with_texts": "file_explanations",
     "UnsupportedModelError": "instrumentation",
     "adapter_for": "instrumentation",
     "available_methods": "registry",
@@ -31,14 +32,14 @@ _EXPORTS = {
 }
 
 __all__ = ["ExplorerPage", "Scores", "UnsupportedModelError", "adapter_for", "available_methods", "evaluate", "explain",
-           "explain_files", "explain_texts", "explorer_items", "get_method", "load_model", "load_plugin", "plot",
-           "register_method", "text_embeddings", "__version__"]
+           "explain_files", "explain_files_with_texts", "explain_texts", "explorer_items", "get_method", "load_model",
+           "load_plugin", "plot", "register_method", "text_embeddings", "__version__"]
 
 if TYPE_CHECKING:
     from .api import explain
     from .evaluation import Scores, evaluate
     from .explorer import ExplorerPage, explorer_items
-    from .image_files import explain_files
+    from .file_explanations import explain_files, explain_files_with_texts
     from .instrumentation import UnsupportedModelError, adapter_for
     from .models import load_model
     from .plugins import load_plugin

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from .instrumentation import ModelAdapter, TokenBatch, adapter_for
-from .instrumentation.precision import float32_scope, precision_modes
-from .instrumentation.targets import class_indices, is_score_target, refuse_classes
+from .instrumentation.precision import precision_modes
+from .instrumentation.targets import class_indices, is_score_target
 from .instrumentation.two_tower import is_text, text_directions
 from .registry import MethodSpec, available_methods, get_method
 
@@ -78,10 +78,9 @@ def explain(
                          "logits); give target= class indices, or use a method that explains any score")
     adapter = adapter_for(model, classes=classes)
     adapter.require(spec.reads, spec.name)
-    if not spec.control:  # the controls read no target
-        refuse_classes(target, adapter.family.head_reason)
-    _warn_of_caveats(spec, precision_modes(adapter.model))
-    with torch.inference_mode(False), float32_scope(adapter.model):  # float32: instrumentation/precision.py
+    # one call: float32 (instrumentation/precision.py), the target taken (the controls read none), the inputs checked
+    with torch.inference_mode(False), adapter.call(target=target, reads_target=not spec.control):
+        _warn_of_caveats(spec, precision_modes(adapter.model))
         _refuse_inference_weights(adapter.model)
         prepared, target = _outside_inference(adapter.check_inputs(inputs)), _outside_inference(target)
         if isinstance(prepared, TokenBatch):

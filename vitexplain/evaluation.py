@@ -20,7 +20,7 @@ from .datasets.base import move, take
 from .instrumentation import ModelAdapter, adapter_for
 from .instrumentation.modifying import modifier
 from .instrumentation.precision import float32_scope
-from .metrics import EvalBatch, Metric, get_metric
+from .metrics import EvalBatch, Metric, get_metric, shared_forwards
 from .uncertainty import CONFIDENCE, bootstrap, interval
 
 #: requirement names that are not ground truth: a class on every image, a method to run again, and the model to
@@ -167,9 +167,10 @@ def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric
         batch = EvalBatch(images=take(images, rows), maps=take(maps, rows), targets=take(targets, rows),
                           labels=take(labels, rows), explain=again, logits=adapter.logits, ids=take(ids, rows),
                           truth=take(truth, rows), mean=mean, std=std, modified=modify)
-        for entry in metrics:
-            values = score(entry, batch, chosen[entry.name], adapter.model)
-            parts[entry.name].append({key: value.detach().cpu() for key, value in values.items()})
+        with shared_forwards():
+            for entry in metrics:
+                values = score(entry, batch, chosen[entry.name], adapter.model)
+                parts[entry.name].append({key: value.detach().cpu() for key, value in values.items()})
     found = {entry.name: _scores(entry, parts[entry.name], chosen[entry.name], count, seed) for entry in metrics}
     return found[names[0]] if isinstance(metric, str) else found
 

@@ -1,5 +1,5 @@
-"""Reading image files of any common mode into RGB, preprocessing them for a model, and explaining them
-batch by batch (:func:`explain_files`, what ``vitexplain explain`` runs)."""
+"""Reading image files of any common mode into RGB and preprocessing them for a model, one at a time (the dataset
+loaders) or batch by batch (:func:`read_batches`, which :mod:`vitexplain.file_explanations` explains)."""
 from __future__ import annotations
 
 import warnings
@@ -76,8 +76,6 @@ def display_image(image: Image.Image, config: dict) -> np.ndarray:
     return (tensor.clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
 
 
-# -------------------------------------------------------------------------------- batch explanation
-
 @dataclass
 class ImageBatch:
     """One batch of image files, read: the files as given, the preprocessed images on the model's device
@@ -86,19 +84,6 @@ class ImageBatch:
     names: list[str]
     images: torch.Tensor
     shown: list[np.ndarray]
-
-
-@dataclass
-class ExplainedImage:
-    """One image file explained: its maps by method ([h, w], on the CPU), the model's class probabilities,
-    its prediction and the class explained."""
-
-    name: str
-    shown: np.ndarray
-    maps: dict[str, torch.Tensor]
-    probabilities: torch.Tensor
-    predicted: int
-    target: int
 
 
 def read_batches(files: Sequence[str | Path], config: dict, batch_size: int, device: torch.device | str,
@@ -119,44 +104,3 @@ def read_batches(files: Sequence[str | Path], config: dict, batch_size: int, dev
             tensors.append(transform(picture))
             shown.append(display_image(picture, config))
         yield len(chunk), (ImageBatch(names, torch.stack(tensors).to(device), shown) if names else None)
-
-
-def explain_files(model: torch.nn.Module, files: Sequence[str | Path], methods: Sequence[str], *, config: dict,
-                  target: int | None = None, classes: bool | None = None, options: dict[str, dict] | None = None,
-                  batch_size: int = 16, on_error: Callable[[str], None] | None = None,
-                  on_progress: Callable[[int, str], None] | None = None) -> Iterator[ExplainedImage]:
-    """Explain image files with several methods, batch by batch, on the model's device.
-
-    ``config`` is the model's data config (:func:`vitexplain.models.data_config`: its resize, crop and
-    normalisation); ``target`` a class for every image (None: each image's prediction); ``classes`` as in
-    :func:`vitexplain.explain` (True: the outputs are classes, whatever the head looks like); ``options``
-    each method's options. An unreadable file or a method failing on a batch is told to ``on_error`` (default: a
-    warning) and the others go on; ``on_progress(images, method)`` is called after each method's batch.
-    Yields one :class:`ExplainedImage` per readable file, in order.
-    """
-    from .api import explain
-    from .instrumentation import adapter_for
-
-    on_error = on_error or (lambda message: warnings.warn(message, stacklevel=3))
-    options = options or {}
-    device = next(model.parameters()).device
-    for taken, batch in read_batches(files, config, batch_size, device, on_error):
-        if batch is None:
-            for method in methods:
-                (on_progress or (lambda *_: None))(taken, method)
-            continue
-        probabilities = adapter_for(model).logits(batch.images).softmax(-1).cpu()  # a transformers output's logits
-        predicted = probabilities.argmax(-1)
-        targets = predicted if target is None else torch.full_like(predicted, target)
-        maps = {}
-        for method in methods:
-            try:
-                maps[method] = explain(model, batch.images, method, target=targets.to(device), classes=classes,
-                                       **options.get(method, {})).cpu()
-            except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
-                on_error(f"method {method} on {', '.join(batch.names)}: {error}")
-            if on_progress is not None:
-                on_progress(taken, method)
-        for i, name in enumerate(batch.names):
-            yield ExplainedImage(name, batch.shown[i], {method: found[i] for method, found in maps.items()},
-                                 probabilities[i], int(predicted[i]), int(targets[i]))

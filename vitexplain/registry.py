@@ -12,6 +12,10 @@ part of the library needs to know about an entry lives on the entry (for a metho
 it is class-specific, randomised or a control, which inputs it explains, what it costs), so adding one
 touches no table elsewhere.
 
+Every registry is added to one way (:func:`registering`): a decorator whose name defaults to the decorated
+function's (or class's) and whose metadata are its keyword arguments: ``@register_method``,
+``@register_method(resolution="pixel")``, ``@register_metric("aopc", reduce=...)``.
+
 Explanation methods are functions ``fn(adapter, images, target, *, option=default, ...) -> Tensor
 [B, h, w]`` decorated with :func:`register_method`. Their keyword-only parameters are their options,
 checked by name and by annotated type (:mod:`vitexplain.options`).
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 T = TypeVar("T")
+#: what a registration decorator decorates: a function (methods, metrics) or a class (datasets)
+Decorated = TypeVar("Decorated", bound=Callable[..., Any])
 
 RESOLUTIONS = ("token", "pixel")
 MODALITIES = ("image", "text")
@@ -116,6 +122,20 @@ class Registry(Generic[T]):
         return len(self.names())
 
 
+def registering(add: Callable[[str, Decorated], object], name: str | Decorated | None) -> Any:
+    """The one registration shape: ``@register``, ``@register()`` or ``@register("name")``, the metadata as the
+    register function's keyword arguments; ``add(name, decorated)`` registers. The name defaults to the decorated
+    object's ``__name__``; given bare, ``name`` is the decorated object itself, registered at once."""
+    if callable(name):
+        return registering(add, None)(name)
+
+    def decorate(decorated: Decorated) -> Decorated:
+        add(decorated.__name__ if name is None else name, decorated)
+        return decorated
+
+    return decorate
+
+
 def fixed_cost(passes: float) -> Callable[[dict[str, Any]], float]:
     """A cost function for a method whose cost does not depend on its options."""
     return lambda options: float(passes)
@@ -190,12 +210,13 @@ class MethodSpec:
 METHODS: Registry[MethodSpec] = Registry("explanation method", "vitexplain.methods")
 
 
-def register_method(name: str, *, resolution: str = "token", class_specific: bool = True,
-                    modalities: tuple[str, ...] = ("image",), control: bool = False,
+def register_method(name: str | Callable[..., Tensor] | None = None, /, *, resolution: str = "token",
+                    class_specific: bool = True, modalities: tuple[str, ...] = ("image",), control: bool = False,
                     cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True,
                     precision_caveats: Mapping[str, float] | None = None, reads: str = "attention",
-                    zero_map_reason: str = MethodSpec.zero_map_reason) -> Callable:
-    """Decorator that registers an explanation method under ``name`` (see :class:`MethodSpec`).
+                    zero_map_reason: str = MethodSpec.zero_map_reason) -> Any:
+    """Decorator that registers an explanation method (see :class:`MethodSpec`), under the function's name
+    unless ``name`` is given: ``@register_method``, ``@register_method(cost=1)``, ``@register_method("x", ...)``.
 
     ``cost`` is a number of model passes, or a function of the effective options returning one; the
     default, 3, is one forward and one backward. ``reads`` defaults to the most a method can read, so
@@ -210,12 +231,11 @@ def register_method(name: str, *, resolution: str = "token", class_specific: boo
         raise ValueError(f"modalities must be a non-empty subset of {MODALITIES}, got {modalities!r}")
     cost_fn = cost if callable(cost) else fixed_cost(cost)
 
-    def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        METHODS.add(name, MethodSpec(name, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
-                                     score_targets, dict(precision_caveats or {}), reads, zero_map_reason))
-        return fn
+    def add(key: str, fn: Callable[..., Tensor]) -> None:
+        METHODS.add(key, MethodSpec(key, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
+                                    score_targets, dict(precision_caveats or {}), reads, zero_map_reason))
 
-    return decorate
+    return registering(add, name)
 
 
 def available_methods(modality: str | None = None, *, controls: bool = True) -> list[str]:

@@ -70,7 +70,7 @@ def support_matrix(methods: list[str] | None = None, progress: bool = False) -> 
     for label, build in tqdm(examples().items(), desc="support matrix", disable=not progress):
         model, inputs = build()
         adapter = adapter_for(model)
-        target = None if adapter.family.has_classes else embedding_direction(adapter, inputs)
+        target = None if adapter.head_reason is None else embedding_direction(adapter, inputs)
         row: dict[str, str | None] = {}
         for method in methods:
             if adapter.modality not in get_method(method).modalities:
@@ -92,8 +92,7 @@ def embedding_direction(adapter, inputs):
     """A fixed direction [D] in the output space of a model without a classifier (its target in the matrix)."""
     import torch
 
-    with torch.no_grad():
-        width = adapter.forward(adapter.check_inputs(inputs)).shape[-1]
+    width = adapter.logits(inputs).shape[-1]
     return torch.randn(width, generator=torch.Generator().manual_seed(0))
 
 

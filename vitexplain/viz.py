@@ -207,7 +207,7 @@ def pictures(images, *, mean=None, std=None, config: Mapping | None = None) -> l
     :func:`vitexplain.models.load_model` and :func:`~vitexplain.models.data_config` return it); without
     them a float image must already be in [0, 1], and one clearly outside (a preprocessed batch) is refused.
     """
-    mean, std = _normalisation(mean, std, config)
+    mean, std = _mean_and_std(mean, std, config)
     if _is_image(images):
         images = [images]
     elif hasattr(images, "ndim") and images.ndim == 4:
@@ -229,7 +229,7 @@ def _is_pil(value) -> bool:
     return type(value).__module__.startswith("PIL.") and hasattr(value, "convert")
 
 
-def _normalisation(mean, std, config: Mapping | None):
+def _mean_and_std(mean, std, config: Mapping | None):
     if config is not None:
         if mean is not None or std is not None:
             raise ValueError("give mean and std, or config, not both")

@@ -217,8 +217,11 @@ class BenchConfig:
             get_metric(entry.name).check_options(entry.options)
 
     def limit_of(self, metric: MetricEntry) -> int | None:
-        """How many images ``metric`` is evaluated on: its own limit, else the run's."""
-        return self.limit if metric.limit is None else metric.limit
+        """How many images ``metric`` is evaluated on: its own limit, else the run's; never more than the run's
+        (``--limit 2`` runs every protocol on at most 2 images, whatever the config gives one)."""
+        if metric.limit is None or self.limit is None:
+            return self.limit if metric.limit is None else metric.limit
+        return min(metric.limit, self.limit)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchConfig:

@@ -30,7 +30,8 @@ def build_dataset(spec: DatasetSpec | Dataset, data_config: dict[str, Any]) -> t
     return dataset, f"{spec.name}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
 
 
-def normalisation(dataset: Dataset, data_config: dict[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+def dataset_normalisation(dataset: Dataset,
+                          data_config: dict[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """(mean, std) per channel the dataset's images are normalised with: its ``preprocess``'s, else the
     model's data config's (what images preprocessed for the model use), else None."""
     preprocess = getattr(dataset, "preprocess", None)
@@ -87,9 +88,9 @@ class Batch:
         return Batch([self.indices[r] for r in rows], take(self.data, rows), [])
 
 
-def collate(items: list[tuple[int, Any]]) -> Batch:
+def collate_loaded(items: list[tuple[int, Any]]) -> Batch:
     """Collate the samples that loaded; failed items (and samples that cannot be batched together) go to ``failed``."""
-    from ..datasets.base import collate as collate_samples
+    from ..datasets.base import collate
 
     good = [(index, sample) for index, sample in items if isinstance(sample, dict)]
     failed = [(index, sample) for index, sample in items if not isinstance(sample, dict)]
@@ -97,7 +98,7 @@ def collate(items: list[tuple[int, Any]]) -> Batch:
         return Batch([], {}, failed)
     indices = [index for index, _ in good]
     try:
-        return Batch(indices, collate_samples([sample for _, sample in good]), failed)
+        return Batch(indices, collate([sample for _, sample in good]), failed)
     except Exception as error:  # noqa: BLE001 - samples that cannot be batched are reported, not fatal
         message = f"cannot batch these samples: {type(error).__name__}: {error}"
         return Batch([], {}, failed + [(index, message) for index in indices])
@@ -106,7 +107,7 @@ def collate(items: list[tuple[int, Any]]) -> Batch:
 def loader(dataset: Dataset, indices: list[int], batch_size: int, num_workers: int) -> DataLoader:
     """Batches of the images at ``indices`` in order; loading errors arrive in :attr:`Batch.failed`."""
     return DataLoader(_Guarded(dataset, indices), batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                      collate_fn=collate, pin_memory=False)
+                      collate_fn=collate_loaded, pin_memory=False)
 
 
 def one_batch(dataset: Dataset, indices: list[int], device: torch.device) -> Batch | None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..models import resolve_device
+from ..devices import resolve_device
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from .result import Gallery, Share
 
 #: model -> method label -> phase ("maps", a metric label, "sanity") -> seconds
 Seconds = dict[str, dict[str, dict[str, float]]]
+#: model -> method label -> path ("kept" / "recomputed") -> batches and the last decision (:attr:`BenchResult.memory`)
+Memory = dict[str, dict[str, dict[str, dict[str, Any]]]]
 
 
 def error_entry(model: str, method: str, metric: str | None, ids: list[str],
@@ -16,6 +18,21 @@ def error_entry(model: str, method: str, metric: str | None, ids: list[str],
     """One failed item as :attr:`vitexplain.bench.BenchResult.errors` lists it."""
     message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     return {"model": model, "method": method, "metric": metric, "images": list(ids), "error": message}
+
+
+def add_memory(into: Memory, model: str, method: str, paths: dict[str, dict[str, Any]]) -> None:
+    for path, seen in paths.items():
+        found = into.setdefault(model, {}).setdefault(method, {}).setdefault(path, {"batches": 0, "last": ""})
+        found["batches"] += seen["batches"]
+        found["last"] = seen["last"]
+
+
+def record_decisions(into: dict[str, dict[str, Any]], decisions: list[Any]) -> None:
+    """Count each :class:`~vitexplain.instrumentation.lrp.memory.Decision` by the path it took, keeping the last."""
+    for decision in decisions:
+        found = into.setdefault("recomputed" if decision.recompute else "kept", {"batches": 0, "last": ""})
+        found["batches"] += 1
+        found["last"] = decision.describe()
 
 
 def add_seconds(into: Seconds, model: str, method: str, spent: dict[str, float]) -> None:
@@ -31,5 +48,6 @@ class Findings:
     shares: list[Share] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     seconds: Seconds = field(default_factory=dict)
+    memory: Memory = field(default_factory=dict)
     galleries: list[Gallery] = field(default_factory=list)
     sanity: dict[str, Any] = field(default_factory=dict)

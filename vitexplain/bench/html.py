@@ -20,46 +20,42 @@ import re
 from datetime import datetime, timezone
 
 from .. import viz
+from ..html_page import html_page
 from ..metrics.base import GROUPS
 from .plots import CurvePlot, cascade_plot, model_styles, png_of
 from .randomisation import VERDICT_RULE
 from .result import BenchResult, Gallery
 from .tables import TRUST_HEADER, TRUST_NOTE, UNTRUSTED, Lead, Table, arrow, groups_of, sanity_cells, trust_rows
 
+#: the report's own rules, over the shared style of :mod:`vitexplain.html_page`
 STYLE = """
-body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1f2328;
-       margin: 0 auto; padding: 1.5em 2em 4em; max-width: 1500px; }
-h1 { font-size: 1.7em; margin-bottom: 0.2em; } \
-h2 { border-bottom: 1px solid #d0d7de; padding-bottom: 0.25em; margin-top: 2em; }
-h3 { margin-top: 1.6em; } .muted { color: #656d76; } nav a { margin-right: 1em; }
-.notes { background: #f6f8fa; border-left: 4px solid #0969da; padding: 0.6em 1em; margin: 1em 0; }
+nav a { margin-right: 1em; }
+.notes { background: var(--shade); border-left: 4px solid var(--accent); padding: 0.6em 1em; margin: 1em 0; }
 .notes li { margin: 0.2em 0; }
 .scroll { overflow-x: auto; max-width: 100%; }
-table { border-collapse: separate; border-spacing: 0; margin: 0.6em 0; font-variant-numeric: tabular-nums; }
 table.scores { font-size: 13px; }
-th, td { padding: 0.3em 0.6em; border-bottom: 1px solid #d8dee4; }
-table.scores td { text-align: right; background: #fff; } \
+table.scores td { text-align: right; background: var(--panel); } \
 table.scores td.method, table.scores th.method { text-align: left; }
-table.scores thead th { background: #f6f8fa; font-weight: 600; }
 table.scores thead tr.metric th { white-space: nowrap; } table.scores th.number { max-width: 7.5em; }
 table.scores td.method { white-space: nowrap; }
-table.scores .method { position: sticky; left: 0; z-index: 1; border-right: 1px solid #d0d7de; }
+table.scores .method { position: sticky; left: 0; z-index: 1; border-right: 1px solid var(--line); }
 table.scores thead .method { z-index: 2; }
 table.scores thead tr.metric th { border-bottom: 1px solid #afb8c1; }
 table.scores tbody tr:nth-child(even) td { background: #fafbfc; }
-table.scores th.group-start, table.scores td.group-start { border-left: 1px solid #d0d7de; }
+table.scores th.group-start, table.scores td.group-start { border-left: 1px solid var(--line); }
 tr.control td { color: #6e7781; font-style: italic; } tr.control td.method::after { content: " (control)"; }
-tr.flagged:not(.control) td.method, span.flagged { color: #cf222e; font-weight: 600; }
+tr.flagged:not(.control) td.method, span.flagged { color: var(--alert); font-weight: 600; }
 td.best { font-weight: 700; } td.tied { text-decoration: underline dotted #1a7f37; text-underline-offset: 3px; }
 table.scores td { white-space: nowrap; }
 table.summary td.leads, table.summary td.controls { text-align: left; white-space: normal; min-width: 16em; }
 table.summary td.trust, table.trust td { text-align: left; white-space: normal; min-width: 14em; }
-table.trust { font-size: 13px; } table.trust thead th { background: #f6f8fa; font-weight: 600; text-align: left; }
+table.trust { font-size: 13px; } table.trust thead th { text-align: left; }
 span.untrusted { color: #9a6700; font-style: italic; } .verdict { color: #9a6700; }
-table.summary tr.group th { text-align: left; font-weight: 400; background: #f6f8fa; }
+table.summary tr.group th { text-align: left; font-weight: 400; background: var(--shade); }
 table.summary tr.group th b { margin-right: 0.5em; } span.control { color: #6e7781; font-style: italic; }
 .figures { display: flex; flex-wrap: wrap; gap: 0.6em; }
-.figures figure { margin: 0; width: calc(50% - 0.6em); min-width: 520px; max-width: 100%; border: 1px solid #d8dee4; }
+.figures figure { margin: 0; width: calc(50% - 0.6em); min-width: 520px; max-width: 100%;
+                  border: 1px solid var(--rule); }
 .figures figure.wide { width: 1000px; }
 .figures svg { display: block; width: 100%; height: auto; }
 .legend { display: flex; flex-wrap: wrap; gap: 0.15em 1em; font-size: 12.5px; margin: 0.5em 0; }
@@ -67,17 +63,16 @@ table.summary tr.group th b { margin-right: 0.5em; } span.control { color: #6e77
 .legend label.group { font-style: italic; }
 .legend svg { vertical-align: middle; margin-right: 0.3em; }
 table.gallery { border-collapse: separate; border-spacing: 3px; }
-table.gallery th { font-size: 11px; font-weight: 600; position: sticky; top: 0; background: #fff; padding: 0.3em 0; }
+table.gallery th { font-size: 11px; font-weight: 600; position: sticky; top: 0; background: var(--panel);
+                   padding: 0.3em 0; }
 table.gallery th div { width: 112px; overflow-wrap: normal; }
 table.gallery td { padding: 0; border: none; } table.gallery th.control { color: #6e7781; font-style: italic; }
 table.gallery td.caption { font-size: 12.5px; padding: 0.8em 0 0.1em; text-align: left; }
 table.gallery img { display: block; width: 112px; height: 112px; }
-table.gallery td.input { position: sticky; left: 0; background: #fff; }
+table.gallery td.input { position: sticky; left: 0; background: var(--panel); }
 span.missing { display: block; width: 112px; line-height: 112px; text-align: center; background: #eee; color: #888; }
 .scale img { vertical-align: middle; height: 12px; width: 200px; border: 1px solid #ccc; margin: 0 0.4em; }
-code { background: #f6f8fa; padding: 0.1em 0.3em; border-radius: 4px; }
 """
-
 #: matplotlib's own ids in an SVG (figure_1, line2d_3 ...): dropped, as every plot repeats them
 _PLOT_IDS = re.compile(r'\s+id="(?:figure|axes|patch|line2d|text|xtick|ytick|matplotlib\.axis|legend|PathCollection)'
                        r'_\d+"')
@@ -429,8 +424,4 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
         for model, per_method in result.timings.items():
             parts += [f"<h3>{_e(model)}</h3>", timing_table(per_method)]
     parts += ["<h2>Settings</h2>", _settings(result)]
-    body = "\n".join(parts)
-    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width">'
-            f"<title>vitexplain bench: {_e(result.dataset)}</title><style>{STYLE}</style></head>"
-            f"<body>\n{body}\n</body></html>\n")
+    return html_page(f"vitexplain bench: {result.dataset}", "\n".join(parts), style=STYLE)

@@ -100,6 +100,11 @@ class BenchResult:
         seconds: wall time of the run that wrote the reports (a resumed run counts its own work only).
         timings: model -> method -> seconds this run spent on its ``maps``, on each metric label and on
             the ``sanity`` check (all processes added up).
+        memory: model -> method -> the path its maps took this run between keeping the LRP rules' graphs
+            (``kept``) and computing each block again (``recomputed``, the ``recompute`` switch) -> ``batches``
+            (how many took it) and ``last`` (the last such decision, as
+            :meth:`vitexplain.instrumentation.lrp.memory.Decision.describe` logs it); methods without the switch,
+            or whose maps were all cached, are absent.
         trust: model -> metric label -> reported number with a direction -> how far it can be trusted on this
             model and data (:func:`metric_trust`, docs/decisions/metric-trust.md): ``best``, ``random`` (the best
             method against the random control), ``degraded`` (each method against its degraded copies) and
@@ -122,6 +127,7 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     timings: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    memory: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
     trust: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
     galleries: list[Gallery] = field(default_factory=list, repr=False)
 
@@ -338,7 +344,8 @@ def describe_dataset(dataset: Any) -> dict[str, Any] | str:
 
 def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, galleries: list[Gallery] | None = None,
                  sanity: dict[str, Any] | None = None, seconds: float = 0.0,
-                 timings: dict[str, dict[str, dict[str, float]]] | None = None) -> BenchResult:
+                 timings: dict[str, dict[str, dict[str, float]]] | None = None,
+                 memory: dict[str, dict[str, dict[str, dict[str, Any]]]] | None = None) -> BenchResult:
     """Merge every process's shares in dataset order, reduce them with each metric's ``reduce``, bootstrap
     the reduction over the images (:mod:`vitexplain.bench.uncertainty`) and find who leads each number."""
     merged: dict[tuple[str, str, str], list[Share]] = {}
@@ -357,7 +364,8 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                 "bootstrap": {"resamples": RESAMPLES, "confidence": CONFIDENCE, "seed": config.seed}}
     ordered_errors = sorted(errors, key=lambda e: (e["model"], e["method"], e["metric"] or "", e["images"]))
     result = BenchResult(dataset, {}, {}, {}, {}, ordered_errors, settings, sanity=sanity or {},
-                         notes=list(config.notes), seconds=seconds, timings=timings or {}, galleries=galleries or [])
+                         notes=list(config.notes), seconds=seconds, timings=timings or {}, memory=memory or {},
+                         galleries=galleries or [])
     for entry in config.metrics:
         result.higher_is_better[entry.label] = dict(get_metric(entry.name).higher_is_better)
     for model in config.models:

@@ -29,15 +29,16 @@ from ..api import AllZeroMapWarning
 from ..datasets.base import NOT_TRUTH
 from ..evaluation import NOT_TRUTH_REQUIREMENTS, reexplainer, score
 from ..instrumentation import ModelAdapter, adapter_for
+from ..instrumentation.lrp.memory import collecting
 from ..instrumentation.modifying import modifier
 from ..instrumentation.precision import precision_mode
-from ..metrics import EvalBatch, Metric, get_metric
+from ..metrics import EvalBatch, Metric, get_metric, shared_forwards
 from ..registry import get_method
 from .cache import MethodCache, model_folder
 from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry
-from .data import Batch, build_dataset, loader, normalisation, select_indices, take
+from .data import Batch, build_dataset, dataset_normalisation, loader, select_indices, take
 from .distributed import Place, place
-from .findings import Findings, add_seconds, error_entry
+from .findings import Findings, Memory, add_memory, add_seconds, error_entry, record_decisions
 from .gallery import build_gallery
 from .lock import FolderInUse, config_key, folder_lock
 from .randomisation_run import check_model
@@ -80,18 +81,22 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
             warnings.simplefilter("ignore", AllZeroMapWarning)
             for model_entry in config.models:
                 _bench_model(model_entry, config, where, work)
-        gathered = where.gather((work.shares, work.errors, work.seconds))
+        gathered = where.gather((work.shares, work.errors, work.seconds, work.memory))
         result = None
         if where.rank == 0:
             seconds: dict[str, dict[str, dict[str, float]]] = {}
-            for _, _, part in gathered:
-                for model, per_method in part.items():
+            memory: Memory = {}
+            for _, _, spent_part, memory_part in gathered:
+                for model, per_method in spent_part.items():
                     for method, spent in per_method.items():
                         add_seconds(seconds, model, method, spent)
-            result = build_result(config, [s for part, _, _ in gathered for s in part],
-                                  [e for _, part, _ in gathered for e in part],
+                for model, per_method in memory_part.items():
+                    for method, paths in per_method.items():
+                        add_memory(memory, model, method, paths)
+            result = build_result(config, [s for part, _, _, _ in gathered for s in part],
+                                  [e for _, part, _, _ in gathered for e in part],
                                   galleries=work.galleries, sanity=work.sanity, seconds=time.perf_counter() - started,
-                                  timings=seconds)
+                                  timings=seconds, memory=memory)
             write_reports(result, config.output_dir)
         return where.broadcast(result)
 
@@ -116,7 +121,7 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
     main = None
     for group, (spec, entries) in enumerate(_dataset_groups(config)):
         dataset, dataset_key = build_dataset(spec, data_config)
-        normal = normalisation(dataset, data_config)
+        normal = dataset_normalisation(dataset, data_config)
         metrics = [(entry, get_metric(entry.name), _metric_options(entry, config.seed)) for entry in entries]
         wanted = {entry.label: _mine(len(dataset), config.limit_of(entry), config, where) for entry in entries}
         for entry, metric, _ in metrics:
@@ -139,6 +144,7 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
             work.errors += run.run(dataset, wanted, shown)
             work.shares += run.shares(wanted)
             add_seconds(work.seconds, model_entry.name, method_entry.label, run.seconds)
+            add_memory(work.memory, model_entry.name, method_entry.label, run.memory)
             caches[method_entry.label] = run.cache
         if group == 0:
             main = (dataset, caches, shown, normal)
@@ -220,6 +226,8 @@ class MethodRun:
         self.wanted: dict[str, set[int]] = {}
         #: seconds spent by this process: "maps" (explaining) and each metric label
         self.seconds: dict[str, float] = {}
+        #: the recompute paths its maps took (:attr:`BenchResult.memory`)
+        self.memory: dict[str, dict[str, Any]] = {}
 
     def run(self, dataset: Dataset, wanted: dict[str, list[int]], shown: list[int] = ()) -> list[dict[str, Any]]:
         """Process the images that miss maps or a metric value; returns the errors.
@@ -270,8 +278,9 @@ class MethodRun:
         if fresh:
             images = take(batch.data["images"], fresh)
             targets = self._targets(images, take(batch.data["labels"], fresh))
-            with self._timed("maps"):
+            with self._timed("maps"), collecting() as decisions:
                 parts.append((self.explain(images, targets), targets))
+            record_decisions(self.memory, decisions)
         order = torch.tensor(cached + fresh, device=self.where.device).argsort()
         maps = torch.cat([m for m, _ in parts])[order]
         targets = torch.cat([t for _, t in parts])[order]
@@ -303,20 +312,21 @@ class MethodRun:
                                       {"maps": maps[fresh], "targets": targets[fresh]})
         except Exception as error:  # noqa: BLE001 - a method failing on a batch must not lose the rest
             return errors + [error_entry(self.model_name, self.method.label, None, batch.ids, error)]
-        for entry, metric, options in self.metrics:
-            store = self.cache.values[entry.label]
-            rows = [row for row, index in enumerate(batch.indices)
-                    if index in self.wanted[entry.label] and index not in store]
-            if not rows:
-                continue
-            part = batch if len(rows) == len(batch.indices) else batch.take(rows)
-            try:
-                subset = evaluated if part is batch else self._eval_batch(part, maps[rows], targets[rows])
-                with self._timed(entry.label):
-                    values = score(metric, subset, options, self.adapter.model)
-                store.write(part.indices, part.ids, values)
-            except Exception as error:  # noqa: BLE001 - a metric failing on a batch must not lose the rest
-                errors.append(error_entry(self.model_name, self.method.label, entry.label, part.ids, error))
+        with shared_forwards():          # a perturbed image several protocols ask for is forwarded once
+            for entry, metric, options in self.metrics:
+                store = self.cache.values[entry.label]
+                rows = [row for row, index in enumerate(batch.indices)
+                        if index in self.wanted[entry.label] and index not in store]
+                if not rows:
+                    continue
+                part = batch if len(rows) == len(batch.indices) else batch.take(rows)
+                try:
+                    subset = evaluated if part is batch else self._eval_batch(part, maps[rows], targets[rows])
+                    with self._timed(entry.label):
+                        values = score(metric, subset, options, self.adapter.model)
+                    store.write(part.indices, part.ids, values)
+                except Exception as error:  # noqa: BLE001 - a metric failing on a batch must not lose the rest
+                    errors.append(error_entry(self.model_name, self.method.label, entry.label, part.ids, error))
         return errors
 
     def shares(self, wanted: dict[str, list[int]]) -> list[Share]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,8 @@ def prepare(args, out: Path) -> Setup:
     """Check the rest of what the user gave, cheapest first, before any image is read; raises ValueError,
     TypeError or ModelLoadError with a one-line message. Nothing is created: a refused command, or one
     whose every image fails, leaves no folder behind."""
-    from ..models import class_names_for, load_model, resolve_device
+    from ..devices import resolve_device
+    from ..models import class_names_for, load_model
     from ..registry import available_methods, get_method
 
     device = resolve_device(args.device)
@@ -136,7 +138,7 @@ def check_classes(name: str, model, classes: bool | None) -> None:
     head, no classifier) unless ``--classes`` says they are (docs/decisions/targets.md)."""
     from ..instrumentation import adapter_for
 
-    reason = adapter_for(model, classes=classes).family.head_reason
+    reason = adapter_for(model, classes=classes).head_reason
     if reason is not None:
         raise ValueError(f"{name}: {reason}, so it has no classes to explain: give --classes if its outputs are "
                          "classes after all (an embedding direction is explained with --text on a two-tower model, "
@@ -173,48 +175,6 @@ def text_slugs(texts: list[str]) -> list[str]:
     return slugs
 
 
-def explain_texts_batch(setup: Setup, names: list[str], stems: list[Path], batch, shown: list, bar, report,
-                        html: bool) -> list:
-    """--text: every method's map of every image and text (:func:`vitexplain.explain_texts`), saved per image
-    and text, titled with the text and the image–text cosine; the explorer items when ``html``."""
-    import torch
-    import torch.nn.functional as F
-
-    from ..explorer import ExplorerItem
-    from ..instrumentation import adapter_for
-    from ..registry import get_method
-    from ..text_prompts import explain_texts, text_embeddings
-
-    adapter = adapter_for(setup.model)
-    with torch.no_grad():
-        cosine = F.cosine_similarity(adapter.forward(batch)[:, None], text_embeddings(setup.model, setup.texts)[None],
-                                     dim=-1).cpu()
-    maps = {}
-    for method in setup.methods:
-        try:
-            maps[method] = explain_texts(setup.model, batch, setup.texts, method, **setup.options[method]).cpu()
-        except Exception as error:  # noqa: BLE001 - one failing method must not lose the others
-            report(f"method {method} on {', '.join(names)}: {error}")
-    items = []
-    for i, name in enumerate(names):
-        for t, (text, slug) in enumerate(zip(setup.texts, text_slugs(setup.texts))):
-            title = f'"{text}" (cosine {float(cosine[i, t]):.3f})'
-            pair = {method: method_maps[i, t] for method, method_maps in maps.items()}
-            try:
-                save_outputs(stems[i].with_name(f"{stems[i].name}.{slug}"), shown[i], pair, title,
-                             grid=len(setup.methods) > 1)
-            except OSError as error:
-                report(f"{name}: cannot write its outputs ({error})")
-                continue
-            bar.write(f"{name} -> {title}", file=sys.stdout)
-            if html:
-                items.append(ExplorerItem(
-                    name=f"{name}: {text}", image=shown[i], maps={m: v.numpy() for m, v in pair.items()},
-                    options={m: {**get_method(m).options, **setup.options[m]} for m in pair}, target=title,
-                    grid=tuple(adapter.grid_size(batch))))
-    return items
-
-
 def unique_files(images: list[str]) -> dict[Path, str]:
     """Each file once (by its resolved path), with the spelling the user first gave it."""
     given: dict[Path, str] = {}
@@ -238,21 +198,34 @@ def save_outputs(stem: Path, shown, maps: dict[str, Any], title: str, grid: bool
         save_grid(f"{stem}.all.png", shown, maps, title=title)
 
 
-def explorer_item(setup: Setup, name: str, shown, maps: dict[str, Any], probabilities, target: int):
-    """One image of the explorer page: its maps, the options each was made with, the top-5 classes."""
+def explorer_item(setup: Setup, name: str, shown, maps: dict[str, Any], target: str, top5=()):
+    """One image of the explorer page: its maps, the options each was made with, what they explain and the
+    top-5 classes (none for a text)."""
     import torch
 
     from ..explorer import ExplorerItem
     from ..instrumentation import adapter_for
     from ..registry import get_method
 
-    top = probabilities.topk(min(5, probabilities.numel()))
     return ExplorerItem(
         name=name, image=shown, maps={method: saliency.numpy() for method, saliency in maps.items()},
         options={method: {**get_method(method).options, **setup.options[method]} for method in maps},
-        top5=[(setup.class_names[int(c)], float(p)) for p, c in zip(top.values, top.indices)],
-        target=setup.class_names[target],
+        top5=list(top5), target=target,
         grid=tuple(adapter_for(setup.model).grid_size(torch.empty(1, 3, *shown.shape[:2]))))
+
+
+def top_classes(class_names: list[str], probabilities) -> list[tuple[str, float]]:
+    """The five most probable classes, by name, with their probabilities."""
+    top = probabilities.topk(min(5, probabilities.numel()))
+    return [(class_names[int(c)], float(p)) for p, c in zip(top.values, top.indices)]
+
+
+def text_outputs(setup: Setup, item) -> Iterator[tuple[str, str, dict[str, Any], str]]:
+    """--text: each text's part of an explained image: (its slug, the text, maps by method, the title with the
+    image–text cosine)."""
+    for t, (text, slug) in enumerate(zip(setup.texts, text_slugs(setup.texts))):
+        yield (slug, text, {method: found[t] for method, found in item.maps.items()},
+               f'"{text}" (cosine {float(item.cosines[t]):.3f})')
 
 
 def explained_title(class_names: list[str], target: int, predicted: int, probabilities) -> str:
@@ -286,13 +259,12 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
-    from ..image_files import explain_files, read_batches
+    from ..file_explanations import explain_files, explain_files_with_texts
     from ..instrumentation.precision import precision_mode
 
     given = unique_files(args.images)
     files = list(given)
     stems = {given[path]: setup.out / name for path, name in zip(files, output_names(files))}
-    device = next(setup.model.parameters()).device
     errors: list[str] = []
     bar = tqdm(total=len(files) * len(setup.methods), unit="map", file=sys.stderr, disable=not args.progress)
 
@@ -304,33 +276,41 @@ def run(args) -> int:
         bar.set_postfix_str(method)
         bar.update(images)
 
+    def write(stem: Path, name: str, shown, maps: dict[str, Any], title: str) -> bool:
+        """One image's outputs; False, reported, when they cannot be written."""
+        try:
+            save_outputs(stem, shown, maps, title, grid=len(setup.methods) > 1)
+        except OSError as error:
+            report(f"{name}: cannot write its outputs ({error})")
+            return False
+        bar.write(f"{name} -> {title}", file=sys.stdout)
+        return True
+
     pages = []  # explorer items, with --html
     written = False
+    common = dict(config=setup.config, options=setup.options, batch_size=args.batch_size, on_error=report,
+                  on_progress=progress)
+    inputs = [given[path] for path in files]
+    device = next(setup.model.parameters()).device
     with precision_mode(args.precision, device):  # the model's forwards in the user's precision
         if setup.texts:  # --text: one map per image, text and method
-            for taken, batch in read_batches([given[path] for path in files], setup.config, args.batch_size, device,
-                                             report):
-                if batch is not None:
-                    pages += explain_texts_batch(setup, batch.names, [stems[name] for name in batch.names],
-                                                 batch.images, batch.shown, bar, report, args.html)
-                    written = written or setup.out.is_dir()       # made by the first map it saved
-                bar.update(taken * len(setup.methods))
+            for item in explain_files_with_texts(setup.model, inputs, setup.methods, setup.texts, **common):
+                stem = stems[item.name]
+                for slug, text, maps, title in text_outputs(setup, item):
+                    if write(stem.with_name(f"{stem.name}.{slug}"), item.name, item.shown, maps, title):
+                        written = True
+                        if args.html:
+                            pages.append(explorer_item(setup, f"{item.name}: {text}", item.shown, maps, title))
         else:
-            for item in explain_files(setup.model, [given[path] for path in files], setup.methods,
-                                      config=setup.config, target=args.target, classes=setup.classes,
-                                      options=setup.options,
-                                      batch_size=args.batch_size, on_error=report, on_progress=progress):
+            for item in explain_files(setup.model, inputs, setup.methods, target=args.target, classes=setup.classes,
+                                      **common):
                 title = explained_title(setup.class_names, item.target, item.predicted, item.probabilities)
-                try:
-                    save_outputs(stems[item.name], item.shown, item.maps, title, grid=len(setup.methods) > 1)
-                except OSError as error:
-                    report(f"{item.name}: cannot write its outputs ({error})")
-                    continue
-                written = True
-                bar.write(f"{item.name} -> {title}", file=sys.stdout)
-                if args.html:
-                    pages.append(explorer_item(setup, item.name, item.shown, item.maps, item.probabilities,
-                                               item.target))
+                if write(stems[item.name], item.name, item.shown, item.maps, title):
+                    written = True
+                    if args.html:
+                        pages.append(explorer_item(setup, item.name, item.shown, item.maps,
+                                                   setup.class_names[item.target],
+                                                   top_classes(setup.class_names, item.probabilities)))
     bar.close()
     if pages:
         from ..explorer import write_explorer

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ..registry import Registry
+from ..registry import Registry, registering
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -178,14 +178,10 @@ def take(value: Any, rows: list[int]) -> Any:
 DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset", "vitexplain.datasets")
 
 
-def register_dataset(name: str) -> Callable:
-    """Class decorator that registers a dataset loader under ``name``."""
-
-    def decorate(cls):
-        DATASETS.add(name, cls)
-        return cls
-
-    return decorate
+def register_dataset(name: str | type[Dataset] | None = None, /) -> Any:
+    """Class decorator that registers a dataset loader, under ``name`` (``@register_dataset("digits")``), else under
+    the class's name (``@register_dataset``)."""
+    return registering(DATASETS.add, name)
 
 
 def available_datasets() -> list[str]:

@@ -5,7 +5,8 @@
 side by side; opacity slider; colour scale and colour bar; hover (or arrow keys on a focused map) to
 read the token or pixel under the cursor and its raw value; the predicted top-5 classes and the
 explained target; the options each map was made with. The page's script and style are the package
-files ``explorer.js`` and ``explorer.css``, inlined into ``template.html``.
+files ``explorer.js`` and ``explorer.css``, inlined with ``template.html`` (its body) into the page every HTML
+output of vitexplain shares (:mod:`vitexplain.html_page`).
 
 In a notebook, ``ExplorerPage(items)`` shows the page inline (and ``.save(path)`` writes it), and
 ``explorer_items(images, maps, ...)`` makes the items of a batch. The page is built in :mod:`.page`;

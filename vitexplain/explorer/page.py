@@ -25,9 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..html_page import html_page
 from ..viz import DIVERGING, OVERLAY_ALPHA, SEQUENTIAL, as_array, map_scale, method_maps, palette, pictures
 from .encoding import encode_map
 
+#: the page's own head: a Content-Security-Policy that forbids every fetch (only inline script and style, data: images)
+_HEAD = ('<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
+         'style-src \'unsafe-inline\'; script-src \'unsafe-inline\'"><meta name="generator" content="vitexplain">')
 #: The palettes offered in the page, first the convention's (:mod:`vitexplain.viz`): (matplotlib name, label shown).
 SEQUENTIAL_PALETTES = ((SEQUENTIAL, SEQUENTIAL), ("inferno", "inferno"), ("jet", "jet"))
 DIVERGING_PALETTES = ((DIVERGING, "RdBu (blue − / red +)"), ("coolwarm", "coolwarm"), ("bwr", "bwr"))
@@ -194,10 +198,10 @@ def explorer_html(items: Sequence[ExplorerItem], *, title: str = "vitexplain exp
     }
     package = resources.files(__package__)
     parts = {"title": html.escape(title), "data": _script_json(data), "opacity": str(round(100 * OVERLAY_ALPHA)),
-             "style": package.joinpath("explorer.css").read_text(encoding="utf-8"),
              "script": package.joinpath("explorer.js").read_text(encoding="utf-8")}
-    template = package.joinpath("template.html").read_text(encoding="utf-8")
-    return re.sub(r"\{\{(\w+)\}\}", lambda match: parts[match.group(1)], template)
+    body = re.sub(r"\{\{(\w+)\}\}", lambda match: parts[match.group(1)],
+                  package.joinpath("template.html").read_text(encoding="utf-8"))
+    return html_page(title, body, style=package.joinpath("explorer.css").read_text(encoding="utf-8"), head=_HEAD)
 
 
 def _item_data(item: ExplorerItem) -> dict:

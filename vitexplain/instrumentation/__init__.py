@@ -11,7 +11,7 @@ import sys
 
 from torch import nn
 
-from .adapter import LayerScores, ModelAdapter, evaluation_mode
+from .adapter import ModelAdapter, evaluation_mode
 from .families import (
     Family,
     ForwardOnly,
@@ -21,6 +21,7 @@ from .families import (
 )
 from .geometry import Readout, TokenGeometry
 from .inputs import TokenBatch
+from .layer_scores import LayerScores
 from .recording import BLOCK_FIELDS, BlockRecord, Recording, identity_like
 from .targets import Target, resolve_target, resolve_targets
 

@@ -8,15 +8,18 @@ reduction makes of it — so memory and backward cost follow the method.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .attention import Sink
+from .blocks import BlockParts
 from .geometry import TokenGeometry
+from .instrumented import READOUT
+from .targets import Target
 from .windows import WindowedMatrix, WindowLayout, mixing
 
 #: Per-block tensors that can be recorded, and whose gradients can be asked for.
@@ -25,7 +28,7 @@ BLOCK_FIELDS = ("residual", "attn_input", "q", "k", "v", "attn_logits", "attn", 
 #: The attention's N×N fields, which a recording can reduce per block instead of keeping (:class:`Recorder`).
 ATTENTION_FIELDS = ("attn_logits", "attn")
 #: What the model's head leaves when it reads a block's output (recorded with ``layer_scores`` only, see
-#: :class:`~vitexplain.instrumentation.adapter.LayerScores`).
+#: :class:`~vitexplain.instrumentation.layer_scores.LayerScores`).
 HEAD_FIELDS = ("probe_attn",)
 
 
@@ -52,7 +55,7 @@ class BlockRecord:
         mlp_branch: what the feed-forward sublayer adds [B, N, C].
         probe_attn: the attention of the model's attention-pooling head reading this block's output
             [B, H, 1, N'] (N' the tokens it reads), when the block's output is scored through the head
-            (:class:`~vitexplain.instrumentation.adapter.LayerScores`).
+            (:class:`~vitexplain.instrumentation.layer_scores.LayerScores`).
         head_projection: per-head output projection [H, D, C] (LayerScale folded in), so that
             ``v[:, h] @ head_projection[h]`` is head h's share of ``attn_branch`` without the output bias;
             None when the branch is not a sum over heads (output norm, gate, post-branch norm) or not asked.
@@ -153,7 +156,9 @@ class Recording:
 
 
 class Recorder(Sink):
-    """Keeps the recording fields asked for while an instrumented forward runs.
+    """Keeps the recording fields asked for while an instrumented forward runs, the pooling head's attention in its
+    readout slot (or, while the head reads a scored block's output, as that block's ``probe_attn``), and the outputs
+    of the scored blocks; then fills the :class:`Recording` and runs its backward.
 
     Args:
         num_blocks: blocks of the model.
@@ -165,11 +170,13 @@ class Recorder(Sink):
             are not kept: in each block that asks for them, they reach :attr:`reduce` as the backward
             passes the block's attention (see :meth:`~.attention.Sink.anchor`), and this leaf, which
             every such attention depends on, is what the backward must reach.
+        scored: the blocks whose outputs the target is scored at
+            (:class:`~vitexplain.instrumentation.layer_scores.LayerScores`).
     """
 
     def __init__(self, num_blocks: int, fields: Collection[str] | Mapping[str, Collection[int] | None] | None = None,
                  blocks: Collection[int] | None = None, grads: Mapping[str, Collection[int] | None] | None = None,
-                 anchor: Tensor | None = None):
+                 anchor: Tensor | None = None, scored: Collection[int] = ()):
         everything = range(num_blocks)
         resolve = lambda chosen: set(everything) if chosen is None else {i % num_blocks for i in chosen}  # noqa: E731
         default = resolve(blocks)
@@ -194,11 +201,20 @@ class Recorder(Sink):
             block for name in ATTENTION_FIELDS for block in self.fields.get(name, set()) | self.grads.get(name, set())}
         #: (block, its attention fields and their gradients, asked for and laid out) -> None, called in the backward
         self.reduce: Callable[[int, dict[str, Tensor], dict[str, Tensor]], None] | None = None
+        self.scored = set(scored)
+        #: each scored block's output, as the block returns it (in the graph)
+        self.outputs: dict[int, Tensor] = {}
+        #: the block whose output the head is reading, None while the model runs
+        self.reading: int | None = None
 
     def layout(self, block: int, layout: WindowLayout) -> None:
         self.layouts[block] = layout
 
     def wants(self, block: int, name: str) -> bool:
+        if block == READOUT:
+            return name in ("attn", "selection")
+        if name == "output":
+            return block in self.scored
         return block in self.fields.get(name, ()) or block in self.grads.get(name, ())
 
     def wants_gradient(self, block: int, name: str) -> bool:
@@ -208,6 +224,17 @@ class Recorder(Sink):
         return self.anchor_leaf if block in self.reduced_blocks else None
 
     def put(self, block: int, **tensors: Tensor) -> None:
+        if block == READOUT and self.reading is not None:  # the head reading a scored block's output
+            if "attn" in tensors:
+                self.put(self.reading, probe_attn=tensors["attn"])
+            return
+        if block == READOUT:
+            self.readout_attn = tensors.get("attn", self.readout_attn)
+            self.readout_selection = tensors.get("selection", self.readout_selection)
+            return
+        if "output" in tensors:
+            self.outputs[block] = tensors["output"]
+            return
         if "residual" in tensors:
             self.tokens[block] = tensors["residual"].shape[-2]
         for name, tensor in tensors.items():
@@ -237,6 +264,41 @@ class Recorder(Sink):
         return [(block, name, self.entries[block][name]) for block in range(len(self.entries))
                 for name in BLOCK_FIELDS + HEAD_FIELDS
                 if block in self.grads.get(name, ()) and name in self.entries[block]]
+
+    def recording(self, parts: Sequence[BlockParts], outputs: Tensor, target: Target, scores: Tensor,
+                  geometry: TokenGeometry) -> Recording:
+        """What the forward left, as a :class:`Recording` of the blocks described by ``parts`` (gradients to come)."""
+        records = []
+        for index, (entry, layout) in enumerate(zip(self.entries, self.layouts)):
+            values = self.laid_out(index, {name: tensor.detach() for name, tensor in entry.items()})
+            projection = parts[index].head_projection() if "v" in values else None
+            records.append(BlockRecord(**values, head_projection=projection, layout=parts[index].layout,
+                                       windows=layout, index=index))
+        return Recording(logits=outputs.detach(), targets=target.labels(outputs.shape[0], outputs.device),
+                         scores=scores.detach(), blocks=records, target=target, geometry=geometry)
+
+    def backward(self, scores: Tensor, recording: Recording,
+                 reduce: Callable[[Recording, BlockRecord], Any] | None, images: Tensor | None) -> None:
+        """The backward of the summed ``scores``: the gradients asked for into ``recording`` (each block's
+        ``grads``, ``input_grad`` with respect to ``images``), and ``reduce``'s value of each reduced block's
+        attention as it passes."""
+        def reduce_block(index: int, tensors: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
+            block = recording.blocks[index]
+            block.reduced = reduce(recording, replace(block, **tensors, grads=gradients))
+
+        self.reduce = reduce_block
+        inputs = self.gradient_inputs()
+        tensors = [tensor for _, _, tensor in inputs] + ([images] if images is not None else [])
+        anchors = [self.anchor_leaf] if self.reduced_blocks else []
+        found = torch.autograd.grad(scores.sum(), tensors + anchors, allow_unused=True)
+        found = [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, found)]
+        if images is not None:
+            recording.input_grad = found.pop()
+        by_block: dict[int, dict[str, Tensor]] = {}
+        for (block, name, _), gradient in zip(inputs, found):
+            by_block.setdefault(block, {})[name] = gradient
+        for block, gradients in by_block.items():
+            recording.blocks[block].grads = self.laid_out(block, gradients)
 
 
 def identity_like(matrix: Tensor) -> Tensor:

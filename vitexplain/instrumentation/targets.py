@@ -126,8 +126,9 @@ def class_indices(target: int | Sequence[int] | Tensor, batch: int, device: torc
 def resolve_target(target: TargetLike, outputs: Tensor, *, has_classes: bool = True) -> Target:
     """Turn the user's ``target`` into a :class:`Target` for the batch whose outputs are ``outputs`` [B, ...].
 
-    ``has_classes`` says whether the outputs are class logits (a model with a classifier head); other
-    outputs need a direction or a score function.
+    A class target of outputs that are not class logits is refused by the call on the model, before it runs
+    (:meth:`~vitexplain.instrumentation.adapter.ModelAdapter.call`); ``has_classes=False`` refuses one here, for
+    the callers that do not run in such a call (LRP's ``relevance``).
     """
     batch = outputs.shape[0]
     if isinstance(target, Target):

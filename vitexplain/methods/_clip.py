@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Readout, TokenGeometry, evaluation_mode
-from ..instrumentation.adapter import READOUT
 from ..instrumentation.attention import Arithmetic, Sink
-from ..instrumentation.precision import float32_scope
+from ..instrumentation.instrumented import READOUT
+from ..instrumentation.targets import TargetLike
 from ..instrumentation.windows import WindowLayout, stage_grids
 
 __all__ = ["READOUT", "OneHead", "Taken", "geometry_of", "read_each", "taking"]
@@ -65,15 +65,15 @@ class OneHead(Arithmetic):
 
 
 @contextlib.contextmanager
-def taking(adapter: ModelAdapter, images: Tensor, wanted: Mapping[int, Collection[str]], *,
+def taking(adapter: ModelAdapter, images: Tensor, target: TargetLike, wanted: Mapping[int, Collection[str]], *,
            arithmetic: Arithmetic | None = None, gradient: bool = False) -> Iterator[tuple[Tensor, Taken]]:
-    """One forward of ``images`` in eval mode and float32, the blocks written out (:meth:`ModelAdapter.instrumented`):
-    yields (outputs, the :class:`Taken` holding what ``wanted`` names). With ``gradient``, the graph starts at the
-    last block's input (blocks below run without gradients), so a backward from the outputs reaches the last block
-    and an attention-pooling head only; the model is restored when the block exits."""
+    """One forward of ``images`` for ``target`` (a call on the model, :meth:`ModelAdapter.call`) in eval mode and
+    float32, the blocks written out (:meth:`ModelAdapter.instrumented`): yields (outputs, the :class:`Taken` holding
+    what ``wanted`` names). With ``gradient``, the graph starts at the last block's input (blocks below run without
+    gradients), so a backward from the outputs reaches the last block and an attention-pooling head only; the
+    model is restored when the block exits."""
     sink = Taken(wanted)
-    with float32_scope(adapter.model):
-        images = adapter.check_inputs(images)
+    with adapter.call(images, target) as images:
         instrumented = adapter.instrumented(sink=sink, arithmetic=arithmetic or Arithmetic(),
                                             gradient_from=adapter.num_blocks - 1 if gradient else None)
         with evaluation_mode(adapter.model), torch.set_grad_enabled(gradient), instrumented:
@@ -98,7 +98,7 @@ def read_each(adapter: ModelAdapter, tokens: Tensor) -> Tensor:
     classifier — CLIP's ``ln_post(x) @ proj`` of every token."""
     batch, count, width = tokens.shape
     copies = tokens.reshape(batch * count, 1, width).expand(-1, adapter.num_prefix_tokens + 1, -1)
-    if adapter.family.sequence_first:
+    if adapter.sequence_first:
         copies = copies.transpose(0, 1)
-    with float32_scope(adapter.model), evaluation_mode(adapter.model), torch.no_grad():
-        return adapter.family.head(copies).reshape(batch, count, -1)
+    with adapter.call(reads_target=False), evaluation_mode(adapter.model), torch.no_grad():
+        return adapter.head(copies).reshape(batch, count, -1)

@@ -11,7 +11,7 @@ from ..instrumentation.lrp.memory import Recompute, choose_recompute
 from ..registry import register_method
 
 
-@register_method("abs_lrp", resolution="pixel", cost=lambda o: (4 + (o["recompute"] is True)) * (1 + o["contrastive"]),
+@register_method(resolution="pixel", cost=lambda o: (4 + (o["recompute"] is True)) * (1 + o["contrastive"]),
                  score_targets=False,
                  precision_caveats={"bfloat16 weights": 0.764, "float16 weights": 0.988})
 def abs_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, contrastive: bool = True,

@@ -11,7 +11,7 @@ from ..registry import register_method
 from ._fusion import Fusion, fuse
 
 
-@register_method("agcam", modalities=("image", "text"))
+@register_method(modalities=("image", "text"))
 def agcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, head_fusion: Fusion = "sum",
           layer_fusion: Fusion = "sum", gradient_of: Literal["attn", "attn_logits"] = "attn",
           detach_attention_input: bool = True) -> Tensor:

@@ -11,7 +11,7 @@ from ..instrumentation.windows import mix_rows
 from ..registry import register_method
 
 
-@register_method("attcat", modalities=("image", "text"))
+@register_method(modalities=("image", "text"))
 def attcat(adapter: ModelAdapter, inputs: Tensor, target=None, *, attention_row: Literal["mean", "class"] = "mean",
            tokens: Literal["input", "attn_input", "output"] = "input") -> Tensor:
     """AttCAT: per block, gradient × token features (class activation tokens) weighted by attention, summed.

@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..registry import register_method
 
 
-@register_method("attn_gradcam", modalities=("image", "text"),
+@register_method(modalities=("image", "text"),
                  precision_caveats={"bfloat16 weights": 0.986},
                  zero_map_reason="its ReLU (as in the reference code) removed every token's relevance: the "
                                  "gradient-weighted attention, averaged over the heads, was negative on every patch")

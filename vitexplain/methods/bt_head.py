@@ -15,7 +15,7 @@ from ._products import push_rows
 AUTHORS_START_LAYER = 3
 
 
-@register_method("bt_head", cost=lambda o: 3 * o["n_steps"] + 3)
+@register_method(cost=lambda o: 3 * o["n_steps"] + 3)
 def bt_head(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
             n_steps: IntegrationSteps = 20, batch_size: PositiveInt = 16) -> Tensor:
     """Beyond Intuition, head-wise (BT-H): gradient-weighted heads rolled out, times integrated gradients.

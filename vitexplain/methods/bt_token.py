@@ -19,7 +19,7 @@ from ._products import push_rows
 AUTHORS_START_LAYER = 6
 
 
-@register_method("bt_token", cost=lambda o: 3 * o["n_steps"] + 3)
+@register_method(cost=lambda o: 3 * o["n_steps"] + 3)
 def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
              n_steps: IntegrationSteps = 20, batch_size: PositiveInt = 16) -> Tensor:
     """Beyond Intuition, token-wise (BT-T): norm-weighted attention rolled out, times integrated gradients.

@@ -21,7 +21,7 @@ SURGERY_BLOCKS = 6
 SAME = 1 - 1e-6
 
 
-@register_method("clip_surgery", cost=1,
+@register_method(cost=1,
                  zero_map_reason="the similarity was the same on every patch (min-max makes a constant map 0)")
 def clip_surgery(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
                  prompts: Tensor | Sequence[str] | None = None, redundant: Tensor | str | None = None,
@@ -71,16 +71,16 @@ def clip_surgery(adapter: ModelAdapter, images: Tensor, target=None, *, start_la
     blocks = range(first, count)
     _require_surgery(adapter, blocks)
     wanted = {index: {"v", "mixed", "attn_branch"} | ({"residual"} if index == first else set()) for index in blocks}
-    with taking(adapter, images, wanted) as (outputs, sink):
+    with taking(adapter, images, target, wanted) as (outputs, sink):
         taken = sink.taken
     path = taken[first]["residual"]
     for index in blocks:  # the v-v branch: the model's branch with A·v of the v-v attention instead of its own
         v, mixed = taken[index]["v"], taken[index]["mixed"]
         voted = torch.softmax(v @ v.transpose(-2, -1) * v.shape[-1] ** -0.5, dim=-1) @ v
-        projection = adapter.family.blocks[index].head_projection()  # [H, D, C], LayerScale folded in
+        projection = adapter.blocks[index].head_projection()  # [H, D, C], LayerScale folded in
         path = path + taken[index]["attn_branch"] + torch.einsum("bhnd,hdc->bnc", voted - mixed, projection)
     features = read_each(adapter, path[:, adapter.num_prefix_tokens:])  # f_i [B, P, D]
-    resolved = resolve_target(target, outputs, has_classes=adapter.family.has_classes)
+    resolved = resolve_target(target, outputs)
     batch, patches = features.shape[:2]
     if prompts is None and redundant is None:
         rows = torch.arange(batch, device=features.device).repeat_interleave(patches)
@@ -96,9 +96,8 @@ def clip_surgery(adapter: ModelAdapter, images: Tensor, target=None, *, start_la
 
 def _require_surgery(adapter: ModelAdapter, blocks: range) -> None:
     """Refuses, in one line, a model whose blocks ``blocks`` the v-v path cannot run beside."""
-    name = type(adapter.family.model).__name__
     for index in blocks:
-        parts = adapter.family.blocks[index]
+        parts = adapter.blocks[index]
         if parts.windows is not None:
             raise UnsupportedModelError("clip_surgery runs a v-v attention path beside global self-attention blocks, "
                                         "as CLIP's, but this model attends within windows (Swin), and its patch "
@@ -106,7 +105,7 @@ def _require_surgery(adapter: ModelAdapter, blocks: range) -> None:
         reason = parts.heads_reason()
         if reason is not None:
             raise UnsupportedModelError(f"clip_surgery puts the v-v attention through each block's own output "
-                                        f"projection, but in block {index} of this {name} {reason}")
+                                        f"projection, but in block {index} of this {adapter.model_name} {reason}")
 
 
 def _directions(adapter: ModelAdapter, given: Tensor | str | Sequence[str], width: int, option: str) -> Tensor:

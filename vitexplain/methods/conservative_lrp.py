@@ -9,7 +9,7 @@ from ..instrumentation.lrp.memory import Recompute, choose_recompute
 from ..registry import register_method
 
 
-@register_method("conservative_lrp", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False)
+@register_method(cost=lambda o: 4 + (o["recompute"] is True), score_targets=False)
 def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, recompute: Recompute = "auto") -> Tensor:
     """Gradient×Input at the token embeddings with attention and LayerNorm scaling held constant.
 

@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..registry import register_method
 
 
-@register_method("constant_baseline", class_specific=False, control=True, cost=0, reads="output")
+@register_method(class_specific=False, control=True, cost=0, reads="output")
 def constant_baseline(adapter: ModelAdapter, images: Tensor, target=None) -> Tensor:
     """Control, not an explanation: 1 on every patch, whatever the image, model or target.
 

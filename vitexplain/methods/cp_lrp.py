@@ -11,7 +11,7 @@ from ..registry import register_method
 from ._attention_aware import Gammas, Stage, attention_aware_map
 
 
-@register_method("cp_lrp", resolution="pixel", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False)
+@register_method(resolution="pixel", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False)
 def cp_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas = LINEAR_GAMMA,
            conv_gamma: NonNegative = CONV_GAMMA, at: Stage = "pixels", recompute: Recompute = "auto") -> Tensor:
     """LRP with the attention probabilities held constant and γ-rules, from the target logit to the pixels.

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..instrumentation.targets import is_score_target, refuse_classes
+from ..instrumentation.targets import is_score_target
 from ..options import NonNegative
 from ..registry import METHODS, MethodSpec, register_method
 from ..seeding import seeded_draw
@@ -90,7 +90,7 @@ def _cost(options: dict[str, Any]) -> float:
         return float("nan")
 
 
-@register_method("degraded", control=True, cost=_cost)
+@register_method(control=True, cost=_cost)
 def degraded(adapter: ModelAdapter, images: Tensor, target=None, *, of: str = "gae",
              kind: Literal["noise", "blur", "shuffle"] = "noise", strength: NonNegative = 1.0, seed: int = 0,
              options: dict | None = None) -> Tensor:
@@ -113,7 +113,6 @@ def degraded(adapter: ModelAdapter, images: Tensor, target=None, *, of: str = "g
     adapter.require(spec.reads, spec.name)
     if is_score_target(target) and not spec.score_targets:
         raise ValueError(f"degraded: method {of!r} explains classes only; give target= class indices")
-    if not is_score_target(target):
-        refuse_classes(target, adapter.family.head_reason)
-    maps = spec.fn(adapter, images, target, **wrapped_options).float()
+    with adapter.call(target=target):  # the wrapped method takes the target this control's call did not
+        maps = spec.fn(adapter, images, target, **wrapped_options).float()
     return degrade(maps, kind, float(strength), seed)

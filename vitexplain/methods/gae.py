@@ -8,7 +8,7 @@ from ..registry import register_method
 from ._products import ReadoutFold
 
 
-@register_method("gae", modalities=("image", "text"))
+@register_method(modalities=("image", "text"))
 def gae(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """Generic Attention-model Explainability for self-attention encoders.
 

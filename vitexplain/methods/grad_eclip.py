@@ -14,7 +14,7 @@ from ..registry import register_method
 from ._clip import READOUT, OneHead, geometry_of, taking
 
 
-@register_method("grad_eclip", cost=2,
+@register_method(cost=2,
                  zero_map_reason="its ReLU removed every patch: the channel- and spatially-weighted values were "
                                  "negative on every patch")
 def grad_eclip(adapter: ModelAdapter, images: Tensor, target=None, *, heads: Literal["model", "one"] = "model",
@@ -47,23 +47,23 @@ def grad_eclip(adapter: ModelAdapter, images: Tensor, target=None, *, heads: Lit
     """
     probe = adapter.readout == "map"
     at = READOUT if probe else adapter.num_blocks - 1
-    parts = adapter.family.probe.attention if probe else adapter.family.blocks[at].attention
+    parts = adapter.probe.attention if probe else adapter.blocks[at].attention
     one = heads == "one"
     if one and (parts.logit_scale is not None or parts.position_bias is not None):
         kind = "cosine scores with a per-head scale" if parts.logit_scale is not None else "a per-head position bias"
         raise UnsupportedModelError(f"grad_eclip with heads='one' computes the last attention as one head over all "
-                                    f"channels, but the last attention of this {type(adapter.family.model).__name__} "
+                                    f"channels, but the last attention of this {adapter.model_name} "
                                     f"has {kind}, which one head cannot carry; use heads='model'")
     wanted = {at: {"q", "k", "v", "mixed"} | ({"attn_logits", "attn"} if one else set())}
     arithmetic = OneHead(parts.scale, parts.num_heads, parts.head_dim) if one else None
-    with taking(adapter, images, wanted, arithmetic=arithmetic, gradient=True) as (outputs, sink):
+    with taking(adapter, images, target, wanted, arithmetic=arithmetic, gradient=True) as (outputs, sink):
         taken = sink.taken[at]
-        resolved = resolve_target(target, outputs.detach(), has_classes=adapter.family.has_classes)
+        resolved = resolve_target(target, outputs.detach())
         (gradient,) = torch.autograd.grad(resolved.score(outputs, score).sum(), taken["mixed"])
     if one and not torch.equal(taken["attn_logits"], taken["attn_logits"][:, :1].expand_as(taken["attn_logits"])):
         raise UnsupportedModelError(
             f"grad_eclip with heads='one' computes the last attention as one head over all channels, but this "
-            f"{type(adapter.family.model).__name__} adds a per-head bias to its attention scores, which one head "
+            f"{adapter.model_name} adds a per-head bias to its attention scores, which one head "
             "cannot carry; use heads='model'")
     q, k, v = (taken[name].detach() for name in ("q", "k", "v"))  # [B', H, N, D] (B' = B · windows when windowed)
     channels = torch.einsum("bhjd,bhid->bji", gradient, v)  # w_j · v_i over all channels, every query row j

@@ -8,7 +8,7 @@ from ..options import block_index
 from ..registry import register_method
 
 
-@register_method("gradcam", modalities=("image", "text"), reads="tokens",
+@register_method(modalities=("image", "text"), reads="tokens",
                  zero_map_reason="Grad-CAM's ReLU removed every token's relevance: the gradient-weighted "
                                  "features were negative on every patch")
 def gradcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, layer: int = -1) -> Tensor:

@@ -42,7 +42,7 @@ def propagate(relevance: Tensor, readout: Tensor, fused: list, aggregation: str,
     return mixed[:, :, prefix:]
 
 
-@register_method("gradtoken", modalities=("image", "text"),
+@register_method(modalities=("image", "text"),
                  precision_caveats={"bfloat16 weights": 0.974})
 def gradtoken(adapter: ModelAdapter, inputs: Tensor, target=None, *,
               aggregation: Literal["average", "rollout"] = "average",

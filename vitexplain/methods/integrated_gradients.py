@@ -38,7 +38,7 @@ class _PathScore:
         return self.target.select(image).score(self.forward(points))
 
 
-@register_method("integrated_gradients", resolution="pixel", cost=lambda o: 3 * o["n_steps"], reads="output")
+@register_method(resolution="pixel", cost=lambda o: 3 * o["n_steps"], reads="output")
 def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, n_steps: PositiveInt = 50,
                          quadrature: Quadrature = "gausslegendre", baseline: float | Tensor = 0.0,
                          channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 64) -> Tensor:

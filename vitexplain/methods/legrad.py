@@ -12,7 +12,7 @@ from ..options import Score, block_index
 from ..registry import register_method
 
 
-@register_method("legrad")
+@register_method
 def legrad(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = -2,
            layer_readout: Literal["released", "model"] = "released", normalise: bool = True,
            score: Score = "logit") -> Tensor:

@@ -11,7 +11,7 @@ from ..instrumentation.lrp.memory import Recompute, choose_recompute
 from ..registry import register_method
 
 
-@register_method("lrp", resolution="pixel", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False,
+@register_method(resolution="pixel", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False,
                  precision_caveats={"bfloat16 weights": -0.360, "float16 weights": -0.755})
 def lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
         linear_rule: Literal["shared", "separate"] = "shared", recompute: Recompute = "auto") -> Tensor:

@@ -10,7 +10,7 @@ from ..instrumentation.lrp import lrp_baseline, relevance
 from ..registry import register_method
 
 
-@register_method("partial_lrp", cost=5, score_targets=False,
+@register_method(cost=5, score_targets=False,
                  precision_caveats={"bfloat16 weights": 0.955})
 def partial_lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
                 linear_rule: Literal["shared", "separate"] = "shared") -> Tensor:

@@ -9,7 +9,7 @@ from ..registry import register_method
 from ..seeding import seeded_draw
 
 
-@register_method("random_baseline", class_specific=False, control=True, cost=0, reads="output")
+@register_method(class_specific=False, control=True, cost=0, reads="output")
 def random_baseline(adapter: ModelAdapter, images: Tensor, target=None, *, seed: int = 0) -> Tensor:
     """Control, not an explanation: uniform noise U[0, 1) on the patch grid, ignoring the model.
 

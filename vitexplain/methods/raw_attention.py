@@ -7,7 +7,7 @@ from ..instrumentation import ModelAdapter
 from ..registry import register_method
 
 
-@register_method("raw_attention", class_specific=False, modalities=("image", "text"), cost=1)
+@register_method(class_specific=False, modalities=("image", "text"), cost=1)
 def raw_attention(adapter: ModelAdapter, inputs: Tensor, target=None) -> Tensor:
     """Last block's class-token attention over the patches, averaged over heads.
 

@@ -46,7 +46,7 @@ def grid_masks(grids: Tensor, shifts: Tensor, image_size: tuple[int, int]) -> Te
     return rows @ grids @ cols.transpose(1, 2)
 
 
-@register_method("rise", resolution="pixel", cost=lambda o: o["n_masks"], reads="output")
+@register_method(resolution="pixel", cost=lambda o: o["n_masks"], reads="output")
 def rise(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: PositiveInt = 4000,
          grid_size: PositiveInt = 7, p1: Probability = 0.5, score: Score = "probability", batch_size: PositiveInt = 64,
          seed: int = 0) -> Tensor:

@@ -30,7 +30,7 @@ def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
     return flat.reshape(attn.shape)
 
 
-@register_method("rollout", class_specific=False, modalities=("image", "text"), cost=1)
+@register_method(class_specific=False, modalities=("image", "text"), cost=1)
 def rollout(adapter: ModelAdapter, inputs: Tensor, target=None, *, start_layer: int = 0,
             head_fusion: HeadFusion = "mean", discard_ratio: OpenShare = 0.0) -> Tensor:
     """Attention rollout: the product of residual-augmented, row-normalised attention over blocks.

@@ -17,7 +17,7 @@ def noise_samples(n_samples: int, image_shape: tuple[int, ...], seed: int, devic
     return seeded_draw(seed, lambda generator: torch.randn((n_samples, *image_shape), generator=generator), device)
 
 
-@register_method("smoothgrad", resolution="pixel", cost=lambda o: 3 * o["n_samples"], reads="output")
+@register_method(resolution="pixel", cost=lambda o: 3 * o["n_samples"], reads="output")
 def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, n_samples: PositiveInt = 50,
                stdev: NonNegative = 1.0, relative_to_range: bool = False, absolute: bool = True,
                channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 32, seed: int = 0) -> Tensor:

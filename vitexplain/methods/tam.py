@@ -13,7 +13,7 @@ from ._products import push_rows
 AUTHORS_START_LAYER = 4
 
 
-@register_method("tam", cost=lambda o: 3 * o["n_steps"] + 3)
+@register_method(cost=lambda o: 3 * o["n_steps"] + 3)
 def tam(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int | None = None,
         n_steps: IntegrationSteps = 20, integrated: bool = True, batch_size: PositiveInt = 16) -> Tensor:
     """Transition attention maps: a Markov chain over the blocks' attention, weighted by integrated gradients.

@@ -81,8 +81,7 @@ def _tokens_kept(ratio: float, num_patches: int) -> int:
     return count
 
 
-@register_method("tis",
-                 cost=lambda o: o["n_masks"] * (len(o["ratio"]) if isinstance(o["ratio"], (list, tuple)) else 1) + 1,
+@register_method(cost=lambda o: o["n_masks"] * (len(o["ratio"]) if isinstance(o["ratio"], (list, tuple)) else 1) + 1,
                  reads="tokens")
 def tis(adapter: ModelAdapter, images: Tensor, target=None, *, n_masks: PositiveInt = 1024,
         ratio: Share | Sequence[Share] = 0.5, batch_size: PositiveInt = 128, seed: int = 0,

@@ -58,7 +58,7 @@ def attention_update(block: BlockRecord, weights: Tensor):
     return block.mixing((block.grads["attn"].clamp(min=0) * block.attn * block.per_key(weights)).mean(1))
 
 
-@register_method("tokentm", modalities=("image", "text"))
+@register_method(modalities=("image", "text"))
 def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: bool = True,
             use_necc: bool = True, aggregate: bool = True, end_layer: int | None = None,
             reference: Literal["residual", "normalised"] = "residual", per_head: bool = True,
@@ -96,7 +96,7 @@ def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: b
     if use_length or use_necc:
         adapter.require_head_shares("tokentm", chosen)
     normalised = reference == "normalised"
-    if aggregate and any(adapter.family.blocks[i].layout == "parallel" for i in chosen):
+    if aggregate and any(adapter.blocks[i].layout == "parallel" for i in chosen):
         raise UnsupportedModelError(
             "tokentm composes each block's attention update with the MLP update that follows it (Eq. 15-17), but "
             "this model's parallel blocks add the attention and the MLP to the same input; use aggregate=False")

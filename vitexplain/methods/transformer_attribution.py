@@ -11,7 +11,7 @@ from ..registry import register_method
 from ._products import ReadoutFold
 
 
-@register_method("transformer_attribution", cost=8, score_targets=False,
+@register_method(cost=8, score_targets=False,
                  precision_caveats={"bfloat16 weights": 0.735, "float16 weights": 0.374})
 def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0,
                             recompute: Recompute = "auto") -> Tensor:

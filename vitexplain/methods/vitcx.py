@@ -118,7 +118,7 @@ def mask_noise(seed: int, first: int, last: int, shape: tuple[int, ...], max_mas
                         for i in range(first, last + 1)]).to(device)
 
 
-@register_method("vitcx", resolution="pixel", cost=400,
+@register_method(resolution="pixel", cost=400,
                  precision_caveats={"bfloat16 weights": 0.033, "float16 weights": 0.897}, reads="tokens")
 def vitcx(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1,
           features: Literal["attn_input", "output"] = "attn_input", distance_threshold: NonNegative = 0.1,

@@ -5,10 +5,21 @@ Every perturbed image mixes two sources pixel-wise: the pixels whose removal ran
 range (below its count, and from its start on) come from ``second``, the others from ``first``. The
 images of all steps of all images are built chunk by chunk with one ``torch.where`` each and go
 through the model in chunks of ``batch_size``: no per-step Python work beyond the chunking.
+
+Within :func:`shared_forwards` (the bench's scoring of one batch, :func:`vitexplain.evaluate`) an image is
+forwarded once however many protocols ask for it: a step that takes nothing is its first source, a step that
+takes every pixel is its second, and a call that repeats an earlier one (AOPC's removal is the perturbation
+test's positive one) returns the earlier logits. Sameness is decided by exact equality of the sources, ranks
+and steps, never by a fingerprint. A protocol that changes the model's weights for a while must not score
+perturbed images while they are changed (none does: smooth / efficient MPRT and numerical stability only
+explain the changed model).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -80,21 +91,122 @@ def mixed_logits(forward: Callable[[Tensor], Tensor], first: Tensor, second: Ten
             step replaces the ranks in [start, count), one group of pixels (SaCo) instead of the top ones.
     """
     check_batch_size(batch_size)
-    batch, steps = rank.shape[0], counts.shape[0]
-    sources = (first,) if callable(second) else (first, second)
-    height, width = torch.broadcast_shapes(*(source.shape[-2:] for source in sources))
     counts = counts.to(rank.device)
     starts = torch.zeros_like(counts) if starts is None else starts.to(rank.device)
-    outputs = []
-    with torch.no_grad():
-        for begin in range(0, batch * steps, batch_size):
-            flat = torch.arange(begin, min(begin + batch_size, batch * steps), device=rank.device)
-            image, step = flat // steps, flat % steps
-            ranks = rank[image]
-            taken = ((ranks < counts[step, None]) & (ranks >= starts[step, None])).view(-1, 1, height, width)
-            replacement = second(image, taken) if callable(second) else _rows(second, image)
-            outputs.append(forward(torch.where(taken, replacement, _rows(first, image))))
-    return torch.cat(outputs).view(batch, steps, -1)
+    mix = _Mix(forward, first, second, rank, counts, starts, batch_size)
+    shared = _SHARED.get()
+    if shared is None:
+        return mix.logits(torch.arange(counts.shape[0], device=rank.device))
+    return shared.logits(mix)
+
+
+@contextlib.contextmanager
+def shared_forwards() -> Iterator[None]:
+    """Within the block, :func:`mixed_logits` forwards each distinct image once (see the module docstring).
+
+    For one batch of images at a time: what it keeps (the sources' logits, earlier calls' results) is
+    released on exit."""
+    token = _SHARED.set(_Shared())
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+@dataclass(frozen=True, eq=False)
+class _Mix:
+    """One call of :func:`mixed_logits`."""
+
+    forward: Callable[[Tensor], Tensor]
+    first: Tensor
+    second: Tensor | Replacement
+    rank: Tensor
+    counts: Tensor
+    starts: Tensor
+    batch_size: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The mixed images' dtype (``torch.where``'s promotion of the two sources)."""
+        return self.first.dtype if callable(self.second) else torch.promote_types(self.first.dtype, self.second.dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of one mixed image, (C, H, W)."""
+        sources = (self.first,) if callable(self.second) else (self.first, self.second)
+        return tuple(torch.broadcast_shapes(*(source.shape[1:] for source in sources)))
+
+    def logits(self, steps: Tensor) -> Tensor:
+        """Logits of the mixes of every image at ``steps`` (indices into counts / starts) [B, len(steps), classes]."""
+        height, width = self.shape[-2:]
+        batch, chosen = self.rank.shape[0], steps.shape[0]
+        counts, starts = self.counts[steps], self.starts[steps]
+        outputs = []
+        with torch.no_grad():
+            for begin in range(0, batch * chosen, self.batch_size):
+                flat = torch.arange(begin, min(begin + self.batch_size, batch * chosen), device=self.rank.device)
+                image, step = flat // chosen, flat % chosen
+                ranks = self.rank[image]
+                taken = ((ranks < counts[step, None]) & (ranks >= starts[step, None])).view(-1, 1, height, width)
+                replacement = self.second(image, taken) if callable(self.second) else _rows(self.second, image)
+                outputs.append(self.forward(torch.where(taken, replacement, _rows(self.first, image))))
+        return torch.cat(outputs).view(batch, chosen, -1)
+
+    def repeats(self, other: _Mix) -> bool:
+        """Whether ``other`` makes exactly the same images with the same forward."""
+        return (self.forward == other.forward and _same(self.first, other.first)
+                and not callable(self.second) and not callable(other.second) and _same(self.second, other.second)
+                and _same(self.rank, other.rank) and _same(self.counts, other.counts)
+                and _same(self.starts, other.starts))
+
+
+@dataclass
+class _Shared:
+    """What :func:`shared_forwards` keeps: each source's logits and each call's."""
+
+    sources: list[tuple[Callable[[Tensor], Tensor], Tensor, Tensor]] = field(default_factory=list)
+    calls: list[tuple[_Mix, Tensor]] = field(default_factory=list)
+
+    def logits(self, mix: _Mix) -> Tensor:
+        for earlier, logits in self.calls:
+            if earlier.repeats(mix):
+                return logits
+        untouched = mix.counts <= mix.starts                    # the step takes nothing: the first source
+        height, width = mix.shape[-2:]
+        whole = (mix.starts <= 0) & (mix.counts >= height * width)   # the step takes every pixel: the second source
+        if callable(mix.second):
+            whole = torch.zeros_like(untouched)
+        rest = (~(untouched | whole)).nonzero()[:, 0]
+        parts = [(rest, mix.logits(rest))] if rest.numel() else []
+        for where, source in ((untouched, mix.first), (whole, mix.second)):
+            if where.any():
+                found = self.source_logits(mix, source)
+                parts.append((where.nonzero()[:, 0], found[:, None].expand(-1, int(where.sum()), -1)))
+        batch, classes = mix.rank.shape[0], parts[0][1].shape[-1]
+        logits = parts[0][1].new_empty(batch, mix.counts.shape[0], classes)
+        for steps, values in parts:
+            logits[:, steps] = values
+        self.calls.append((mix, logits))
+        return logits
+
+    def source_logits(self, mix: _Mix, source: Tensor) -> Tensor:
+        """The logits of each of ``source``'s images as a whole mix [B or 1, classes], forwarded once per batch."""
+        for forward, known, logits in self.sources:
+            if forward == mix.forward and _same(known, source):
+                return logits
+        with torch.no_grad():
+            logits = torch.cat([mix.forward(source[begin:begin + mix.batch_size].expand(-1, *mix.shape)
+                                            .to(mix.dtype).contiguous())
+                                for begin in range(0, source.shape[0], mix.batch_size)])
+        self.sources.append((mix.forward, source, logits))
+        return logits
+
+
+_SHARED: ContextVar[_Shared | None] = ContextVar("vitexplain_shared_forwards", default=None)
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b))
 
 
 def _rows(source: Tensor, image: Tensor) -> Tensor:

@@ -30,7 +30,7 @@ from torch import Tensor
 from ..options import PositiveInt, Range
 from ._common import check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
-from .base import Curves, EvalBatch, Metric, even_steps, register_metric
+from .base import Curves, EvalBatch, even_steps, register_metric
 
 
 def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
@@ -61,15 +61,8 @@ def reduce_aopc(values: dict[str, Tensor]) -> dict[str, float]:
             "log_odds": values["log_odds"].to(torch.float64).mean().item()}
 
 
-def _compute(batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 10,
-             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
-    return aopc_log_odds(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
-                         pixel_std=batch.std, n_steps=n_steps, batch_size=batch_size)
-
-
-register_metric(Metric(
-    name="aopc",
-    compute=_compute,
+@register_metric(
+    "aopc",
     reduce=reduce_aopc,
     higher_is_better={"aopc": True, "log_odds": False},
     cost=lambda options, method: options["n_steps"],
@@ -78,4 +71,8 @@ register_metric(Metric(
                   "share of the most relevant pixels set to black (0 = the image itself)",
                   {"probability_drop": "drop of the explained class's probability",
                    "log_odds": "log(p / p of the image itself), explained class"}),
-))
+)
+def _compute(batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 10,
+             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+    return aopc_log_odds(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
+                         pixel_std=batch.std, n_steps=n_steps, batch_size=batch_size)

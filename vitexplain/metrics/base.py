@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..options import check_options, option_defaults
-from ..registry import Registry
+from ..registry import Registry, registering
 
 #: the ground truth the built-in protocols read, by the name a dataset gives it in
 #: :attr:`EvalBatch.truth` (and declares in its ``provides``); a plug-in may add names of its own
@@ -180,8 +180,17 @@ class Metric:
 METRICS: Registry[Metric] = Registry("metric", "vitexplain.metrics")
 
 
-def register_metric(metric: Metric) -> Metric:
-    return METRICS.add(metric.name, metric)
+def register_metric(name: str | Callable[..., dict[str, Tensor]] | Metric | None = None, /, **metadata: Any) -> Any:
+    """Decorator that registers an evaluation protocol: the decorated function is its ``compute``, ``metadata`` its
+    other :class:`Metric` fields (``reduce`` is required; ``requires``, ``higher_is_better``, ``cost``, ``group``,
+    ``curves``), its name the function's unless ``name`` is given: ``@register_metric("aopc", reduce=...)``.
+
+    A :class:`Metric` built beforehand, ``register_metric(Metric(...))`` (the shape plug-ins were written in),
+    is registered as it is and returned.
+    """
+    if isinstance(name, Metric):
+        return METRICS.add(name.name, name)
+    return registering(lambda key, compute: METRICS.add(key, Metric(key, compute, **metadata)), name)
 
 
 def available_metrics() -> list[str]:

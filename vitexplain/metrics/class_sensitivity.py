@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..maps import min_max, resize
 from ._common import check_maps
-from .base import EvalBatch, Metric, register_metric
+from .base import EvalBatch, register_metric
 
 
 def _own_share(relevance: Tensor, own: Tensor, other: Tensor) -> Tensor:
@@ -65,18 +65,15 @@ def reduce_class_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
             for name in ("class_sensitivity", "first_share", "second_share")}
 
 
-def _compute(batch: EvalBatch) -> dict[str, Tensor]:
-    second = batch.truth["second"]
-    second_maps = batch.explain(batch.images, second["targets"])
-    return class_sensitivity(batch.maps, second_maps, batch.truth["masks"], second["masks"])
-
-
-register_metric(Metric(
-    name="class_sensitivity",
-    compute=_compute,
+@register_metric(
+    "class_sensitivity",
     reduce=reduce_class_sensitivity,
     requires=("masks", "second", "explain"),
     higher_is_better={"class_sensitivity": True, "first_share": True, "second_share": True},
     cost=lambda options, method: method,
     group="class sensitivity",
-))
+)
+def _compute(batch: EvalBatch) -> dict[str, Tensor]:
+    second = batch.truth["second"]
+    second_maps = batch.explain(batch.images, second["targets"])
+    return class_sensitivity(batch.maps, second_maps, batch.truth["masks"], second["masks"])

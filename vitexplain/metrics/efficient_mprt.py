@@ -24,7 +24,7 @@ docs/decisions/metrics-mprt.md.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -33,10 +33,11 @@ from ..maps import resize
 from ..options import PositiveInt
 from ._common import check_choice, check_images, check_maps
 from ._randomise import Randomisation, check_explained, modifier_of
-from .base import Curves, EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, register_metric
 from .smooth_mprt import NOMINAL_LEVELS
 
-RESOLUTIONS = ("image", "map")
+Resolution = Literal["image", "map"]
+RESOLUTIONS = get_args(Resolution)
 
 
 def histogram_entropy(maps: Tensor, n_bins: int = 100) -> Tensor:
@@ -113,15 +114,8 @@ def reduce_efficient_mprt(values: dict[str, Tensor]) -> dict[str, float]:
             "undefined": int((~defined).sum())}
 
 
-def _compute(batch: EvalBatch, *, n_bins: PositiveInt = 100, seed: int = 0, cascade: bool = False,
-             resolution: Literal["image", "map"] = "image") -> dict[str, Tensor]:
-    return efficient_mprt(batch.explain, modifier_of(batch, "efficient_mprt"), batch.images, batch.maps, batch.targets,
-                          n_bins=n_bins, seed=seed, cascade=cascade, resolution=resolution)
-
-
-register_metric(Metric(
-    name="efficient_mprt",
-    compute=_compute,
+@register_metric(
+    "efficient_mprt",
     reduce=reduce_efficient_mprt,
     requires=("explain", "model"),
     higher_is_better={"complexity_rise": True},
@@ -131,4 +125,8 @@ register_metric(Metric(
     curves=Curves(lambda options, points: [float(k) for k in range(1, points + 1)],
                   "levels of the model randomised, top first (head, blocks from the last, embedding)",
                   {"entropy_levels": "discrete entropy (nats) of the randomised model's map"}),
-))
+)
+def _compute(batch: EvalBatch, *, n_bins: PositiveInt = 100, seed: int = 0, cascade: bool = False,
+             resolution: Resolution = "image") -> dict[str, Tensor]:
+    return efficient_mprt(batch.explain, modifier_of(batch, "efficient_mprt"), batch.images, batch.maps, batch.targets,
+                          n_bins=n_bins, seed=seed, cascade=cascade, resolution=resolution)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -37,9 +37,10 @@ from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
 from ._common import check_choice, check_images, check_maps, check_targets, removal_rank
 from ._perturb import check_batch_size, mixed_logits
-from .base import Curves, EvalBatch, Metric, even_steps, register_metric
+from .base import Curves, EvalBatch, even_steps, register_metric
 
-BASELINES = ("blur", "black", "mean", "random")
+Baseline = Literal["blur", "black", "mean", "random"]
+BASELINES = get_args(Baseline)
 
 
 def baseline_images(images: Tensor, baseline: str, seed: int = 0) -> Tensor:
@@ -106,16 +107,8 @@ def reduce_insertion_deletion(values: dict[str, Tensor]) -> dict[str, float]:
     return {"insertion": insertion, "deletion": deletion, "insertion_minus_deletion": insertion - deletion}
 
 
-def _compute(batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 224,
-             baseline: Literal["blur", "black", "mean", "random"] = "blur", batch_size: PositiveInt = 128,
-             seed: int = 0) -> dict[str, Tensor]:
-    return insertion_deletion(batch.logits, batch.images, batch.maps, batch.targets, n_steps=n_steps, baseline=baseline,
-                              batch_size=batch_size, seed=seed)
-
-
-register_metric(Metric(
-    name="insertion_deletion",
-    compute=_compute,
+@register_metric(
+    "insertion_deletion",
     reduce=reduce_insertion_deletion,
     higher_is_better={"insertion": True, "deletion": False, "insertion_minus_deletion": True},
     cost=lambda options, method: 2 * options["n_steps"],
@@ -125,4 +118,9 @@ register_metric(Metric(
                   "share of the pixels replaced, most relevant first (no point at 0, as in TIS's code)",
                   {"insertion": "probability of the explained class, pixels inserted into the baseline",
                    "deletion": "probability of the explained class, pixels replaced by the baseline"}),
-))
+)
+def _compute(batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 224,
+             baseline: Baseline = "blur", batch_size: PositiveInt = 128,
+             seed: int = 0) -> dict[str, Tensor]:
+    return insertion_deletion(batch.logits, batch.images, batch.maps, batch.targets, n_steps=n_steps, baseline=baseline,
+                              batch_size=batch_size, seed=seed)

@@ -40,7 +40,7 @@ from ..options import PositiveInt, Range
 from ._common import check_images, check_maps, check_targets
 from ._perturb import check_batch_size, mixed_logits
 from ._regions import class_score, pixel_rank, region_relevance, slic, upsampled
-from .base import EvalBatch, Metric, register_metric
+from .base import EvalBatch, register_metric
 from .insertion_deletion import baseline_images
 
 #: the superpixels of the last few batches: a bench scores every method on the same images, and SLIC depends on
@@ -103,18 +103,15 @@ def reduce_irof(values: dict[str, Tensor]) -> dict[str, float]:
     return {"irof": values["irof"].to(torch.float64).mean().item()}
 
 
+@register_metric(
+    "irof",
+    reduce=reduce_irof,
+    higher_is_better={"irof": True},
+    cost=lambda options, method: options["n_segments"] + 1,    # about: SLIC keeps most of its seeds
+    group="faithfulness",
+)
 def _compute(batch: EvalBatch, *, n_segments: Annotated[int, Range(low=2)] = 100,
              compactness: Annotated[float, Range(low=0, low_open=True)] = 10.0,
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return irof(batch.logits, batch.images, batch.maps, batch.targets, n_segments=n_segments,
                 compactness=compactness, batch_size=batch_size)
-
-
-register_metric(Metric(
-    name="irof",
-    compute=_compute,
-    reduce=reduce_irof,
-    higher_is_better={"irof": True},
-    cost=lambda options, method: options["n_segments"] + 1,    # about: SLIC keeps most of its seeds
-    group="faithfulness",
-))

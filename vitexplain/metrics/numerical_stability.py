@@ -33,7 +33,7 @@ from ..options import Range
 from ..seeding import seeded_draw
 from ._common import check_images, check_maps
 from ._randomise import check_explained, modifier_of, pearson
-from .base import EvalBatch, Metric, register_metric
+from .base import EvalBatch, register_metric
 
 #: a method whose r_worst (mean over images) is below this on the model in hand has chaotic maps there
 CHAOTIC_BELOW = 0.9
@@ -98,18 +98,15 @@ def reduce_numerical_stability(values: dict[str, Tensor]) -> dict[str, float]:
     return {key: values[key].double().mean().item() for key in (*(f"r_{kind}" for kind in KINDS), "r_worst")}
 
 
-def _compute(batch: EvalBatch, *, seed: int = 0,
-             size: Annotated[float, Range(low=0, low_open=True)] = ROUNDING) -> dict[str, Tensor]:
-    return numerical_stability(batch.explain, modifier_of(batch, "numerical_stability"), batch.images, batch.maps,
-                               batch.targets, seed=seed, size=size)
-
-
-register_metric(Metric(
-    name="numerical_stability",
-    compute=_compute,
+@register_metric(
+    "numerical_stability",
     reduce=reduce_numerical_stability,
     requires=("explain", "model"),
     higher_is_better={**{f"r_{kind}": True for kind in KINDS}, "r_worst": True},
     cost=lambda options, method: 4 * method,
     group="robustness",
-))
+)
+def _compute(batch: EvalBatch, *, seed: int = 0,
+             size: Annotated[float, Range(low=0, low_open=True)] = ROUNDING) -> dict[str, Tensor]:
+    return numerical_stability(batch.explain, modifier_of(batch, "numerical_stability"), batch.images, batch.maps,
+                               batch.targets, seed=seed, size=size)

@@ -22,7 +22,7 @@ Ties in the map are removed in raster order (lower row-major index first), in bo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -30,9 +30,10 @@ from torch import Tensor
 from ..options import PositiveInt, Range
 from ._common import check_choice, check_images, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
-from .base import Curves, EvalBatch, Metric, even_steps, register_metric
+from .base import Curves, EvalBatch, even_steps, register_metric
 
-DIRECTIONS = ("both", "positive", "negative")
+Direction = Literal["both", "positive", "negative"]
+DIRECTIONS = get_args(Direction)
 
 
 def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, labels: Tensor, *,
@@ -83,15 +84,8 @@ def reduce_perturbation(values: dict[str, Tensor]) -> dict[str, float]:
     return {f"{name}_auc": perturbation_auc(values[name]) for name in ("positive", "negative") if name in values}
 
 
-def _compute(batch: EvalBatch, *, direction: Literal["both", "positive", "negative"] = "both",
-             n_steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128) -> dict[str, Tensor]:
-    return perturbation_test(batch.logits, batch.images, batch.maps, batch.labels, pixel_mean=batch.mean,
-                             pixel_std=batch.std, direction=direction, n_steps=n_steps, batch_size=batch_size)
-
-
-register_metric(Metric(
-    name="perturbation",
-    compute=_compute,
+@register_metric(
+    "perturbation",
     reduce=reduce_perturbation,
     requires=("labels",),
     higher_is_better={"positive_auc": False, "negative_auc": True},
@@ -101,4 +95,8 @@ register_metric(Metric(
                   "share of the pixels set to black (0 = the image itself)",
                   {"positive": "top-1 accuracy, most relevant pixels removed first",
                    "negative": "top-1 accuracy, least relevant pixels removed first"}),
-))
+)
+def _compute(batch: EvalBatch, *, direction: Direction = "both",
+             n_steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+    return perturbation_test(batch.logits, batch.images, batch.maps, batch.labels, pixel_mean=batch.mean,
+                             pixel_std=batch.std, direction=direction, n_steps=n_steps, batch_size=batch_size)

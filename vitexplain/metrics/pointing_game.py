@@ -22,7 +22,7 @@ from torch import Tensor
 from ..maps import resize
 from ..options import Share
 from ._common import check_maps
-from .base import EvalBatch, Metric, register_metric
+from .base import EvalBatch, register_metric
 
 
 def box_masks(boxes: list[Tensor], size: tuple[int, int], device: torch.device) -> Tensor:
@@ -73,15 +73,12 @@ def reduce_pointing_game(values: dict[str, Tensor]) -> dict[str, float]:
     return {"accuracy": accuracy, "included": int(kept.sum()), "excluded": int((~kept).sum())}
 
 
-def _compute(batch: EvalBatch, *, max_coverage: Share = 0.5) -> dict[str, Tensor]:
-    return pointing_game(batch.maps, batch.truth["boxes"], tuple(batch.images.shape[-2:]), max_coverage=max_coverage)
-
-
-register_metric(Metric(
-    name="pointing_game",
-    compute=_compute,
+@register_metric(
+    "pointing_game",
     reduce=reduce_pointing_game,
     requires=("boxes",),
     higher_is_better={"accuracy": True},
     group="localisation",
-))
+)
+def _compute(batch: EvalBatch, *, max_coverage: Share = 0.5) -> dict[str, Tensor]:
+    return pointing_game(batch.maps, batch.truth["boxes"], tuple(batch.images.shape[-2:]), max_coverage=max_coverage)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt
-from .base import EvalBatch, Metric, register_metric
+from .base import EvalBatch, register_metric
 
 #: GradToken Fig. 6: k in [10, 80] with steps of 10 tokens.
 DEFAULT_KS = (10, 20, 30, 40, 50, 60, 70, 80)
@@ -104,16 +104,13 @@ def reduce_rationale_f1(values: dict[str, Tensor]) -> dict[str, float]:
     return {**reported, "mean_f1": values["f1"].double().mean().item()}
 
 
-def _compute(batch: EvalBatch, *, ks: Sequence[PositiveInt] = DEFAULT_KS) -> dict[str, Tensor]:
-    values = rationale_f1(batch.maps, batch.truth["word_index"], batch.truth["rationale_spans"], ks)
-    return {**{f"f1@{k}": values["f1"][:, i] for i, k in enumerate(ks)}, **values}
-
-
-register_metric(Metric(
-    name="rationale_f1",
-    compute=_compute,
+@register_metric(
+    "rationale_f1",
     reduce=reduce_rationale_f1,
     requires=("word_index", "rationale_spans"),
     higher_is_better={**{f"f1@{k}": True for k in DEFAULT_KS}, "mean_f1": True},
     group="localisation",
-))
+)
+def _compute(batch: EvalBatch, *, ks: Sequence[PositiveInt] = DEFAULT_KS) -> dict[str, Tensor]:
+    values = rationale_f1(batch.maps, batch.truth["word_index"], batch.truth["rationale_spans"], ks)
+    return {**{f"f1@{k}": values["f1"][:, i] for i, k in enumerate(ks)}, **values}

@@ -41,7 +41,7 @@ from ..seeding import seeded_draw
 from ._common import check_images, check_maps, check_targets
 from ._perturb import check_batch_size, mixed_logits, normalisation
 from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
-from .base import Curves, EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, register_metric
 
 
 def region_perturbation(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
@@ -88,16 +88,8 @@ def reduce_region_perturbation(values: dict[str, Tensor]) -> dict[str, float]:
     return {"aopc": values["drop"].to(torch.float64).mean().item()}
 
 
-def _compute(batch: EvalBatch, *, patch_size: PositiveInt = 9, n_regions: PositiveInt = 100,
-             score: Score = "probability", batch_size: PositiveInt = 128, seed: int = 0) -> dict[str, Tensor]:
-    return region_perturbation(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
-                               pixel_std=batch.std, patch_size=patch_size, n_regions=n_regions, score=score,
-                               batch_size=batch_size, seed=seed)
-
-
-register_metric(Metric(
-    name="region_perturbation",
-    compute=_compute,
+@register_metric(
+    "region_perturbation",
     reduce=reduce_region_perturbation,
     higher_is_better={"aopc": True},
     cost=lambda options, method: options["n_regions"] + 1,      # at most: fewer when the image has fewer patches
@@ -105,4 +97,9 @@ register_metric(Metric(
     curves=Curves(lambda options, points: [float(k) for k in range(points)],
                   "patches replaced by uniform noise, most relevant first (0 = the image itself)",
                   {"drop": "drop of the explained class's score (probability unless score says otherwise)"}),
-))
+)
+def _compute(batch: EvalBatch, *, patch_size: PositiveInt = 9, n_regions: PositiveInt = 100,
+             score: Score = "probability", batch_size: PositiveInt = 128, seed: int = 0) -> dict[str, Tensor]:
+    return region_perturbation(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
+                               pixel_std=batch.std, patch_size=patch_size, n_regions=n_regions, score=score,
+                               batch_size=batch_size, seed=seed)

@@ -52,7 +52,7 @@ from ..seeding import seeded_draw
 from ._common import check_images, check_maps, check_targets
 from ._perturb import mixed_logits, normalisation, ranked_by_relevance
 from ._stencil_cg import conjugate_gradient_imputation
-from .base import Curves, EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, register_metric
 
 #: the removal fractions of the authors' runs (``noretrain_params.json``, RoadBenchmarkDemo.ipynb)
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.9)
@@ -177,15 +177,8 @@ def reduce_road(values: dict[str, Tensor]) -> dict[str, float]:
     return {"morf": morf, "lerf": lerf, "lerf_minus_morf": lerf - morf}
 
 
-def _compute(batch: EvalBatch, *, fractions: Sequence[OpenShare] = FRACTIONS, noise: NonNegative = 0.01,
-             batch_size: PositiveInt = 128, seed: int = 0, solver: Solver = "auto") -> dict[str, Tensor]:
-    return road(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean, pixel_std=batch.std,
-                fractions=fractions, noise=noise, batch_size=batch_size, seed=seed, solver=solver)
-
-
-register_metric(Metric(
-    name="road",
-    compute=_compute,
+@register_metric(
+    "road",
     reduce=reduce_road,
     higher_is_better={"morf": False, "lerf": True, "lerf_minus_morf": True},
     cost=lambda options, method: 2 * len(options["fractions"]),
@@ -194,4 +187,8 @@ register_metric(Metric(
                   "share of the pixels imputed (noisy linear imputation)",
                   {"morf": "probability of the explained class, most relevant imputed first (MoRF)",
                    "lerf": "probability of the explained class, least relevant imputed first (LeRF)"}),
-))
+)
+def _compute(batch: EvalBatch, *, fractions: Sequence[OpenShare] = FRACTIONS, noise: NonNegative = 0.01,
+             batch_size: PositiveInt = 128, seed: int = 0, solver: Solver = "auto") -> dict[str, Tensor]:
+    return road(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean, pixel_std=batch.std,
+                fractions=fractions, noise=noise, batch_size=batch_size, seed=seed, solver=solver)

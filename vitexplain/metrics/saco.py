@@ -34,7 +34,7 @@ from ..maps import resize
 from ..options import PositiveInt, Range
 from ._common import check_images, check_maps, check_targets, removal_rank
 from ._perturb import mixed_logits, removal_counts
-from .base import Curves, EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, register_metric
 from .insertion_deletion import baseline_images
 
 
@@ -84,14 +84,8 @@ def reduce_saco(values: dict[str, Tensor]) -> dict[str, float]:
     return {"saco": values["saco"].to(torch.float64).mean().item()}
 
 
-def _compute(batch: EvalBatch, *, n_groups: Annotated[int, Range(low=2)] = 10,
-             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
-    return saco(batch.logits, batch.images, batch.maps, batch.targets, n_groups=n_groups, batch_size=batch_size)
-
-
-register_metric(Metric(
-    name="saco",
-    compute=_compute,
+@register_metric(
+    "saco",
     reduce=reduce_saco,
     higher_is_better={"saco": True},
     cost=lambda options, method: options["n_groups"] + 1,
@@ -99,4 +93,7 @@ register_metric(Metric(
     curves=Curves(lambda options, points: [(k + 0.5) / options["n_groups"] for k in range(points)],
                   "salience group, at its middle as a share of the pixels ranked most salient first",
                   {"group_drop": "probability drop when that group alone is replaced by the image's mean"}),
-))
+)
+def _compute(batch: EvalBatch, *, n_groups: Annotated[int, Range(low=2)] = 10,
+             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+    return saco(batch.logits, batch.images, batch.maps, batch.targets, n_groups=n_groups, batch_size=batch_size)

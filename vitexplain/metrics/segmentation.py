@@ -38,7 +38,7 @@ Numbers are reported in percent, as in both papers' tables.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -46,9 +46,10 @@ from torch import Tensor
 
 from ..maps import min_max, resize
 from ._common import check_choice, check_maps
-from .base import EvalBatch, Metric, register_metric
+from .base import EvalBatch, register_metric
 
-THRESHOLDS = ("mean", "best", "best_per_metric")
+Threshold = Literal["mean", "best", "best_per_metric"]
+THRESHOLDS = get_args(Threshold)
 #: the thresholds GradToken searches
 THRESHOLD_GRID = tuple(i / 10 for i in range(10))
 _EPS = float(np.spacing(1))
@@ -157,15 +158,12 @@ def reduce_segmentation(values: dict[str, Tensor], *, threshold: str = "best") -
     }
 
 
-def _compute(batch: EvalBatch, *, threshold: Literal["mean", "best", "best_per_metric"] = "mean") -> dict[str, Tensor]:
-    return segmentation(batch.maps, batch.truth["masks"], threshold=threshold, ignore=batch.truth.get("ignore"))
-
-
-register_metric(Metric(
-    name="segmentation",
-    compute=_compute,
+@register_metric(
+    "segmentation",
     reduce=reduce_segmentation,
     requires=("masks",),
     higher_is_better={"pixel_accuracy": True, "miou": True, "map": True},
     group="localisation",
-))
+)
+def _compute(batch: EvalBatch, *, threshold: Threshold = "mean") -> dict[str, Tensor]:
+    return segmentation(batch.maps, batch.truth["masks"], threshold=threshold, ignore=batch.truth.get("ignore"))

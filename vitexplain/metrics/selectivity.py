@@ -36,7 +36,7 @@ from ..options import PositiveInt, Score
 from ._common import check_images, check_maps, check_targets
 from ._perturb import black_pixel, check_batch_size, mixed_logits
 from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
-from .base import Curves, EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, register_metric
 
 #: patches per side of the paper's grid (4 x 4 patches of 28 x 28 MNIST digits)
 GRID = 7
@@ -79,21 +79,14 @@ def reduce_selectivity(values: dict[str, Tensor]) -> dict[str, float]:
     return {"auc": curve_area(values["score"].to(torch.float64)).mean().item()}
 
 
-def _compute(batch: EvalBatch, *, patch_size: PositiveInt | None = None, score: Score = "probability",
-             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
-    return selectivity(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
-                       pixel_std=batch.std, patch_size=patch_size, score=score, batch_size=batch_size)
-
-
 def _cost(options: dict, method: float) -> float:
     """Patches + 1 at 224 px (the planning resolution of ``reproduce``): 50 on the default 7 x 7 grid."""
     side = math.ceil(224 / (options["patch_size"] or math.ceil(224 / GRID)))
     return side * side + 1
 
 
-register_metric(Metric(
-    name="selectivity",
-    compute=_compute,
+@register_metric(
+    "selectivity",
     reduce=reduce_selectivity,
     higher_is_better={"auc": False},
     cost=_cost,
@@ -101,4 +94,8 @@ register_metric(Metric(
     curves=Curves(lambda options, points: [k / (points - 1) for k in range(points)],
                   "share of the patches set to black, most relevant first (0 = the image itself)",
                   {"score": "score of the explained class (probability unless score says otherwise)"}),
-))
+)
+def _compute(batch: EvalBatch, *, patch_size: PositiveInt | None = None, score: Score = "probability",
+             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+    return selectivity(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
+                       pixel_std=batch.std, patch_size=patch_size, score=score, batch_size=batch_size)

@@ -29,7 +29,7 @@ computed for the batch (``batch.maps``), which is what Captum recomputes for det
 """
 from __future__ import annotations
 
-from typing import Annotated, Callable, Literal
+from typing import Annotated, Callable, Literal, get_args
 
 import numpy as np
 import torch
@@ -39,9 +39,10 @@ from ..maps import min_max
 from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
 from ._common import check_choice, check_images, check_maps
-from .base import EvalBatch, Metric, register_metric
+from .base import EvalBatch, register_metric
 
-NORMALISATIONS = ("none", "minmax", "max")
+Normalise = Literal["none", "minmax", "max"]
+NORMALISATIONS = get_args(Normalise)
 
 
 def sensitivity_noise(n_samples: int, shape: tuple[int, ...], radius: float, seed: int,
@@ -122,20 +123,17 @@ def reduce_max_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
     return {"max_sensitivity": values["max_sensitivity"].to(torch.float64).mean().item()}
 
 
-def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 10,
-             radius: Annotated[float, Range(low=0, low_open=True)] = 0.02, seed: int = 0,
-             normalise: Literal["none", "minmax", "max"] = "none", reseed: bool = False) -> dict[str, Tensor]:
-    return {"max_sensitivity": max_sensitivity(batch.explain, batch.images, batch.maps, batch.targets,
-                                               n_samples=n_samples, radius=radius, seed=seed, normalise=normalise,
-                                               reseed=reseed)}
-
-
-register_metric(Metric(
-    name="max_sensitivity",
-    compute=_compute,
+@register_metric(
+    "max_sensitivity",
     reduce=reduce_max_sensitivity,
     requires=("explain",),
     higher_is_better={"max_sensitivity": False},
     cost=lambda options, method: options["n_samples"] * method,
     group="robustness",
-))
+)
+def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 10,
+             radius: Annotated[float, Range(low=0, low_open=True)] = 0.02, seed: int = 0,
+             normalise: Normalise = "none", reseed: bool = False) -> dict[str, Tensor]:
+    return {"max_sensitivity": max_sensitivity(batch.explain, batch.images, batch.maps, batch.targets,
+                                               n_samples=n_samples, radius=radius, seed=seed, normalise=normalise,
+                                               reseed=reseed)}

@@ -38,7 +38,7 @@ from ..options import NonNegative, PositiveInt
 from ..seeding import seeded_draw
 from ._common import check_images, check_maps
 from ._randomise import Randomisation, check_explained, modifier_of, spearman
-from .base import Curves, EvalBatch, Metric, register_metric
+from .base import Curves, EvalBatch, register_metric
 
 #: the levels a ViT-B/16 has (head, 12 blocks, embedding): the cost's nominal count, the model being unknown there
 NOMINAL_LEVELS = 14
@@ -106,16 +106,8 @@ def reduce_smooth_mprt(values: dict[str, Tensor]) -> dict[str, float]:
     return {"similarity": levels[:, -1].mean().item(), "similarity_average": levels.mean().item()}
 
 
-def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 50, noise: NonNegative = 0.1, seed: int = 0,
-             absolute: bool = True, cascade: bool = True) -> dict[str, Tensor]:
-    found = smooth_mprt(batch.explain, modifier_of(batch, "smooth_mprt"), batch.images, batch.maps, batch.targets,
-                        n_samples=n_samples, noise=noise, seed=seed, absolute=absolute, cascade=cascade)
-    return {"similarity": found["similarity_levels"][:, -1].clone(), **found}   # its own storage: stored apart
-
-
-register_metric(Metric(
-    name="smooth_mprt",
-    compute=_compute,
+@register_metric(
+    "smooth_mprt",
     reduce=reduce_smooth_mprt,
     requires=("explain", "model"),
     higher_is_better={"similarity": False, "similarity_average": False},
@@ -127,4 +119,9 @@ register_metric(Metric(
                   "levels of the model randomised, top first (head, blocks from the last, embedding)",
                   {"similarity_levels": "Spearman correlation of the smoothed maps of the trained and the "
                                         "randomised model"}),
-))
+)
+def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 50, noise: NonNegative = 0.1, seed: int = 0,
+             absolute: bool = True, cascade: bool = True) -> dict[str, Tensor]:
+    found = smooth_mprt(batch.explain, modifier_of(batch, "smooth_mprt"), batch.images, batch.maps, batch.targets,
+                        n_samples=n_samples, noise=noise, seed=seed, absolute=absolute, cascade=cascade)
+    return {"similarity": found["similarity_levels"][:, -1].clone(), **found}   # its own storage: stored apart

@@ -21,16 +21,17 @@ rather than a ranking.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from ..maps import resize
 from ._common import check_choice, check_maps
-from .base import EvalBatch, Metric, register_metric
+from .base import EvalBatch, register_metric
 
-SHIFTS = ("always", "negative")
+Shift = Literal["always", "negative"]
+SHIFTS = get_args(Shift)
 
 
 def gini_sparseness(maps: Tensor, image_size: tuple[int, int] | None = None, *, shift: str = "always") -> Tensor:
@@ -52,14 +53,11 @@ def reduce_sparseness(values: dict[str, Tensor]) -> dict[str, float]:
     return {"sparseness": values["sparseness"].to(torch.float64).mean().item()}
 
 
-def _compute(batch: EvalBatch, *, shift: Literal["always", "negative"] = "always") -> dict[str, Tensor]:
-    return {"sparseness": gini_sparseness(batch.maps, tuple(batch.images.shape[-2:]), shift=shift)}
-
-
-register_metric(Metric(
-    name="sparseness",
-    compute=_compute,
+@register_metric(
+    "sparseness",
     reduce=reduce_sparseness,
     higher_is_better={"sparseness": True},
     group="complexity",
-))
+)
+def _compute(batch: EvalBatch, *, shift: Shift = "always") -> dict[str, Tensor]:
+    return {"sparseness": gini_sparseness(batch.maps, tuple(batch.images.shape[-2:]), shift=shift)}

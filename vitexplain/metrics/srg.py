@@ -38,7 +38,7 @@ of ``srg`` (higher is better), ``mif_auc`` (lower is better) and ``lif_auc`` (hi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -47,10 +47,11 @@ from ..options import PositiveInt, Range
 from ._common import check_choice, check_images, check_maps, check_targets
 from ._perturb import black_pixel, check_batch_size, mixed_logits
 from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
-from .base import Curves, EvalBatch, Metric, even_steps, register_metric
+from .base import Curves, EvalBatch, even_steps, register_metric
 from .insertion_deletion import baseline_images
 
-FILLS = ("zero", "black", "mean", "blur")
+Fill = Literal["zero", "black", "mean", "blur"]
+FILLS = get_args(Fill)
 
 
 def fill_images(images: Tensor, fill: str, pixel_mean: Sequence[float] | None = None,
@@ -113,17 +114,8 @@ def reduce_srg(values: dict[str, Tensor]) -> dict[str, float]:
     return {key: values[key].to(torch.float64).mean().item() for key in ("srg", "mif_auc", "lif_auc")}
 
 
-def _compute(batch: EvalBatch, *, patch_size: PositiveInt = 16, n_steps: Annotated[int, Range(low=2)] = 15,
-             fill: Literal["zero", "black", "mean", "blur"] = "zero",
-             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
-    return symmetric_relevance_gain(batch.logits, batch.images, batch.maps, batch.targets, patch_size=patch_size,
-                                    n_steps=n_steps, fill=fill, pixel_mean=batch.mean, pixel_std=batch.std,
-                                    batch_size=batch_size)
-
-
-register_metric(Metric(
-    name="srg",
-    compute=_compute,
+@register_metric(
+    "srg",
     reduce=reduce_srg,
     higher_is_better={"srg": True, "mif_auc": False, "lif_auc": True},
     cost=lambda options, method: 2 * options["n_steps"],
@@ -133,4 +125,10 @@ register_metric(Metric(
                   "share of the patches replaced (0 = the image itself)",
                   {"mif": "probability of the explained class, most relevant patches removed first (MIF)",
                    "lif": "probability of the explained class, least relevant patches removed first (LIF)"}),
-))
+)
+def _compute(batch: EvalBatch, *, patch_size: PositiveInt = 16, n_steps: Annotated[int, Range(low=2)] = 15,
+             fill: Fill = "zero",
+             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+    return symmetric_relevance_gain(batch.logits, batch.images, batch.maps, batch.targets, patch_size=patch_size,
+                                    n_steps=n_steps, fill=fill, pixel_mean=batch.mean, pixel_std=batch.std,
+                                    batch_size=batch_size)

@@ -21,8 +21,9 @@ from torch import nn
 
 from ..bench import BenchConfig, BenchResult, MethodEntry, MetricEntry, run_benchmark
 from ..datasets import available_datasets
+from ..devices import resolve_device
 from ..metrics import available_metrics, get_metric
-from ..models import ModelLoadError, data_config, load_model, load_text_model, resolve_device
+from ..models import ModelLoadError, data_config, load_model, load_text_model
 from ..registry import available_methods, get_method
 from .data import bench_dataset, check_dataset
 from .published import load_published

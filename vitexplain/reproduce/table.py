@@ -10,8 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.store import atomic_write
+from ..html_page import html_page
 
 SUBCOLUMNS = ("reproduced", "published", "Δ")
+#: the table page's own rules, over the shared style of :mod:`vitexplain.html_page`: every cell ruled, so the paper's
+#: grouped headers read as groups
+STYLE = """
+table { border-collapse: collapse; } th, td { border: 1px solid var(--line); } td { text-align: right; }
+th[scope="row"] { text-align: left; } th.sub { font-weight: 400; font-size: 0.85em; }
+td.ours { font-weight: 700; } td.missing { color: var(--alert); } td.delta { color: var(--muted); }
+"""
 
 
 @dataclass
@@ -188,11 +196,6 @@ class ReproducedTable:
                              f'<td class="delta">{esc(difference)}</td>')
             body.append("<tr>" + "".join(cells) + "</tr>")
         parts = [
-            "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{esc(self.recipe)}</title>",
-            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-            "th,td{border:1px solid #bbb;padding:.25em .5em}td{text-align:right;font-variant-numeric:tabular-nums}"
-            "td.ours{font-weight:bold}td.missing{color:#a00}td.delta{color:#555}th.sub{font-weight:normal;"
-            "font-size:.85em}</style></head><body>",
             f"<h1>{esc(self.heading())}</h1>",
             "<p>Each column of the paper is shown as reproduced | published | Δ = reproduced − published.</p>",
             "<table><thead>" + "".join(head) + "</thead><tbody>" + "".join(body) + "</tbody></table>",
@@ -203,8 +206,7 @@ class ReproducedTable:
             if items:
                 listed = "".join(f"<li>{esc(item)}</li>" for item in items)
                 parts.append(f"<h2>{esc(title)}</h2><ul>{listed}</ul>")
-        parts.append("</body></html>")
-        return "\n".join(parts)
+        return html_page(self.recipe, "\n".join(parts), style=STYLE)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

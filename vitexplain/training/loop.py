@@ -215,7 +215,7 @@ def train_digits(arch: str, model_kwargs: dict[str, Any] | None = None, *, teach
         process, all threads), ``threads``, ``model`` (the trained model, eval mode) and, with
         ``out``, ``checkpoint`` and ``card`` (paths).
     """
-    from ..models import resolve_device
+    from ..devices import resolve_device
 
     device = resolve_device(device)
     if out is not None:

@@ -1,10 +1,12 @@
 """What a model family description says, and the defaults most Vision Transformers share.
 
-A :class:`Family` is the one place that knows how one kind of model is laid out: where its blocks
-are and what each holds (:class:`~vitexplain.instrumentation.blocks.BlockParts`), how many prefix
-tokens lead the sequence, how the output reads the last tokens (:class:`Readout` kind and, for an
-attention-pooling head, :class:`ProbeParts`), where the patch and position embeddings are (for LRP),
-and how to run the model from its token embeddings on (token subsets). Recording, token subsets and
+A :class:`Family` is the one place that knows how one kind of model is laid out: which model classes it describes,
+where its blocks are and what each holds (a :class:`~.stack.Stack`, read as
+:class:`~vitexplain.instrumentation.blocks.BlockParts`), how many prefix tokens lead the sequence, how the output
+reads the last tokens (:class:`Readout` kind and, for an attention-pooling head, :class:`ProbeParts`), where the
+patch and position embeddings are (for LRP), how to run the model from its token embeddings on (token subsets), and
+its tiny example models. Most of it is declared as data on the class; recognition, refusal reasons and block parts
+follow from the declaration, and a family writes as functions only what truly differs. Recording, token subsets and
 LRP rules all read it; adding a family is writing one of these in a module of this package, decorated with
 :func:`register_family` (the registry imports every module here before its first lookup).
 """
@@ -23,10 +25,9 @@ from torch import Tensor, nn
 from ...registry import Registry
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-
-
-class UnsupportedModelError(TypeError):
-    """The model is not one vitexplain can instrument, or lacks what a method needs."""
+from .errors import UnsupportedModelError as UnsupportedModelError  # where the families and the package read it
+from .examples import Example
+from .stack import Stack, at
 
 
 @dataclass(frozen=True)
@@ -119,37 +120,72 @@ class Family(ABC):
     #: the blocks take and return tokens sequence first, [N, B, C] (their ``inputs`` / ``output`` convert)
     sequence_first: bool = False
 
+    # -- what a family declares ------------------------------------------------------------------
+    #: the model classes described, as classes or "package.module.Class" (a package no model has imported is never
+    #: imported to recognise a model)
+    model_classes: ClassVar[tuple[str | type, ...]] = ()
+    #: whether subclasses of :attr:`model_classes` are described too (False: exactly those classes, whose forward the
+    #: family knows)
+    subclasses: ClassVar[bool] = True
+    #: classes among :attr:`model_classes`' subclasses that another family describes
+    excluded_classes: ClassVar[tuple[str | type, ...]] = ()
+    #: where the blocks are, which classes are described and where each keeps its parts
+    stack: ClassVar[Stack | None] = None
+    #: what a recognised model must be, in order: each check gives the clause saying what it is not, or None
+    refusals: ClassVar[tuple[Callable[[nn.Module], str | None], ...]] = ()
+    #: the family's tiny example models (the support matrix's columns, the tests' models)
+    example_models: ClassVar[tuple[Example, ...]] = ()
+    #: module classes (or their "package.module.Class") that LRP's rules cover in the family's models, besides the
+    #: model classes, blocks and attentions described; None: LRP is not placed on them
+    lrp_modules: ClassVar[tuple[str | type, ...] | None] = None
+    #: the dotted path (from the family) of the patch convolution, whose kernel is the patch and whose input channels
+    #: are the images' (None: timm's ``model.patch_embed``)
+    patch_convolution: ClassVar[str | None] = None
+    #: the dotted path (from the family) of the one image size the model takes, a side or (h, w) (None: timm's
+    #: ``model.patch_embed`` says which sizes)
+    image_size: ClassVar[str | None] = None
+    #: why the outputs are not class logits when the caller does not say (None: decided from the model's head)
+    output_embedding: str | None = None
+
     def __init__(self, model: nn.Module):
         self.model = model
         self.blocks: list[BlockParts] = [self.block(module) for module in self.block_modules()]
 
-    # -- what a family must say ------------------------------------------------------------------
+    # -- what follows from the declaration ---------------------------------------------------------
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
         """Whether ``model`` is of the kind (the class) this family describes, whatever its settings: a
-        refusal then gives this family's reason, not a list of every family's. A family that does not say
-        recognises the models it describes."""
-        return cls.unsupported_reason(model) is None
+        refusal then gives this family's reason, not a list of every family's. A family that declares no
+        :attr:`model_classes` recognises the models it describes."""
+        if not cls.model_classes:
+            return cls.unsupported_reason(model) is None
+        classes = loaded_classes(cls.model_classes)
+        ours = isinstance(model, classes) if cls.subclasses else type(model) in classes
+        return ours and not isinstance(model, loaded_classes(cls.excluded_classes))
 
     @classmethod
-    @abstractmethod
     def unsupported_reason(cls, model: nn.Module) -> str | None:
-        """For a model the family recognises: None when it describes it, else the one part or setting it
-        does not cover (a clause: "its head pools with …", "block 0 is a …")."""
+        """For a model the family recognises: None when it describes it, else the first of its :attr:`refusals`
+        (a clause: "its head pools with …", "block 0 is a …")."""
+        return next((reason for check in cls.refusals if (reason := check(model)) is not None), None)
 
     @classmethod
     def examples(cls) -> dict[str, Callable[[], tuple[nn.Module, Any]]]:
-        """Tiny randomly initialised models of the family, by label, each with an input batch: what the
-        support matrix (:mod:`vitexplain.support`) runs every method on."""
-        return {}
+        """Builders of the family's :attr:`example_models`, by label, each giving the model and an input batch: what
+        the support matrix (:mod:`vitexplain.support`) runs every method on."""
+        return {example.label: example.build for example in cls.example_models}
 
-    @abstractmethod
     def block_modules(self) -> Sequence[nn.Module]:
         """The Transformer blocks in order."""
+        return self.stack.modules(self.model)
 
-    @abstractmethod
     def block(self, module: nn.Module) -> BlockParts:
-        """Where one block keeps its parts."""
+        """Where one block keeps its parts (the :attr:`stack`'s, its attention's as :meth:`attention` reads them)."""
+        return self.stack.block(module, self.attention)
+
+    def attention(self, module: nn.Module) -> AttentionParts:
+        """Where one block's attention module keeps its parts."""
+        raise NotImplementedError(f"{type(self).__name__} reads its blocks' attention in its own block()")
 
     @property
     @abstractmethod
@@ -164,6 +200,8 @@ class Family(ABC):
         """None when the outputs are class logits; else why they are not (said when a class is asked of them)."""
         if self.classes is not None:
             return None if self.classes else "the caller said its outputs are not classes (classes=False)"
+        if self.output_embedding is not None:
+            return self.output_embedding
         if getattr(self.model, "num_classes", 1) == 0:
             return "this model has no classifier head (its output is an embedding)"
         return projection_head(self.model)
@@ -176,15 +214,22 @@ class Family(ABC):
     # -- images ----------------------------------------------------------------------------------
     @property
     def patch_size(self) -> tuple[int, int]:
+        if self.patch_convolution is not None:
+            return tuple(at(self, self.patch_convolution).kernel_size)
         return tuple(self.model.patch_embed.patch_size)
 
     @property
     def in_channels(self) -> int | None:
         """Channels of the images the model takes (None: not known, not checked): a patch convolution's."""
+        if self.patch_convolution is not None:
+            return at(self, self.patch_convolution).in_channels
         return getattr(self.model.patch_embed.proj, "in_channels", None)
 
     def grid_size(self, images: Tensor) -> tuple[int, ...]:
         """Patch grid (h, w) of a batch of images; raises on sizes the model cannot take."""
+        if self.image_size is not None:
+            size = at(self, self.image_size)
+            return fixed_size_grid(images, (size, size) if isinstance(size, int) else size, self.patch_size)
         embed = self.model.patch_embed
         size = tuple(images.shape[-2:])
         dynamic = getattr(self.model, "dynamic_img_size", False)
@@ -258,9 +303,14 @@ class Family(ABC):
         return None
 
     def lrp_allowed(self) -> tuple[type, ...]:
-        """The module classes whose computation the written-out blocks and the rules cover; LRP refuses
-        a model holding any other (beyond plain layers), naming it."""
-        raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models")
+        """The module classes whose computation the written-out blocks and the rules cover (the model classes, the
+        blocks' and attentions' and :attr:`lrp_modules`); LRP refuses a model holding any other (beyond plain layers),
+        naming it."""
+        if self.lrp_modules is None:
+            raise UnsupportedModelError(f"LRP rules are not placed on {self.name} models")
+        described = [type(module) for parts in self.blocks for module in (parts.module, parts.attention.module)]
+        return tuple(dict.fromkeys((*loaded_classes(self.model_classes), *loaded_classes(self.lrp_modules),
+                                    *described)))
 
 
 class ClassTokenFirst:
@@ -277,30 +327,6 @@ class PatchTokensOnly:
     class_token_index = None
 
 
-#: the size of the support matrix's tiny timm models (32 px images, 8 px patches, two blocks)
-TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10)
-
-
-def example(make: Callable[[], nn.Module]) -> Callable[[], tuple[nn.Module, Tensor]]:
-    """A builder of the tiny model ``make`` builds (seeded, in eval mode) and one 32 px input image."""
-    def build() -> tuple[nn.Module, Tensor]:
-        torch.manual_seed(0)
-        return make().eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-    return build
-
-
-def timm_example(architecture: str, settings: dict[str, Any] = TINY,
-                 **arguments) -> Callable[[], tuple[nn.Module, Tensor]]:
-    """A builder of a tiny timm model (``settings``, with ``arguments`` over them) and one 32 px input image."""
-    def make() -> nn.Module:
-        import timm
-
-        return timm.create_model(architecture, pretrained=False, **{**settings, **arguments})
-
-    return example(make)
-
-
 def require_tiling(size: Sequence[int], patch: Sequence[int], pads: bool) -> None:
     """Raise unless ``patch``-sized patches tile an image of ``size`` (h, w), or the model ``pads`` it to a multiple."""
     if not pads and any(side % step for side, step in zip(size, patch)):
@@ -308,6 +334,15 @@ def require_tiling(size: Sequence[int], patch: Sequence[int], pads: bool) -> Non
             f"this model cuts images into {patch[0]}x{patch[1]} patches, which do not tile a "
             f"{size[0]}x{size[1]} image; resize or crop it to a multiple "
             "(or build the model with dynamic_img_pad=True)")
+
+
+def fixed_size_grid(images: Tensor, size: Sequence[int], patch: Sequence[int]) -> tuple[int, int]:
+    """The patch grid of ``images`` of the one ``size`` (h, w) the model takes, cut into ``patch``-sized patches;
+    raises on any other size."""
+    given = tuple(images.shape[-2:])
+    if given != tuple(size):
+        raise ValueError(f"this model takes {size[0]}x{size[1]} images, got {given[0]}x{given[1]}; resize them")
+    return size[0] // patch[0], size[1] // patch[1]
 
 
 def max_selection(tokens: Tensor) -> Tensor:
@@ -325,6 +360,13 @@ def loaded_class(module: str, name: str) -> type | None:
     if module.split(".")[0] not in sys.modules:
         return None
     return getattr(importlib.import_module(module), name)
+
+
+def loaded_classes(classes: Sequence[str | type]) -> tuple[type, ...]:
+    """The ``classes`` given as classes or as "package.module.Class", those of packages not imported left out
+    (:func:`loaded_class`)."""
+    found = (given if isinstance(given, type) else loaded_class(*given.rsplit(".", 1)) for given in classes)
+    return tuple(cls for cls in found if cls is not None)
 
 
 def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int | None = None) -> Tensor:
@@ -382,16 +424,6 @@ def projection_head(model: nn.Module) -> str | None:
     return f"its head projects to the {width}-d image-text embedding of {name} (a CLIP-style tower), not to classes"
 
 
-def layer_scale(module: nn.Module | None) -> Callable[[], Tensor] | None:
-    """The gain of a timm LayerScale module (None for an Identity), or of a bare gain parameter."""
-    if module is None or isinstance(module, nn.Identity):
-        return None
-    gamma = module if isinstance(module, Tensor) else getattr(module, "gamma", None)
-    if gamma is None:
-        raise UnsupportedModelError(f"unknown layer-scale module {type(module).__name__}")
-    return lambda: gamma
-
-
 class LinearView(nn.Linear):
     """A Linear map the model computes from bare parameters (a packed projection's rows, a projection matrix
     multiplied in its forward) as a Linear module of the description: ``weight`` and ``bias`` are read from the
@@ -413,27 +445,9 @@ class LinearView(nn.Linear):
         return self._read[1]()
 
 
-def missing(module: nn.Module, names: Sequence[str]) -> str | None:
-    """'its X has no a, b' for the dotted ``names`` that ``module`` lacks, or None."""
-    absent = []
-    for name in names:
-        found = module
-        for part in name.split("."):
-            found = getattr(found, part, None)
-        if found is None:
-            absent.append(name)
-    return f"its {type(module).__name__} has no {', '.join(absent)}" if absent else None
-
-
-def optional(module: nn.Module | None) -> nn.Module | None:
-    """``module`` unless it is absent or an Identity."""
-    return None if module is None or isinstance(module, nn.Identity) else module
-
-
 __all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "LinearView", "PatchTokensOnly",
-           "ProbeParts", "TokenContext", "UnsupportedModelError", "check_images", "example", "layer_scale",
-           "loaded_class", "max_selection", "missing", "optional", "projection_head", "require_tiling",
-           "wrong_channels"]
+           "ProbeParts", "TokenContext", "UnsupportedModelError", "at", "check_images", "fixed_size_grid",
+           "loaded_class", "loaded_classes", "max_selection", "projection_head", "require_tiling", "wrong_channels"]
 
 
 #: the families a model is described by, registered by their modules (see :func:`served_families`)
@@ -450,3 +464,8 @@ def served_families() -> list[type[Family]]:
     """Every registered family, in listing order."""
     return sorted((FAMILY_REGISTRY.get(name) for name in FAMILY_REGISTRY.names()),
                   key=lambda family: (family.listing_order, family.name))
+
+
+def catalogue() -> dict[str, Example]:
+    """Every registered family's examples by label, families in listing order."""
+    return {example.label: example for family in served_families() for example in family.example_models}

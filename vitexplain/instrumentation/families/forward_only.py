@@ -7,11 +7,17 @@ respect to the images) explain it; the others are refused, saying why (:attr:`Fo
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
 from .base import Family, PatchTokensOnly, UnsupportedModelError, wrong_channels
+from .examples import Example
+
+
+def _resnet18(**overrides) -> nn.Module:
+    from torchvision.models import resnet18
+
+    return resnet18(weights=None, **{"num_classes": 10, **overrides})
 
 
 class ForwardOnly(PatchTokensOnly, Family):
@@ -19,6 +25,7 @@ class ForwardOnly(PatchTokensOnly, Family):
     inside it can be read (the reason a family that knows its kind gives, or that no family knows it)."""
 
     name = "any image classifier (its outputs only)"
+    example_models = (Example("torchvision ResNet-18 (outputs only)", _resnet18),)
 
     def __init__(self, model: nn.Module, *, unreachable: str):
         super().__init__(model)
@@ -27,21 +34,6 @@ class ForwardOnly(PatchTokensOnly, Family):
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
         return True
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        return None
-
-    @classmethod
-    def examples(cls):
-        def build():
-            from torchvision.models import resnet18
-
-            torch.manual_seed(0)
-            model = resnet18(weights=None, num_classes=10).eval()
-            return model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-        return {"torchvision ResNet-18 (outputs only)": build}
 
     def block_modules(self):
         return ()

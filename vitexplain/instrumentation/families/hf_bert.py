@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from ..attention import AttentionParts
 from ..blocks import BlockParts
 from ..inputs import TokenBatch
-from .base import TokenContext, UnsupportedModelError, missing, register_family
+from .base import TokenContext, UnsupportedModelError, register_family
+from .examples import Example
 from .hf_common import (
     TransformersClassifier,
     attention_reason,
@@ -30,6 +31,7 @@ from .hf_common import (
     layer_inputs,
     replaced_output,
 )
+from .stack import Stack, missing, needing
 
 LAYER_ATTRIBUTES = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                     "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm")
@@ -44,6 +46,37 @@ def _as_batch(value: Any, name: str, integers: bool = True) -> Tensor:
     return tensor[None] if tensor.ndim == 1 else tensor
 
 
+def tiny_bert(**overrides) -> nn.Module:
+    """A tiny randomly initialised BERT sequence classifier (the catalogue's)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    return BertForSequenceClassification(BertConfig(**{**dict(vocab_size=50, hidden_size=48, num_hidden_layers=2,
+                                                               num_attention_heads=3, intermediate_size=96,
+                                                               num_labels=2), **overrides}))
+
+
+def _classifier_reason(model: nn.Module) -> str | None:
+    if type(model).__name__.endswith("ForSequenceClassification"):
+        return None
+    return f"{type(model).__name__} is not a sequence classifier (a *ForSequenceClassification model)"
+
+
+def _encoder_reason(model: nn.Module) -> str | None:
+    return missing(model.base_model, ("embeddings.word_embeddings", "encoder.layer"))
+
+
+def _configuration_reason(model: nn.Module) -> str | None:
+    if getattr(model.config, "is_decoder", False):
+        return "it is configured as a decoder (causal attention)"
+    if getattr(model.config, "chunk_size_feed_forward", 0):
+        return "its feed-forward runs in chunks (chunk_size_feed_forward > 0)"
+    return None
+
+
+def _crossing(place: str, layer: nn.Module) -> str | None:
+    return f"{place} has cross-attention" if getattr(layer, "crossattention", None) is not None else None
+
+
 @register_family
 class TransformersText(TransformersClassifier):
     """Where BERT-style transformers sequence classifiers keep their parts."""
@@ -51,48 +84,17 @@ class TransformersText(TransformersClassifier):
     name = "transformers BERT-style text classifier"
     listing_order = 22
     modality = "text"
-
-    @classmethod
-    def examples(cls):
-        def build():
-            from transformers import BertConfig, BertForSequenceClassification
-
-            config = BertConfig(vocab_size=50, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                                intermediate_size=96, num_labels=2)
-            model = BertForSequenceClassification(config).eval()
-            return model, torch.tensor([[2, 7, 11, 5, 3]])
-
-        return {"transformers BERT (text)": build}
+    stack = Stack("base_model.encoder.layer", {}, None, word="layer", checks=(needing(*LAYER_ATTRIBUTES), _crossing))
+    refusals = (_classifier_reason, _encoder_reason, _configuration_reason, stack.reason, attention_reason)
+    example_models = (Example("transformers BERT (text)", tiny_bert, inputs=lambda: torch.tensor([[2, 7, 11, 5, 3]])),)
 
     @classmethod
     def recognises(cls, model: nn.Module) -> bool:
         """A transformers model with word embeddings: a text encoder, classifier or not."""
         return is_transformers_model(model) and missing(model.base_model, ("embeddings.word_embeddings",)) is None
 
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if not type(model).__name__.endswith("ForSequenceClassification"):
-            return f"{type(model).__name__} is not a sequence classifier (a *ForSequenceClassification model)"
-        absent = missing(model.base_model, ("embeddings.word_embeddings", "encoder.layer"))
-        if absent:
-            return absent
-        config = model.config
-        if getattr(config, "is_decoder", False):
-            return "it is configured as a decoder (causal attention)"
-        if getattr(config, "chunk_size_feed_forward", 0):
-            return "its feed-forward runs in chunks (chunk_size_feed_forward > 0)"
-        for i, layer in enumerate(model.base_model.encoder.layer):
-            absent = missing(layer, LAYER_ATTRIBUTES)
-            if absent:
-                return f"layer {i}: {absent}"
-            if getattr(layer, "crossattention", None) is not None:
-                return f"layer {i} has cross-attention"
-        return attention_reason(model)
-
-    def block_modules(self):
-        return self.model.base_model.encoder.layer
-
     def block(self, layer: nn.Module) -> BlockParts:
+        """Post-norm: the feed-forward is ``intermediate`` then ``output.dense``, each branch's norm after its add."""
         attention, output = layer.attention.self, layer.attention.output
         parts = AttentionParts(
             module=attention, num_heads=attention.num_attention_heads, head_dim=attention.attention_head_size,
@@ -103,10 +105,6 @@ class TransformersText(TransformersClassifier):
             mlp=lambda h: layer.output.dense(layer.intermediate(h)), activation=layer.intermediate.intermediate_act_fn,
             layout="post_norm", drop2=layer.output.dropout,
             inputs=layer_inputs)
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return 1
 
     @property
     def patch_size(self) -> tuple[int, int]:

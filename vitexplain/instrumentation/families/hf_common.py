@@ -1,5 +1,6 @@
-"""What the transformers families share: recognising a transformers model, its attention implementation,
-running the model's own forward from given token embeddings, and the [CLS] readout of their classifiers.
+"""What the transformers families share: recognising a transformers model, its attention implementation, the
+attention modules of its vision encoders, running the model's own forward from given token embeddings, and the
+[CLS] readout of their classifiers.
 
 ``transformers`` stays optional: nothing here imports it until a model's class shows it is loaded.
 """
@@ -7,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator, Mapping
+from typing import TypeVar
 
 from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
-from .base import Family
+from .base import ClassTokenFirst, Family, loaded_classes
+
+Served = TypeVar("Served")
 
 #: Attention implementations whose masks the written-out attention understands.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -27,9 +31,9 @@ def is_transformers_model(model: nn.Module) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
-def is_one_of(model: nn.Module, served: Collection[type]) -> bool:
-    """Whether ``model`` is a transformers model of exactly one of the ``served`` classes."""
-    return is_transformers_model(model) and type(model) in served
+def served(model: nn.Module, by_class: Mapping[str, Served]) -> Served:
+    """What ``by_class`` says of ``model``'s class (keys "package.module.Class"; the model is of one exactly)."""
+    return next(value for name, value in by_class.items() if loaded_classes((name,)) == (type(model),))
 
 
 def projections_attention(attention: nn.Module) -> AttentionParts:
@@ -66,10 +70,6 @@ def replaced_output(module: nn.Module, value: Tensor) -> Iterator[None]:
         handle.remove()
 
 
-class TransformersClassifier(Family):
+class TransformersClassifier(ClassTokenFirst, Family):
     """A transformers ``*ForSequenceClassification`` / ``*ForImageClassification``: class logits read from
     the [CLS] token, which comes first."""
-
-    @property
-    def class_token_index(self) -> int:
-        return 0

@@ -14,142 +14,99 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import Arithmetic
-from ..blocks import BlockParts
-from .base import (
-    EmbeddingParts,
-    Family,
-    TokenContext,
-    layer_scale,
-    missing,
-    register_family,
-)
-from .hf_common import (
-    attention_reason,
-    is_one_of,
-    layer_inputs,
-    projections_attention,
-    replaced_output,
-)
+from .base import ClassTokenFirst, EmbeddingParts, Family, TokenContext, register_family
+from .examples import TINY_TRANSFORMERS, Example
+from .hf_common import attention_reason, layer_inputs, projections_attention, replaced_output, served
+from .stack import Parts, Stack, needing
 
 LAYER_ATTRIBUTES = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "norm1", "norm2",
                     "layer_scale1.lambda1", "layer_scale2.lambda1", "mlp")
-
-
-def _served() -> dict[type, tuple[bool, type]]:
-    """model class -> (whether it classifies, the layer class whose forward the written-out block computes)."""
-    from transformers import (
-        Dinov2ForImageClassification,
-        Dinov2Model,
-        Dinov2WithRegistersForImageClassification,
-        Dinov2WithRegistersModel,
-    )
-    from transformers.models.dinov2.modeling_dinov2 import Dinov2Layer
-    from transformers.models.dinov2_with_registers.modeling_dinov2_with_registers import (
-        Dinov2WithRegistersLayer,
-    )
-
-    return {Dinov2Model: (False, Dinov2Layer), Dinov2ForImageClassification: (True, Dinov2Layer),
-            Dinov2WithRegistersModel: (False, Dinov2WithRegistersLayer),
-            Dinov2WithRegistersForImageClassification: (True, Dinov2WithRegistersLayer)}
+#: where transformers keeps DINOv2 without and with registers, and the prefix of their classes
+MODULES = {"transformers.models.dinov2.modeling_dinov2": "Dinov2",
+           "transformers.models.dinov2_with_registers.modeling_dinov2_with_registers": "Dinov2WithRegisters"}
 
 
 def swiglu(mlp: nn.Module):
-    """``Dinov2SwiGLUFFN``: down(act(gate(h)) ⊙ up(h)), the gating product done by the arithmetic."""
+    """``Dinov2SwiGLUFFN``: down(act(gate(h)) ⊙ up(h)), the gating product done by the arithmetic (None for the
+    plain MLP)."""
+    if not hasattr(mlp, "gate_proj"):
+        return None
+
     def branch(h: Tensor, arithmetic: Arithmetic) -> Tensor:
         return mlp.down_proj(arithmetic.gate(mlp.up_proj(h), mlp.act_fn(mlp.gate_proj(h))))
 
     return branch
 
 
+def layers(prefix: str) -> Stack:
+    """The pre-norm layers (class ``{prefix}Layer``) of a DINOv2 model: LayerScale on both branches, a GELU MLP or a
+    SwiGLU feed-forward."""
+    return Stack("base_model.encoder.layer", {f"{prefix}Layer": "pre_norm"}, f"a {prefix}Layer", word="layer",
+                 checks=(needing(*LAYER_ATTRIBUTES),),
+                 parts=Parts(attention="attention", activation=("mlp.act_fn", "mlp.activation_fn"),
+                             gamma1="layer_scale1.lambda1", gamma2="layer_scale2.lambda1", drop1="drop_path",
+                             drop2="drop_path", gated_mlp=swiglu, inputs=layer_inputs))
+
+
+#: model class -> (whether it classifies, its layers)
+SERVED = {f"transformers.{prefix}{kind}": (kind == "ForImageClassification", layers(prefix))
+          for prefix in MODULES.values() for kind in ("Model", "ForImageClassification")}
+
+
+def tiny_dinov2(registers: int, classes: bool):
+    """A builder of a tiny DINOv2 with ``registers`` register tokens, a linear-probe classifier or the encoder."""
+    def make(**overrides) -> nn.Module:
+        import transformers
+
+        settings = {**TINY_TRANSFORMERS, "mlp_ratio": 2, "layerscale_value": 0.5, "num_labels": 10, **overrides}
+        if registers:
+            config = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **settings)
+            kind = (transformers.Dinov2WithRegistersForImageClassification if classes
+                    else transformers.Dinov2WithRegistersModel)
+        else:
+            config = transformers.Dinov2Config(**settings)
+            kind = transformers.Dinov2ForImageClassification if classes else transformers.Dinov2Model
+        return kind(config)
+
+    return make
+
+
+def _classifier_reason(model: nn.Module) -> str | None:
+    classifies, _ = served(model, SERVED)
+    if classifies and not isinstance(model.classifier, nn.Linear):
+        return "its classifier is not a Linear (num_labels=0 gives an Identity; use the Dinov2Model for embeddings)"
+    return None
+
+
 @register_family
-class TransformersDinov2(Family):
+class TransformersDinov2(ClassTokenFirst, Family):
     """Where transformers' DINOv2 models keep their parts."""
 
     name = "transformers DINOv2"
     listing_order = 24
+    model_classes = tuple(SERVED)
+    subclasses = False
+    refusals = (_classifier_reason, lambda model: served(model, SERVED)[1].reason(model),
+                lambda model: attention_reason(model.base_model))
+    lrp_modules = tuple(f"{module}.{prefix}{part}" for module, prefix in MODULES.items()
+                        for part in ("Embeddings", "PatchEmbeddings", "Encoder", "LayerScale", "MLP", "SwiGLUFFN",
+                                     "DropPath"))
+    example_models = (Example("transformers DINOv2 (embedding)", tiny_dinov2(0, False)),
+                      Example("transformers DINOv2 with registers, classifier ([CLS] + mean)", tiny_dinov2(2, True)))
+    patch_convolution = "base.embeddings.patch_embeddings.projection"
+    attention = staticmethod(projections_attention)
 
     def __init__(self, model: nn.Module):
-        self.classifies, _ = _served()[type(model)]
+        self.classifies, self.stack = served(model, SERVED)
         self.base = model.base_model
         super().__init__(model)
         self.readout = "token_avg" if self.classifies else "token"
-
-    @classmethod
-    def examples(cls):
-        def builder(registers: int, classes: bool):
-            def build():
-                import transformers
-
-                settings = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                                mlp_ratio=2, layerscale_value=0.5)
-                torch.manual_seed(0)
-                if registers:
-                    config = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, num_labels=10,
-                                                                    **settings)
-                    kind = (transformers.Dinov2WithRegistersForImageClassification if classes
-                            else transformers.Dinov2WithRegistersModel)
-                else:
-                    config = transformers.Dinov2Config(num_labels=10, **settings)
-                    kind = transformers.Dinov2ForImageClassification if classes else transformers.Dinov2Model
-                return kind(config).eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-            return build
-
-        return {"transformers DINOv2 (embedding)": builder(0, False),
-                "transformers DINOv2 with registers, classifier ([CLS] + mean)": builder(2, True)}
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        """A transformers DINOv2 model (with or without registers, encoder or classifier)."""
-        return is_one_of(model, _served())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        classifies, layer_class = _served()[type(model)]
-        if classifies and not isinstance(model.classifier, nn.Linear):
-            return "its classifier is not a Linear (num_labels=0 gives an Identity; use the Dinov2Model for embeddings)"
-        for i, layer in enumerate(model.base_model.encoder.layer):
-            if type(layer) is not layer_class:
-                return f"layer {i} is a {type(layer).__name__}, not a {layer_class.__name__}"
-            absent = missing(layer, LAYER_ATTRIBUTES)
-            if absent:
-                return f"layer {i}: {absent}"
-        return attention_reason(model.base_model)
-
-    def block_modules(self):
-        return self.base.encoder.layer
-
-    def block(self, layer: nn.Module) -> BlockParts:
-        parts = projections_attention(layer.attention)
-        gated = hasattr(layer.mlp, "gate_proj")
-        return BlockParts(module=layer, attention=parts, norm1=layer.norm1, norm2=layer.norm2, mlp=layer.mlp,
-                          activation=layer.mlp.act_fn if gated else layer.mlp.activation_fn,
-                          gated_mlp=swiglu(layer.mlp) if gated else None,
-                          gamma1=layer_scale(layer.layer_scale1.lambda1),
-                          gamma2=layer_scale(layer.layer_scale2.lambda1), drop1=layer.drop_path, drop2=layer.drop_path,
-                          inputs=layer_inputs)
+        if not self.classifies:
+            self.output_embedding = "this model has no classifier head (its output is the pooled embedding)"
 
     @property
     def num_prefix_tokens(self) -> int:
         return 1 + getattr(self.base.config, "num_register_tokens", 0)
-
-    @property
-    def class_token_index(self) -> int:
-        return 0
-
-    @property
-    def head_reason(self) -> str | None:
-        if self.classes is not None:
-            return None if self.classes else "the caller said its outputs are not classes (classes=False)"
-        return None if self.classifies else "this model has no classifier head (its output is the pooled embedding)"
-
-    @property
-    def patch_size(self) -> tuple[int, int]:
-        return tuple(self.base.embeddings.patch_embeddings.projection.kernel_size)
-
-    @property
-    def in_channels(self) -> int:
-        return self.base.embeddings.patch_embeddings.projection.in_channels
 
     def grid_size(self, images: Tensor) -> tuple[int, int]:
         (height, width), (ph, pw) = images.shape[-2:], self.patch_size
@@ -192,14 +149,3 @@ class TransformersDinov2(Family):
 
     def head_without_dropout(self) -> tuple[nn.Module, ...]:
         return (self.model.classifier,) if self.classifies else ()
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from transformers.models.dinov2 import modeling_dinov2 as plain
-        from transformers.models.dinov2_with_registers import (
-            modeling_dinov2_with_registers as registers,
-        )
-
-        return (*_served(), *(getattr(module, f"{prefix}{part}") for module, prefix in
-                              ((plain, "Dinov2"), (registers, "Dinov2WithRegisters"))
-                              for part in ("Embeddings", "PatchEmbeddings", "Encoder", "Layer", "Attention",
-                                           "LayerScale", "MLP", "SwiGLUFFN", "DropPath")))

@@ -14,35 +14,41 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionParts
-from ..blocks import BlockParts
-from .base import Family, ProbeParts, TokenContext, missing, register_family
-from .hf_common import attention_reason, is_one_of, layer_inputs, replaced_output
+from .base import Family, ProbeParts, TokenContext, register_family
+from .examples import TINY_TRANSFORMERS, Example
+from .hf_common import attention_reason, layer_inputs, replaced_output, served
+from .stack import Parts, Stack, needing
 from .torch_attention import latent_attention
 
 LAYER_ATTRIBUTES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
                     "layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2", "mlp.activation_fn")
 
 
-def _served() -> dict[type, tuple[str, type]]:
-    """model class -> (kind, the encoder layer class whose forward the written-out block computes)."""
-    from transformers import (
-        CLIPModel,
-        CLIPVisionModel,
-        CLIPVisionModelWithProjection,
-        SiglipModel,
-        SiglipVisionModel,
-    )
-    from transformers.models.clip.modeling_clip import CLIPEncoderLayer
-    from transformers.models.siglip.modeling_siglip import SiglipEncoderLayer
-
-    return {CLIPModel: ("clip", CLIPEncoderLayer), CLIPVisionModelWithProjection: ("clip", CLIPEncoderLayer),
-            CLIPVisionModel: ("clip", CLIPEncoderLayer), SiglipModel: ("siglip", SiglipEncoderLayer),
-            SiglipVisionModel: ("siglip", SiglipEncoderLayer)}
-
-
 def vision_tower(model: nn.Module) -> nn.Module:
     """The ``*VisionModel`` of a two-tower model (the model itself when it is one)."""
     return getattr(model, "vision_model", model)
+
+
+def encoder_layers(layer_class: str) -> Stack:
+    """The vision tower's pre-norm encoder layers, of class ``layer_class``."""
+    return Stack(lambda model: vision_tower(model).encoder.layers, {layer_class: "pre_norm"}, f"a {layer_class}",
+                 word="layer", checks=(needing(*LAYER_ATTRIBUTES),),
+                 parts=Parts(attention="self_attn", norm1="layer_norm1", norm2="layer_norm2",
+                             activation="mlp.activation_fn", inputs=layer_inputs))
+
+
+#: model class -> (kind, its vision tower's layers)
+SERVED = {**{f"transformers.{name}": ("clip", encoder_layers("CLIPEncoderLayer"))
+             for name in ("CLIPModel", "CLIPVisionModelWithProjection", "CLIPVisionModel")},
+          **{f"transformers.{name}": ("siglip", encoder_layers("SiglipEncoderLayer"))
+             for name in ("SiglipModel", "SiglipVisionModel")}}
+
+
+def encoder_attention(attention: nn.Module) -> AttentionParts:
+    """CLIP's and SigLIP's attention: q / k / v projections, ``out_proj``."""
+    return AttentionParts(
+        module=attention, num_heads=attention.num_heads, head_dim=attention.head_dim, scale=attention.scale,
+        proj=attention.out_proj, query=attention.q_proj, key=attention.k_proj, value=attention.v_proj)
 
 
 def siglip_probe(head: nn.Module) -> ProbeParts:
@@ -53,82 +59,62 @@ def siglip_probe(head: nn.Module) -> ProbeParts:
                       activation=head.mlp.activation_fn)
 
 
+def _siglip_head_reason(model: nn.Module) -> str | None:
+    """SigLIP's image embedding is its attention-pooling head's output."""
+    if served(model, SERVED)[0] != "siglip":
+        return None
+    head = getattr(vision_tower(model), "head", None)
+    if head is None:
+        return ("its vision tower has no attention-pooling head (vision_use_head=False), so it outputs no image "
+                "embedding")
+    if not getattr(head.attention, "_qkv_same_embed_dim", False):
+        return "its pooling head's attention has keys and values of another width than its queries"
+    return None
+
+
+def tiny_two_tower(kind: str):
+    """A builder of a tiny CLIP or SigLIP (both towers)."""
+    def make(**overrides) -> nn.Module:
+        import transformers
+
+        vision = dict(TINY_TRANSFORMERS, **overrides)
+        text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                    max_position_embeddings=16, bos_token_id=62, eos_token_id=63, pad_token_id=63)
+        if kind == "clip":
+            return transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision,
+                                                                  projection_dim=24))
+        return transformers.SiglipModel(transformers.SiglipConfig(text_config=dict(text, projection_size=48),
+                                                                  vision_config=vision))
+
+    return make
+
+
 @register_family
 class TransformersTwoTower(Family):
     """Where the image towers of transformers' CLIP and SigLIP keep their parts (pre-norm layers)."""
 
     name = "transformers CLIP/SigLIP image tower"
     listing_order = 21
+    model_classes = tuple(SERVED)
+    subclasses = False
+    refusals = (lambda model: served(model, SERVED)[1].reason(model), _siglip_head_reason,
+                lambda model: attention_reason(vision_tower(model)))
+    example_models = (Example("transformers CLIP (image–text)", tiny_two_tower("clip")),
+                      Example("transformers SigLIP (image–text)", tiny_two_tower("siglip")))
+    patch_convolution = "vision.embeddings.patch_embedding"
+    image_size = "vision.embeddings.image_size"
+    output_embedding = ("its output is an image embedding, compared with texts (give a text or a direction as the "
+                        "target)")
+    attention = staticmethod(encoder_attention)
 
     def __init__(self, model: nn.Module):
-        self.kind, _ = _served()[type(model)]
+        self.kind, self.stack = served(model, SERVED)
         self.vision = vision_tower(model)
         self.projection = getattr(model, "visual_projection", None)
         super().__init__(model)
         if self.kind == "siglip":
             self.readout = "map"
             self.probe = siglip_probe(self.vision.head)
-
-    @classmethod
-    def examples(cls):
-        def builder(kind: str):
-            def build():
-                import transformers
-
-                vision = dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                              num_attention_heads=3)
-                text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                            num_attention_heads=2, max_position_embeddings=16, bos_token_id=62, eos_token_id=63,
-                            pad_token_id=63)
-                torch.manual_seed(0)
-                if kind == "clip":
-                    model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision,
-                                                                           projection_dim=24))
-                else:
-                    config = transformers.SiglipConfig(text_config=dict(text, projection_size=48),
-                                                       vision_config=vision)
-                    model = transformers.SiglipModel(config)
-                return model.eval(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-            return build
-
-        return {"transformers CLIP (image–text)": builder("clip"),
-                "transformers SigLIP (image–text)": builder("siglip")}
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        """A transformers CLIP or SigLIP model (two towers, or the image tower alone)."""
-        return is_one_of(model, _served())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        kind, layer_class = _served()[type(model)]
-        vision = vision_tower(model)
-        for i, layer in enumerate(vision.encoder.layers):
-            if type(layer) is not layer_class:
-                return f"layer {i} is a {type(layer).__name__}, not a {layer_class.__name__}"
-            absent = missing(layer, LAYER_ATTRIBUTES)
-            if absent:
-                return f"layer {i}: {absent}"
-        if kind == "siglip":
-            head = getattr(vision, "head", None)
-            if head is None:
-                return ("its vision tower has no attention-pooling head (vision_use_head=False), "
-                        "so it outputs no image embedding")
-            if not getattr(head.attention, "_qkv_same_embed_dim", False):
-                return "its pooling head's attention has keys and values of another width than its queries"
-        return attention_reason(vision)
-
-    def block_modules(self):
-        return self.vision.encoder.layers
-
-    def block(self, layer: nn.Module) -> BlockParts:
-        attention = layer.self_attn
-        parts = AttentionParts(
-            module=attention, num_heads=attention.num_heads, head_dim=attention.head_dim, scale=attention.scale,
-            proj=attention.out_proj, query=attention.q_proj, key=attention.k_proj, value=attention.v_proj)
-        return BlockParts(module=layer, attention=parts, norm1=layer.layer_norm1, norm2=layer.layer_norm2,
-                          mlp=layer.mlp, activation=layer.mlp.activation_fn, inputs=layer_inputs)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -140,24 +126,8 @@ class TransformersTwoTower(Family):
 
     @property
     def head_reason(self) -> str | None:
-        if self.classes:
-            return None
-        return "its output is an image embedding, compared with texts (give a text or a direction as the target)"
-
-    @property
-    def patch_size(self) -> tuple[int, int]:
-        return tuple(self.vision.embeddings.patch_embedding.kernel_size)
-
-    @property
-    def in_channels(self) -> int:
-        return self.vision.embeddings.patch_embedding.in_channels
-
-    def grid_size(self, images: Tensor) -> tuple[int, int]:
-        size = self.vision.embeddings.image_size
-        given = tuple(images.shape[-2:])
-        if given != (size, size):
-            raise ValueError(f"this model takes {size}x{size} images, got {given[0]}x{given[1]}; resize them")
-        return size // self.patch_size[0], size // self.patch_size[1]
+        """The embedding's reason also when the caller says its outputs are not classes."""
+        return None if self.classes else self.output_embedding
 
     def forward(self, images: Tensor) -> Tensor:
         """The image embedding: the tower's ``pooler_output``, projected where the model projects it."""

@@ -6,42 +6,53 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..blocks import BlockParts
-from .base import EmbeddingParts, TokenContext, example, missing, register_family
+from .base import EmbeddingParts, TokenContext, loaded_classes, register_family
+from .examples import TINY_TRANSFORMERS, Example
 from .hf_common import (
     TransformersClassifier,
     attention_reason,
-    is_transformers_model,
     layer_inputs,
     projections_attention,
     replaced_output,
 )
+from .stack import Parts, Stack, needing
 
 LAYER_ATTRIBUTES = ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
                     "layernorm_before", "layernorm_after", "mlp")
+#: the image classifiers served
+CLASSIFIERS = ("transformers.ViTForImageClassification", "transformers.DeiTForImageClassification",
+               "transformers.DeiTForImageClassificationWithTeacher")
+#: the headless encoders (:mod:`.hf_vit_model`'s)
+ENCODERS = ("transformers.ViTModel", "transformers.DeiTModel")
+#: transformers' ViT / DeiT layers (pre-norm, like timm's), in ``model.base_model.layers``
+VIT_LAYERS = Stack("base_model.layers", {"ViTLayer": "pre_norm", "DeiTLayer": "pre_norm"}, "a ViTLayer or DeiTLayer",
+                   word="layer", checks=(needing(*LAYER_ATTRIBUTES),),
+                   parts=Parts(attention="attention", norm1="layernorm_before", norm2="layernorm_after",
+                               activation="mlp.activation_fn", drop1="dropout", drop2="dropout", inputs=layer_inputs))
 
 
-def _served_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
-    """(the image classifiers served, the layer classes whose forward the written-out block computes)."""
-    from transformers import (
-        DeiTForImageClassification,
-        DeiTForImageClassificationWithTeacher,
-        ViTForImageClassification,
-    )
-    from transformers.models.deit.modeling_deit import DeiTLayer
-    from transformers.models.vit.modeling_vit import ViTLayer
+def tiny_vit(model_class: str, **settings):
+    """A builder of a tiny randomly initialised transformers ViT of class ``model_class`` (the catalogue's)."""
+    def make(**overrides) -> nn.Module:
+        import transformers
 
-    return (ViTForImageClassification, DeiTForImageClassification,
-            DeiTForImageClassificationWithTeacher), (ViTLayer, DeiTLayer)
+        config = transformers.ViTConfig(**{**TINY_TRANSFORMERS, **settings, **overrides})
+        return getattr(transformers, model_class)(config)
+
+    return make
 
 
-def tiny_vit(model_class: str, **settings) -> nn.Module:
-    """A tiny randomly initialised transformers ViT of class ``model_class`` (the support matrix's examples)."""
-    import transformers
+def _classifier_reason(model: nn.Module) -> str | None:
+    classifiers = loaded_classes(CLASSIFIERS)
+    if isinstance(model, classifiers):
+        return None
+    return f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in classifiers)}"
 
-    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
-                                    num_attention_heads=3, intermediate_size=96, **settings)
-    return getattr(transformers, model_class)(config)
+
+def _layers_reason(model: nn.Module) -> str | None:
+    if getattr(model.base_model, "layers", None) is None:
+        return "its encoder has no `layers` (transformers before 5.12 lays ViT out differently; upgrade it)"
+    return None
 
 
 @register_family
@@ -50,70 +61,20 @@ class TransformersViT(TransformersClassifier):
 
     name = "transformers ViT/DeiT"
     listing_order = 20
-
-    @classmethod
-    def examples(cls):
-        return {"transformers ViT": example(lambda: tiny_vit("ViTForImageClassification", num_labels=10))}
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        """Any transformers ViT or DeiT model but the headless encoders (the ViTModel family's)."""
-        if not is_transformers_model(model):
-            return False
-        from transformers import (
-            DeiTModel,
-            DeiTPreTrainedModel,
-            ViTModel,
-            ViTPreTrainedModel,
-        )
-
-        return (isinstance(model, (ViTPreTrainedModel, DeiTPreTrainedModel))
-                and not isinstance(model, (ViTModel, DeiTModel)))
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        classifiers, layer_classes = _served_classes()
-        if not isinstance(model, classifiers):
-            return f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in classifiers)}"
-        layers = getattr(model.base_model, "layers", None)
-        if layers is None:
-            return "its encoder has no `layers` (transformers before 5.12 lays ViT out differently; upgrade it)"
-        for i, layer in enumerate(layers):
-            if type(layer) not in layer_classes:
-                return f"layer {i} is a {type(layer).__name__}, not a ViTLayer or DeiTLayer"
-            absent = missing(layer, LAYER_ATTRIBUTES)
-            if absent:
-                return f"layer {i}: {absent}"
-        return attention_reason(model)
-
-    def block_modules(self):
-        return self.model.base_model.layers
-
-    def block(self, layer: nn.Module) -> BlockParts:
-        parts = projections_attention(layer.attention)
-        return BlockParts(module=layer, attention=parts, norm1=layer.layernorm_before, norm2=layer.layernorm_after,
-                          mlp=layer.mlp, activation=layer.mlp.activation_fn, drop1=layer.dropout, drop2=layer.dropout,
-                          inputs=layer_inputs)
+    model_classes = ("transformers.ViTPreTrainedModel", "transformers.DeiTPreTrainedModel")
+    excluded_classes = ENCODERS
+    stack = VIT_LAYERS
+    refusals = (_classifier_reason, _layers_reason, stack.reason, attention_reason)
+    lrp_modules = tuple(f"transformers.models.{name.lower()}.modeling_{name.lower()}.{name}{part}"
+                        for name in ("ViT", "DeiT") for part in ("Embeddings", "PatchEmbeddings", "MLP"))
+    example_models = (Example("transformers ViT", tiny_vit("ViTForImageClassification", num_labels=10)),)
+    patch_convolution = "model.base_model.embeddings.patch_embeddings.projection"
+    image_size = "model.base_model.embeddings.patch_embeddings.image_size"
+    attention = staticmethod(projections_attention)
 
     @property
     def num_prefix_tokens(self) -> int:
         return 2 if getattr(self.model.base_model.embeddings, "distillation_token", None) is not None else 1
-
-    @property
-    def patch_size(self) -> tuple[int, int]:
-        return tuple(self.model.base_model.embeddings.patch_embeddings.patch_size)
-
-    @property
-    def in_channels(self) -> int:
-        return self.model.base_model.embeddings.patch_embeddings.num_channels
-
-    def grid_size(self, images: Tensor) -> tuple[int, int]:
-        expected = tuple(self.model.base_model.embeddings.patch_embeddings.image_size)
-        given = tuple(images.shape[-2:])
-        if given != expected:
-            raise ValueError(f"this model takes {expected[0]}x{expected[1]} images, got {given[0]}x{given[1]}; "
-                             "resize them")
-        return expected[0] // self.patch_size[0], expected[1] // self.patch_size[1]
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(pixel_values=images).logits
@@ -149,13 +110,3 @@ class TransformersViT(TransformersClassifier):
 
     def head_without_dropout(self) -> tuple[nn.Module, ...]:
         return tuple(head for head in self.model.children() if isinstance(head, nn.Linear))
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from transformers.models.deit import modeling_deit as deit
-        from transformers.models.vit import modeling_vit as vit
-
-        return (vit.ViTForImageClassification, vit.ViTModel, vit.ViTEmbeddings, vit.ViTPatchEmbeddings, vit.ViTLayer,
-                vit.ViTAttention, vit.ViTMLP, deit.DeiTForImageClassification,
-                deit.DeiTForImageClassificationWithTeacher,
-                deit.DeiTModel, deit.DeiTEmbeddings, deit.DeiTPatchEmbeddings, deit.DeiTLayer, deit.DeiTAttention,
-                deit.DeiTMLP)

@@ -4,17 +4,14 @@ on the normed [CLS] token) or, built with ``add_pooling_layer=False``, the norme
 an embedding, so a target is a direction in it (targets.py), never a class."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import Tensor, nn
 
-from .base import example, missing, register_family
-from .hf_common import attention_reason, is_one_of
-from .hf_vit import LAYER_ATTRIBUTES, TransformersViT, tiny_vit
-
-
-def _served() -> tuple[type, ...]:
-    from transformers import DeiTModel, ViTModel
-
-    return ViTModel, DeiTModel
+from .base import register_family
+from .examples import Example
+from .hf_common import attention_reason
+from .hf_vit import ENCODERS, VIT_LAYERS, TransformersViT, tiny_vit
 
 
 @register_family
@@ -23,29 +20,18 @@ class TransformersViTModel(TransformersViT):
 
     name = "transformers ViTModel/DeiTModel (no classifier)"
     listing_order = 23
-
-    @classmethod
-    def examples(cls):
-        return {"transformers ViTModel (embedding)": example(lambda: tiny_vit("ViTModel"))}
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        """A headless transformers ViT or DeiT encoder."""
-        return is_one_of(model, _served())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        for i, layer in enumerate(model.layers):
-            absent = missing(layer, LAYER_ATTRIBUTES)
-            if absent:
-                return f"layer {i}: {absent}"
-        return attention_reason(model)
+    model_classes = ENCODERS
+    subclasses = False
+    excluded_classes = ()
+    stack = replace(VIT_LAYERS, named=None)
+    refusals = (stack.reason, attention_reason)
+    example_models = (Example("transformers ViTModel (embedding)", tiny_vit("ViTModel")),)
+    output_embedding = "this model has no classifier head (its output is the pooled embedding)"
 
     @property
     def head_reason(self) -> str | None:
-        if self.classes:
-            return None
-        return "this model has no classifier head (its output is the pooled embedding)"
+        """The embedding's reason also when the caller says its outputs are not classes."""
+        return None if self.classes else self.output_embedding
 
     def forward(self, images: Tensor) -> Tensor:
         """``pooler_output``, or the normed [CLS] token of a model without a pooler."""

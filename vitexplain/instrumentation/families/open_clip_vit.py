@@ -8,35 +8,68 @@ built ``batch_first``; the layout is read from each model's attention. Refused: 
 ``pool_type='none'`` (every token returned), cross-attention blocks."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionInput
 from ..blocks import BlockParts
 from .base import (
-    ClassTokenFirst,
     EmbeddingParts,
-    Family,
     LinearView,
     TokenContext,
     UnsupportedModelError,
-    example,
-    layer_scale,
-    loaded_class,
     register_family,
 )
-from .torch_attention import multihead_attention, multihead_attention_reason
+from .examples import Example
+from .stack import Parts, Stack
+from .torch_attention import MultiheadAttentionViT, multihead_attention_check
 
 #: where open_clip keeps the classes described
 MODULE = "open_clip.transformer"
 
 
+def tiny_open_clip_vit(**overrides) -> nn.Module:
+    """A tiny randomly initialised open_clip image tower."""
+    from open_clip.transformer import VisionTransformer
+
+    return VisionTransformer(**{**dict(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0,
+                                       output_dim=16), **overrides})
+
+
+def _pooling_reason(model: nn.Module) -> str | None:
+    """One weighting of the tokens: the class token's or their mean."""
+    if model.attn_pool is not None:
+        queries = model.attn_pool.query.shape[0]
+        return (f"its tokens are read by an attentional pooler (CoCa, attentional_pool, {queries} learnt queries) "
+                "whose outputs are pooled again, not one weighting of the tokens")
+    if model.pool_type not in ("tok", "avg"):
+        return f"its pool_type={model.pool_type!r} returns every token, not one embedding"
+    return None
+
+
+def _cross_attention(place: str, block: nn.Module) -> str | None:
+    return f"{place} is a cross-attention block (ln_1_kv)" if hasattr(block, "ln_1_kv") else None
+
+
 @register_family
-class OpenClipViT(ClassTokenFirst, Family):
+class OpenClipViT(MultiheadAttentionViT):
     """Where open_clip's ``VisionTransformer`` keeps its parts."""
 
     name = "open_clip VisionTransformer"
     listing_order = 35
+    model_classes = (f"{MODULE}.VisionTransformer",)
+    # the MLP: c_fc, gelu, c_proj
+    stack = Stack("transformer.resblocks", {"ResidualAttentionBlock": "pre_norm"}, "open_clip's ResidualAttentionBlock",
+                  checks=(_cross_attention, multihead_attention_check("attn")),
+                  parts=Parts(norm1="ln_1", norm2="ln_2", activation="mlp.gelu", gamma1="ls_1", gamma2="ls_2"))
+    refusals = (_pooling_reason, stack.reason)
+    lrp_modules = (f"{MODULE}.Transformer", f"{MODULE}.LayerScale", f"{MODULE}.PatchDropout")
+    example_models = (Example("open_clip ViT image tower", tiny_open_clip_vit),)
+    patch_convolution = "model.conv1"
+    output_embedding = ("its output is open_clip's image-text embedding (give a text embedding or a direction as the "
+                        "target)")
 
     def __init__(self, model: nn.Module):
         #: the blocks take and return tokens [N, B, C] (the attention is not batch-first)
@@ -47,52 +80,9 @@ class OpenClipViT(ClassTokenFirst, Family):
         self.projection = None if model.proj is None else LinearView(lambda: model.proj.t(), lambda: None,
                                                                      *model.proj.shape)
 
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        """An open_clip VisionTransformer (without importing open_clip for any other model)."""
-        return isinstance(model, loaded_class(MODULE, "VisionTransformer") or ())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if model.attn_pool is not None:
-            queries = model.attn_pool.query.shape[0]
-            return (f"its tokens are read by an attentional pooler (CoCa, attentional_pool, {queries} learnt queries) "
-                    "whose outputs are pooled again, not one weighting of the tokens")
-        if model.pool_type not in ("tok", "avg"):
-            return f"its pool_type={model.pool_type!r} returns every token, not one embedding"
-        for i, block in enumerate(model.transformer.resblocks):
-            if type(block) is not loaded_class(MODULE, "ResidualAttentionBlock"):
-                return f"block {i} is a {type(block).__name__}, not open_clip's ResidualAttentionBlock"
-            if hasattr(block, "ln_1_kv"):
-                return f"block {i} is a cross-attention block (ln_1_kv)"
-            if reason := multihead_attention_reason(block.attn):
-                return f"block {i}: {reason}"
-        return None
-
-    @classmethod
-    def examples(cls):
-        def make() -> nn.Module:
-            from open_clip.transformer import VisionTransformer
-
-            return VisionTransformer(image_size=32, patch_size=8, width=48, layers=2, heads=3, mlp_ratio=2.0,
-                                     output_dim=16)
-
-        return {"open_clip ViT image tower": example(make)}
-
-    @property
-    def head_reason(self) -> str | None:
-        if self.classes is not None:
-            return super().head_reason
-        return "its output is open_clip's image-text embedding (give a text embedding or a direction as the target)"
-
-    def block_modules(self):
-        return list(self.model.transformer.resblocks)
-
     def block(self, module: nn.Module) -> BlockParts:
-        mlp = module.mlp  # c_fc, gelu, c_proj
-        return BlockParts(module=module, attention=multihead_attention(module.attn), norm1=module.ln_1,
-                          norm2=module.ln_2, mlp=mlp, activation=mlp.gelu, gamma1=layer_scale(module.ls_1),
-                          gamma2=layer_scale(module.ls_2), inputs=self._block_inputs, output=self._block_output)
+        """The blocks' tokens converted to and from batch first (:attr:`sequence_first`)."""
+        return replace(super().block(module), inputs=self._block_inputs, output=self._block_output)
 
     def _block_inputs(self, q_x: Tensor, k_x: Tensor | None = None, v_x: Tensor | None = None,
                       attn_mask: Tensor | None = None) -> tuple[Tensor, AttentionInput]:
@@ -107,20 +97,6 @@ class OpenClipViT(ClassTokenFirst, Family):
     def _batch_first(self, tokens: Tensor) -> Tensor:
         """Tokens as the blocks lay them out <-> batch first (a transpose when the blocks are sequence first)."""
         return tokens.transpose(0, 1) if self.sequence_first else tokens
-
-    @property
-    def patch_size(self) -> tuple[int, int]:
-        return tuple(self.model.patch_size)
-
-    @property
-    def in_channels(self) -> int:
-        return self.model.conv1.in_channels
-
-    def grid_size(self, images: Tensor) -> tuple[int, int]:
-        size, given = tuple(self.model.image_size), tuple(images.shape[-2:])
-        if given != size:
-            raise ValueError(f"this model takes {size[0]}x{size[1]} images, got {given[0]}x{given[1]}; resize them")
-        return tuple(self.model.grid_size)
 
     def forward(self, inputs: Tensor) -> Tensor:
         """The image embedding (the pooled output, without the tokens ``output_tokens=True`` adds)."""
@@ -172,14 +148,3 @@ class OpenClipViT(ClassTokenFirst, Family):
         if self.projection is None:
             return None
         return (lambda images: self.encode(*self.embed(images))), (self.projection,)
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from open_clip.transformer import (
-            LayerScale,
-            PatchDropout,
-            ResidualAttentionBlock,
-            Transformer,
-            VisionTransformer,
-        )
-
-        return VisionTransformer, Transformer, ResidualAttentionBlock, LayerScale, PatchDropout, nn.MultiheadAttention

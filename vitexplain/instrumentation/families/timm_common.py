@@ -4,13 +4,14 @@ blocks in ``model.blocks``, prefix tokens counted by the model with the class to
 ``global_pool``, and timm's attention-pool (MAP) head."""
 from __future__ import annotations
 
-from collections.abc import Collection
+from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import Tensor, nn
 
 from ..attention import AttentionParts
-from .base import EmbeddingParts, Family, ProbeParts, max_selection, optional
+from .base import EmbeddingParts, Family, ProbeParts, max_selection
+from .stack import optional
 
 #: ``global_pool`` values that take a per-channel maximum over the tokens
 MAXIMUM_POOLINGS = ("avgmax", "max")
@@ -53,60 +54,59 @@ def timm_head(model: nn.Module, tokens: Tensor, final_norm: bool) -> Tensor:
     return model.forward_head(model.norm(tokens) if final_norm else tokens)
 
 
-def timm_layer_classes() -> tuple[type, ...]:
-    """timm's layers that the written-out blocks and pooling head compute (feed-forwards, LayerScale, drop path,
-    attention pool): allowed under LRP in every timm ViT that holds them."""
-    from timm.layers import AttentionPoolLatent, DropPath, GluMlp, LayerScale, Mlp, SwiGLU
-
-    return Mlp, GluMlp, SwiGLU, LayerScale, DropPath, AttentionPoolLatent
+#: timm's layers that the written-out blocks and pooling head compute (feed-forwards, LayerScale, drop path, attention
+#: pool) and its patch embedding: allowed under LRP in every timm ViT that holds them
+TIMM_LAYERS = ("timm.layers.Mlp", "timm.layers.GluMlp", "timm.layers.SwiGLU", "timm.layers.LayerScale",
+               "timm.layers.DropPath", "timm.layers.AttentionPoolLatent", "timm.layers.PatchEmbed")
 
 
-def block_type_reason(blocks: nn.Module, accepted: Collection[str], described: str) -> str | None:
-    """Why a model cannot be described: the first block whose class is not one of ``accepted`` (class names)."""
-    for i, block in enumerate(blocks):
-        if type(block).__name__ not in accepted:
-            return f"block {i} is a {type(block).__name__}, not {described}"
-    return None
+@dataclass(frozen=True)
+class GlobalPool:
+    """The ``global_pool`` values of a timm model that a family describes, as its readout.
+
+    Attributes:
+        readouts: the values described (``"map"``: timm's attention pool; ``"avgmax"`` and ``"max"``: half the mean plus
+            half the per-channel maximum of the tokens, or the maximum alone, read through the maximum's selection,
+            docs/decisions/readouts.md).
+        method: the model's method that pools the tokens (``forward_head`` calls it; observed for the maximum's
+            selection).
+        latents: whether an attention pool may have several latent queries.
+    """
+
+    readouts: tuple[str, ...] = ("token", "avg", "avgmax", "max", "map")
+    method: str = "pool"
+    latents: bool = False
+
+    def reason(self, model: nn.Module) -> str | None:
+        """Why ``model``'s head is not one the family reads, or None."""
+        pooling = model.global_pool
+        if (pooling in MAXIMUM_POOLINGS and pooling in self.readouts
+                and not callable(getattr(model, self.method, None))):
+            return f"its head pools with global_pool={pooling!r} inside forward_head (no pool method to observe)"
+        if (pooling == "map" and pooling in self.readouts and not self.latents
+                and getattr(model.attn_pool, "latent_len", 1) != 1):
+            return "its attention-pooling head has several latent queries"
+        if pooling in self.readouts:
+            return None
+        supported = ", ".join(repr(name) for name in self.readouts)
+        if not pooling:
+            return f"its head returns every token (global_pool=''), not one vector (supported: {supported})"
+        return (f"its head pools with global_pool={pooling!r}, which vitexplain does not describe "
+                f"(supported: {supported})")
 
 
 class TimmSequenceFamily(Family):
-    """A timm ViT whose blocks see one flat token sequence; its readout is its ``global_pool``."""
+    """A timm ViT whose blocks see one flat token sequence (in ``model.blocks``); its readout is its ``global_pool``."""
 
-    #: the ``global_pool`` values described (``"map"``: timm's attention pool; ``"avgmax"`` and ``"max"``: half the mean
-    #: plus half the per-channel maximum of the tokens, or the maximum alone, read through the maximum's selection,
-    #: docs/decisions/readouts.md)
-    readouts: ClassVar[tuple[str, ...]] = ("token", "avg", "avgmax", "max", "map")
-    #: the model's method that pools the tokens (``forward_head`` calls it; observed for the maximum's selection)
-    pool_method: ClassVar[str] = "pool"
+    #: the ``global_pool`` values described
+    pooling: ClassVar[GlobalPool]
+    lrp_modules = TIMM_LAYERS
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.readout = model.global_pool
         if self.readout == "map":
             self.probe = attention_pool(model.attn_pool)
-
-    @classmethod
-    def pooling_reason(cls, model: nn.Module) -> str | None:
-        pooling = model.global_pool
-        if (pooling in MAXIMUM_POOLINGS and pooling in cls.readouts
-                and not callable(getattr(model, cls.pool_method, None))):
-            return f"its head pools with global_pool={pooling!r} inside forward_head (no pool method to observe)"
-        if pooling in cls.readouts:
-            return None
-        supported = ", ".join(repr(name) for name in cls.readouts)
-        if not pooling:
-            return f"its head returns every token (global_pool=''), not one vector (supported: {supported})"
-        return (f"its head pools with global_pool={pooling!r}, which vitexplain does not describe "
-                f"(supported: {supported})")
-
-    @classmethod
-    def head_pooling_reason(cls, model: nn.Module) -> str | None:
-        """:meth:`pooling_reason`, and for an attention pool with several latent queries, that."""
-        if reason := cls.pooling_reason(model):
-            return reason
-        if model.global_pool == "map" and getattr(model.attn_pool, "latent_len", 1) != 1:
-            return "its attention-pooling head has several latent queries"
-        return None
 
     @property
     def readout_includes_prefix(self) -> bool:
@@ -117,7 +117,7 @@ class TimmSequenceFamily(Family):
         """timm's ``pool`` (``global_pool_nlc``) with the maximum's selection of the pooled tokens handed over."""
         if self.readout not in MAXIMUM_POOLINGS:
             return
-        own = getattr(self.model, self.pool_method)
+        own = getattr(self.model, self.pooling.method)
         first = 0 if self.readout_includes_prefix else self.num_prefix_tokens
 
         def pool(x: Tensor, pool_type: str | None = None, **rest) -> Tensor:
@@ -125,10 +125,7 @@ class TimmSequenceFamily(Family):
                 hand_over(max_selection(x[:, first:]))
             return own(x, pool_type, **rest)
 
-        patch.set_attribute(self.model, self.pool_method, pool)
-
-    def block_modules(self):
-        return self.model.blocks
+        patch.set_attribute(self.model, self.pooling.method, pool)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -144,3 +141,7 @@ class TimmSequenceFamily(Family):
     def embedding(self) -> EmbeddingParts:
         return EmbeddingParts(self.model.patch_embed, getattr(self.model.patch_embed, "proj", None),
                               getattr(self.model, "pos_drop", None))
+
+    def lrp_allowed(self) -> tuple[type, ...]:
+        """Also the model's rotary embedding, of whatever class (RoPE tables are constants of the input)."""
+        return (*super().lrp_allowed(), type(getattr(self.model, "rope", None) or nn.Identity()))

@@ -5,12 +5,12 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
-from ..blocks import BlockParts
-from .base import TokenContext, layer_scale, optional, register_family, timm_example
-from .timm_common import TimmSequenceFamily, block_type_reason, gated_mlp
+from .base import TokenContext, register_family
+from .examples import Example, timm_tiny
+from .stack import Parts, Stack, optional
+from .timm_common import GlobalPool, TimmSequenceFamily, gated_mlp
 from .timm_vit import _block_inputs
 
-BLOCK_LAYOUTS = {"EvaBlock": "pre_norm", "EvaBlockPostNorm": "res_post_norm"}
 ATTENTIONS = ("EvaAttention", "AttentionRope")
 
 
@@ -40,24 +40,21 @@ def _eva_inputs(x: Tensor, rope: Tensor | None = None, attn_mask: Tensor | None 
     return x, extra
 
 
-def eva_blocks_reason(blocks: nn.Module) -> str | None:
-    """Why timm ``EvaBlock`` s cannot be described, or None."""
-    if reason := block_type_reason(blocks, BLOCK_LAYOUTS, "an EvaBlock"):
-        return reason
-    for i, block in enumerate(blocks):
-        if type(block.attn).__name__ not in ATTENTIONS:
-            return f"block {i}'s attention is a {type(block.attn).__name__}"
+def _attention_reason(place: str, block: nn.Module) -> str | None:
+    kind = type(block.attn).__name__
+    return None if kind in ATTENTIONS else f"{place}'s attention is a {kind}"
+
+
+#: timm's ``EvaBlock`` / ``EvaBlockPostNorm``, as a stack at ``model.blocks``
+EVA_BLOCKS = Stack("blocks", {"EvaBlock": "pre_norm", "EvaBlockPostNorm": "res_post_norm"}, "an EvaBlock",
+                   checks=(_attention_reason,),
+                   parts=Parts(gamma1="gamma_1", gamma2="gamma_2", gated_mlp=gated_mlp, inputs=_eva_inputs))
+
+
+def _dropping_patches(model: nn.Module) -> str | None:
+    if getattr(model, "patch_drop", None) is not None:
+        return "it drops patches at random (patch_drop_rate > 0)"
     return None
-
-
-def eva_block(module: nn.Module) -> BlockParts:
-    """Where an ``EvaBlock`` / ``EvaBlockPostNorm`` keeps its parts."""
-    return BlockParts(
-        module=module, attention=eva_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
-        mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp),
-        layout=BLOCK_LAYOUTS[type(module).__name__],
-        gamma1=layer_scale(getattr(module, "gamma_1", None)), gamma2=layer_scale(getattr(module, "gamma_2", None)),
-        inputs=_eva_inputs)
 
 
 def run_blocks(blocks: nn.Module, tokens: Tensor, rope: Tensor | None, mixed: bool) -> Tensor:
@@ -74,28 +71,14 @@ class TimmEva(TimmSequenceFamily):
 
     name = "timm Eva (EVA-02, RoPE ViT)"
     listing_order = 11
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        from timm.models.eva import Eva
-
-        return isinstance(model, Eva)
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if reason := cls.pooling_reason(model):
-            return reason
-        if getattr(model, "patch_drop", None) is not None:
-            return "it drops patches at random (patch_drop_rate > 0)"
-        return eva_blocks_reason(model.blocks)
-
-    @classmethod
-    def examples(cls):
-        return {"EVA-02 (RoPE, SwiGLU)": timm_example("eva02_tiny_patch14_224", patch_size=8, ref_feat_shape=(4, 4)),
-                "RoPE ViT (mixed)": timm_example("vit_base_patch16_rope_mixed_224")}
-
-    def block(self, module: nn.Module) -> BlockParts:
-        return eva_block(module)
+    model_classes = ("timm.models.eva.Eva",)
+    stack = EVA_BLOCKS
+    pooling = GlobalPool(latents=True)
+    refusals = (pooling.reason, _dropping_patches, stack.reason)
+    example_models = (
+        Example("EVA-02 (RoPE, SwiGLU)", timm_tiny("eva02_tiny_patch14_224", patch_size=8, ref_feat_shape=(4, 4))),
+        Example("RoPE ViT (mixed)", timm_tiny("vit_base_patch16_rope_mixed_224")))
+    attention = staticmethod(eva_attention)
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         model = self.model
@@ -104,17 +87,3 @@ class TimmEva(TimmSequenceFamily):
 
     def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
         return self.head(run_blocks(self.model.blocks, tokens, context.rope, getattr(self.model, "rope_mixed", False)))
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import (
-            AttentionPoolLatent,
-            DropPath,
-            GluMlp,
-            Mlp,
-            PatchEmbed,
-            SwiGLU,
-        )
-        from timm.models.eva import Eva, EvaBlock, EvaBlockPostNorm
-
-        return (Eva, EvaBlock, EvaBlockPostNorm, type(self.blocks[0].attention.module), Mlp, GluMlp, SwiGLU,
-                PatchEmbed, DropPath, AttentionPoolLatent, type(getattr(self.model, "rope", None) or nn.Identity()))

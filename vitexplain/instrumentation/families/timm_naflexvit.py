@@ -13,14 +13,35 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..blocks import BlockParts
-from .base import EmbeddingParts, TokenContext, register_family, require_tiling, timm_example
-from .timm_common import TimmSequenceFamily, timm_layer_classes
-from .timm_eva import BLOCK_LAYOUTS as EVA_BLOCKS
-from .timm_eva import eva_block, eva_blocks_reason, run_blocks
-from .timm_vit import vit_block, vit_blocks_reason
+from .base import EmbeddingParts, TokenContext, register_family, require_tiling
+from .examples import Example, timm_tiny
+from .stack import Stack
+from .timm_common import GlobalPool, TimmSequenceFamily
+from .timm_eva import EVA_BLOCKS, eva_attention, run_blocks
+from .timm_vit import VIT_BLOCKS, vit_block
 
 #: ``rope_type`` values whose tables the written-out attention applies (timm's ``apply_rot_embed_cat`` layout)
 ROPE_TYPES = ("", "axial", "mixed", "dinov3", "mrope")
+
+
+def _eva(block: nn.Module) -> bool:
+    return type(block).__name__ in EVA_BLOCKS.layouts
+
+
+def _blocks(model: nn.Module) -> Stack:
+    """EVA's blocks where every block is one, else ViT's (the reasons name ViT's blocks)."""
+    return EVA_BLOCKS if all(_eva(block) for block in model.blocks) else VIT_BLOCKS
+
+
+def _blocks_reason(model: nn.Module) -> str | None:
+    return _blocks(model).reason(model)
+
+
+def _rope_reason(model: nn.Module) -> str | None:
+    rope_type = _rope_type(model)
+    if rope_type in ROPE_TYPES:
+        return None
+    return f"its rotary embedding ({rope_type}) is not one vitexplain applies (it applies {', '.join(ROPE_TYPES[1:])})"
 
 
 @register_family
@@ -30,33 +51,19 @@ class TimmNaFlexViT(TimmSequenceFamily):
 
     name = "timm NaFlexVit"
     listing_order = 12
-    pool_method = "_pool"
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        from timm.models.naflexvit import NaFlexVit
-
-        return isinstance(model, NaFlexVit)
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if reason := cls.head_pooling_reason(model):
-            return reason
-        rope_type = _rope_type(model)
-        if rope_type not in ROPE_TYPES:
-            return (f"its rotary embedding ({rope_type}) is not one vitexplain applies "
-                    f"(it applies {', '.join(ROPE_TYPES[1:])})")
-        kinds = {type(block).__name__ in EVA_BLOCKS for block in model.blocks}
-        return eva_blocks_reason(model.blocks) if kinds == {True} else vit_blocks_reason(model.blocks)
-
-    @classmethod
-    def examples(cls):
-        return {"NaFlexViT (linear patches, registers, average pooling)": timm_example("naflexvit_base_patch16_gap"),
-                "NaFlexViT, factorised positions, attention pooling": timm_example("naflexvit_base_patch16_parfac_gap",
-                                                                                   global_pool="map")}
+    model_classes = ("timm.models.naflexvit.NaFlexVit",)
+    stack = VIT_BLOCKS
+    pooling = GlobalPool(method="_pool")
+    refusals = (pooling.reason, _rope_reason, _blocks_reason)
+    lrp_modules = (*TimmSequenceFamily.lrp_modules, "timm.models.naflexvit.NaFlexEmbeds",
+                   "timm.layers.PatchDropoutWithIndices", "timm.layers.PatchEmbedInterpolator")
+    example_models = (
+        Example("NaFlexViT (linear patches, registers, average pooling)", timm_tiny("naflexvit_base_patch16_gap")),
+        Example("NaFlexViT, factorised positions, attention pooling",
+                timm_tiny("naflexvit_base_patch16_parfac_gap", global_pool="map")))
 
     def block(self, module: nn.Module) -> BlockParts:
-        return eva_block(module) if type(module).__name__ in EVA_BLOCKS else vit_block(module)
+        return EVA_BLOCKS.block(module, eva_attention) if _eva(module) else vit_block(module)
 
     @property
     def class_token_index(self) -> int | None:
@@ -109,14 +116,6 @@ class TimmNaFlexViT(TimmSequenceFamily):
         else:
             image = values.reshape(-1, height, width, channels, ph, pw).permute(0, 3, 1, 4, 2, 5)
         return image.reshape(-1, channels, height * ph, width * pw)
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import PatchDropoutWithIndices, PatchEmbedInterpolator
-        from timm.models.naflexvit import NaFlexEmbeds, NaFlexVit
-
-        return (NaFlexVit, NaFlexEmbeds, *{type(parts.module) for parts in self.blocks},
-                *{type(parts.attention.module) for parts in self.blocks}, *timm_layer_classes(),
-                PatchDropoutWithIndices, PatchEmbedInterpolator, type(self.model.rope or nn.Identity()))
 
 
 def _rope_type(model: nn.Module) -> str:

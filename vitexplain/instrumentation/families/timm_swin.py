@@ -8,18 +8,11 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts, clamped_logit_scale
-from ..blocks import BlockParts
 from ..windows import Windows
-from .base import EmbeddingParts, Family, PatchTokensOnly, register_family, timm_example
+from .base import EmbeddingParts, Family, PatchTokensOnly, register_family
+from .examples import TINY_SWIN, Example, timm_tiny
+from .stack import Parts, Stack
 from .timm_common import timm_head
-
-#: timm block classes and the layout their forward computes
-BLOCK_LAYOUTS = {"SwinTransformerBlock": "pre_norm", "SwinTransformerV2Block": "res_post_norm"}
-#: the support matrix's tiny Swins: 32 px images, 4 px patches, two stages of two blocks, 2×2 windows,
-#: so that both stages have several windows and their odd blocks shift them
-TINY_SWIN = dict(img_size=32, patch_size=4, embed_dim=24, depths=(2, 2), num_heads=(2, 4), window_size=2,
-                 num_classes=10)
-
 
 #: why a Swin Transformer cannot run on token subsets
 SWIN_TOKEN_SUBSETS = ("a Swin Transformer's windows and patch merging need the whole token grid, so dropping tokens "
@@ -43,13 +36,6 @@ def pooling_reason(pooling: str) -> str | None:
     return f"its head pools with global_pool={pooling!r}, which is not a weighting of the tokens (supported: 'avg')"
 
 
-def _swin_classes() -> tuple[type, type]:
-    from timm.models.swin_transformer import SwinTransformer
-    from timm.models.swin_transformer_v2 import SwinTransformerV2
-
-    return SwinTransformer, SwinTransformerV2
-
-
 def grid_tokens(x: Tensor) -> tuple[Tensor, AttentionInput]:
     """A Swin block's input [B, h, w, C] as tokens [B, h·w, C] on the grid (h, w)."""
     return x.flatten(1, 2), AttentionInput(grid=tuple(x.shape[1:3]))
@@ -57,6 +43,11 @@ def grid_tokens(x: Tensor) -> tuple[Tensor, AttentionInput]:
 
 def grid_back(tokens: Tensor, given: Tensor) -> Tensor:
     return tokens.reshape(*given.shape[:-1], tokens.shape[-1])
+
+
+def timm_windows(block: nn.Module) -> Windows:
+    """A timm Swin block's windows: its window and shift (timm's roll-then-pad order), its own shift mask."""
+    return Windows(tuple(block.window_size), tuple(block.shift_size), shift_mask(block))
 
 
 def shift_mask(block: nn.Module):
@@ -67,6 +58,15 @@ def shift_mask(block: nn.Module):
             return block.get_attn_mask(torch.zeros(1, *padded, 1, device=device, dtype=dtype))
         return block.attn_mask
     return mask
+
+
+#: where a timm Swin block (V1, V2, V2-CR) keeps its parts: it takes and returns a token grid, attends in windows
+GRID_BLOCK = Parts(inputs=grid_tokens, output=grid_back, windows=timm_windows)
+#: the layers around timm's Swin blocks that LRP's rules cover: the MLP, drop path, the average-pooling head; a
+#: position-bias MLP's ReLU (its output is a constant of the input: it never carries relevance)
+TIMM_SWIN_LAYERS = ("timm.layers.Mlp", "timm.layers.PatchEmbed", "timm.layers.DropPath", "timm.layers.ClassifierHead",
+                    "timm.layers.SelectAdaptivePool2d", "timm.layers.adaptive_avgmax_pool.FastAdaptiveAvgPool",
+                    nn.AdaptiveAvgPool2d, nn.Flatten, nn.ReLU)
 
 
 def _continuous_position_bias(attn: nn.Module):
@@ -81,6 +81,11 @@ def _continuous_position_bias(attn: nn.Module):
         pairs = table[attn.relative_position_index.view(-1)].view(area, area, -1).permute(2, 0, 1)
         return (16 * torch.sigmoid(pairs)).unsqueeze(0)
     return bias
+
+
+def swin_attention(attn: nn.Module) -> AttentionParts:
+    """timm's ``WindowAttention``: V1's (a relative position bias table), or V2's (with a logit scale)."""
+    return _v2_attention(attn) if hasattr(attn, "logit_scale") else _v1_attention(attn)
 
 
 def _v1_attention(attn: nn.Module) -> AttentionParts:
@@ -114,36 +119,20 @@ class TimmSwin(HierarchicalSwin, Family):
 
     name = "timm Swin Transformer (V1, V2)"
     listing_order = 14
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        return isinstance(model, _swin_classes())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if pooling_reason(model.global_pool):
-            return pooling_reason(model.global_pool)
-        for i, stage in enumerate(model.layers):
-            for j, block in enumerate(stage.blocks):
-                if type(block).__name__ not in BLOCK_LAYOUTS:
-                    return f"stage {i} block {j} is a {type(block).__name__}, not a Swin block"
-        return None
-
-    @classmethod
-    def examples(cls):
-        return {"Swin (shifted windows, merging)": timm_example("swin_tiny_patch4_window7_224", TINY_SWIN),
-                "Swin V2 (cosine attention, continuous bias)": timm_example("swinv2_tiny_window8_256", TINY_SWIN)}
-
-    def block_modules(self):
-        return [block for stage in self.model.layers for block in stage.blocks]
-
-    def block(self, module: nn.Module) -> BlockParts:
-        layout = BLOCK_LAYOUTS[type(module).__name__]
-        attention = _v1_attention(module.attn) if layout == "pre_norm" else _v2_attention(module.attn)
-        return BlockParts(
-            module=module, attention=attention, norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
-            activation=getattr(module.mlp, "act", None), layout=layout, inputs=grid_tokens, output=grid_back,
-            windows=Windows(tuple(module.window_size), tuple(module.shift_size), shift_mask(module)))
+    model_classes = ("timm.models.swin_transformer.SwinTransformer",
+                     "timm.models.swin_transformer_v2.SwinTransformerV2")
+    stack = Stack("blocks", {"SwinTransformerBlock": "pre_norm", "SwinTransformerV2Block": "res_post_norm"},
+                  "a Swin block", stages="layers", parts=GRID_BLOCK)
+    refusals = (lambda model: pooling_reason(model.global_pool), stack.reason)
+    # the V2 bias MLP computes a constant of the input: its ReLU never carries relevance; the modules' own softmax is
+    # not called (the attention is written out)
+    lrp_modules = ("timm.models.swin_transformer.SwinTransformerStage", "timm.models.swin_transformer.PatchMerging",
+                   "timm.models.swin_transformer_v2.SwinTransformerV2Stage",
+                   "timm.models.swin_transformer_v2.PatchMerging", *TIMM_SWIN_LAYERS, nn.Softmax)
+    example_models = (
+        Example("Swin (shifted windows, merging)", timm_tiny("swin_tiny_patch4_window7_224", TINY_SWIN)),
+        Example("Swin V2 (cosine attention, continuous bias)", timm_tiny("swinv2_tiny_window8_256", TINY_SWIN)))
+    attention = staticmethod(swin_attention)
 
     def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
         """``tokens`` as a last-stage block returns them, a grid [B, h, w, C]."""
@@ -151,23 +140,3 @@ class TimmSwin(HierarchicalSwin, Family):
 
     def embedding(self) -> EmbeddingParts:
         return EmbeddingParts(self.model.patch_embed, self.model.patch_embed.proj, None)
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import (
-            ClassifierHead,
-            DropPath,
-            Mlp,
-            PatchEmbed,
-            SelectAdaptivePool2d,
-        )
-        from timm.layers.adaptive_avgmax_pool import FastAdaptiveAvgPool
-        from timm.models import swin_transformer as v1
-        from timm.models import swin_transformer_v2 as v2
-
-        # the V2 bias MLP computes a constant of the input: its ReLU never carries relevance; the modules'
-        # own softmax is not called (the attention is written out)
-        return (*_swin_classes(), v1.SwinTransformerStage, v1.SwinTransformerBlock, v1.WindowAttention,
-                v1.PatchMerging, v2.SwinTransformerV2Stage, v2.SwinTransformerV2Block, v2.WindowAttention,
-                v2.PatchMerging, Mlp, PatchEmbed, DropPath, ClassifierHead, SelectAdaptivePool2d, FastAdaptiveAvgPool,
-                nn.AdaptiveAvgPool2d, nn.Flatten,
-                nn.Softmax, nn.ReLU)

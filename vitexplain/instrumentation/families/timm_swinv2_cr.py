@@ -12,21 +12,16 @@ bias (the key's included), the position bias being the meta MLP's output itself 
 per head kept as [H], the block's extra norm, NCHW between stages, and no final norm outside the blocks."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionParts, clamped_logit_scale
-from ..blocks import BlockParts
-from ..windows import Windows
-from .base import (
-    EmbeddingParts,
-    Family,
-    loaded_class,
-    optional,
-    register_family,
-    timm_example,
-)
-from .timm_swin import TINY_SWIN, HierarchicalSwin, grid_back, grid_tokens, pooling_reason, shift_mask
+from .base import EmbeddingParts, Family, register_family
+from .examples import TINY_SWIN, Example, timm_tiny
+from .stack import Stack
+from .timm_swin import GRID_BLOCK, TIMM_SWIN_LAYERS, HierarchicalSwin, pooling_reason
 
 #: where timm keeps the classes described
 MODULE = "timm.models.swin_transformer_v2_cr"
@@ -47,11 +42,19 @@ def _meta_position_bias(attn: nn.Module):
 
 
 def _attention(attn: nn.Module) -> AttentionParts:
+    """timm's ``WindowMultiHeadAttention``: a qkv Linear with its full bias, scaled cosine scores, the meta bias."""
     head_dim = attn.qkv.out_features // (3 * attn.num_heads)
     return AttentionParts(
         module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5, proj=attn.proj,
         qkv=attn.qkv, position_bias=_meta_position_bias(attn), logit_scale=clamped_logit_scale(attn),
         attn_drop=attn.attn_drop, proj_drop=attn.proj_drop)
+
+
+def _attention_reason(place: str, block: nn.Module) -> str | None:
+    kind = type(block.attn).__name__
+    if kind == "WindowMultiHeadAttention":
+        return None
+    return f"{place}: its attention is a {kind}, not timm's WindowMultiHeadAttention"
 
 
 @register_family
@@ -66,38 +69,16 @@ class TimmSwinV2Cr(HierarchicalSwin, Family):
 
     name = "timm SwinV2-CR"
     listing_order = 15
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        return isinstance(model, loaded_class(MODULE, "SwinTransformerV2Cr") or ())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        pooling = pooling_reason(model.head.global_pool.pool_type)
-        if pooling:
-            return pooling
-        for i, stage in enumerate(model.stages):
-            for j, block in enumerate(stage.blocks):
-                if type(block).__name__ != "SwinTransformerV2CrBlock":
-                    return f"stage {i} block {j} is a {type(block).__name__}, not timm's SwinTransformerV2CrBlock"
-                if type(block.attn).__name__ != "WindowMultiHeadAttention":
-                    return (f"stage {i} block {j}: its attention is a {type(block.attn).__name__}, not timm's "
-                            "WindowMultiHeadAttention")
-        return None
-
-    @classmethod
-    def examples(cls):
-        return {"SwinV2-CR (post-norm, extra stage norms)": timm_example("swinv2_cr_tiny_ns_224", TINY_SWIN)}
-
-    def block_modules(self):
-        return [block for stage in self.model.stages for block in stage.blocks]
-
-    def block(self, module: nn.Module) -> BlockParts:
-        return BlockParts(
-            module=module, attention=_attention(module.attn), norm1=module.norm1, norm2=module.norm2, mlp=module.mlp,
-            activation=getattr(module.mlp, "act", None), layout="res_post_norm", main_norm=optional(module.norm3),
-            inputs=grid_tokens, output=grid_back,
-            windows=Windows(tuple(module.window_size), tuple(module.shift_size), shift_mask(module)))
+    model_classes = (f"{MODULE}.SwinTransformerV2Cr",)
+    stack = Stack("blocks", {"SwinTransformerV2CrBlock": "res_post_norm"}, "timm's SwinTransformerV2CrBlock",
+                  stages="stages", checks=(_attention_reason,), parts=replace(GRID_BLOCK, main_norm="norm3"))
+    refusals = (lambda model: pooling_reason(model.head.global_pool.pool_type), stack.reason)
+    # the meta MLP computes a constant of the input: its ReLU never carries relevance
+    lrp_modules = (f"{MODULE}.SwinTransformerV2CrStage", f"{MODULE}.PatchMerging", f"{MODULE}.PatchEmbed",
+                   *TIMM_SWIN_LAYERS)
+    example_models = (
+        Example("SwinV2-CR (post-norm, extra stage norms)", timm_tiny("swinv2_cr_tiny_ns_224", TINY_SWIN)),)
+    attention = staticmethod(_attention)
 
     def head(self, tokens: Tensor, *, final_norm: bool = True) -> Tensor:
         """``tokens`` as a last-stage block returns them, a grid [B, h, w, C], through the model's NCHW head. The model
@@ -108,13 +89,3 @@ class TimmSwinV2Cr(HierarchicalSwin, Family):
     def embedding(self) -> EmbeddingParts:
         # the patch embedding's norm returns the patch tokens as a grid [B, h, w, C] (the embedding itself, NCHW)
         return EmbeddingParts(self.model.patch_embed.norm, self.model.patch_embed.proj, None)
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import ClassifierHead, DropPath, Mlp, SelectAdaptivePool2d
-        from timm.layers.adaptive_avgmax_pool import FastAdaptiveAvgPool
-        from timm.models import swin_transformer_v2_cr as cr
-
-        # the meta MLP computes a constant of the input: its ReLU never carries relevance
-        return (cr.SwinTransformerV2Cr, cr.SwinTransformerV2CrStage, cr.SwinTransformerV2CrBlock,
-                cr.WindowMultiHeadAttention, cr.PatchMerging, cr.PatchEmbed, Mlp, DropPath, ClassifierHead,
-                SelectAdaptivePool2d, FastAdaptiveAvgPool, nn.AdaptiveAvgPool2d, nn.Flatten, nn.ReLU)

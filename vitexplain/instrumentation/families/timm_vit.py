@@ -7,25 +7,13 @@ from torch import Tensor, nn
 
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
-from .base import (
-    TokenContext,
-    layer_scale,
-    missing,
-    optional,
-    register_family,
-    timm_example,
-)
-from .timm_common import TimmSequenceFamily, block_type_reason, gated_mlp, timm_layer_classes
+from .base import TokenContext, register_family
+from .examples import Example, timm_tiny
+from .stack import Parts, Stack, layer_scale, needing, optional
+from .timm_common import GlobalPool, TimmSequenceFamily, gated_mlp
 
-ATTENTION_ATTRIBUTES = ("qkv", "proj", "num_heads", "head_dim", "scale")
 #: timm block classes and the layout their forward computes
 BLOCK_LAYOUTS = {"Block": "pre_norm", "ResPostBlock": "res_post_norm", "ParallelScalingBlock": "parallel"}
-
-
-def _vit_classes():
-    from timm.models.vision_transformer import VisionTransformer
-
-    return VisionTransformer
 
 
 def timm_attention(attn: nn.Module, **extra) -> AttentionParts:
@@ -80,31 +68,26 @@ def _block_inputs(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = 
     return x, AttentionInput(mask=attn_mask)
 
 
-def vit_blocks_reason(blocks: nn.Module) -> str | None:
-    """Why timm ViT blocks (``Block``, ``ResPostBlock``, ``ParallelScalingBlock``) cannot be described, or None."""
-    if reason := block_type_reason(blocks, BLOCK_LAYOUTS, "timm's Block or ResPostBlock"):
-        return reason
-    for i, block in enumerate(blocks):
-        if type(block).__name__ == "ParallelScalingBlock":
-            if block.out_proj is not None:
-                return f"block {i}: its attention and MLP share one fused output projection (fuse_out_proj=True)"
-            continue
-        absent = missing(block.attn, ATTENTION_ATTRIBUTES)
-        if absent:
-            return f"block {i}: {absent}"
+def _parallel_or_attention_reason(place: str, block: nn.Module) -> str | None:
+    """A parallel block must have separate output projections; any other block's attention must be timm's."""
+    if type(block).__name__ != "ParallelScalingBlock":
+        return _attention_reason(place, block)
+    if block.out_proj is not None:
+        return f"{place}: its attention and MLP share one fused output projection (fuse_out_proj=True)"
     return None
+
+
+_attention_reason = needing("qkv", "proj", "num_heads", "head_dim", "scale", within="attn")
+#: timm's ViT blocks (``Block``, ``ResPostBlock``, ``ParallelScalingBlock``), as a stack at ``model.blocks``
+VIT_BLOCKS = Stack("blocks", BLOCK_LAYOUTS, "timm's Block or ResPostBlock", checks=(_parallel_or_attention_reason,),
+                   parts=Parts(gamma1="ls1", gamma2="ls2", gated_mlp=gated_mlp, inputs=_block_inputs))
 
 
 def vit_block(module: nn.Module) -> BlockParts:
     """Where a timm ViT block (one of :data:`BLOCK_LAYOUTS`) keeps its parts."""
-    layout = BLOCK_LAYOUTS[type(module).__name__]
-    if layout == "parallel":
+    if type(module).__name__ == "ParallelScalingBlock":
         return parallel_block(module)
-    return BlockParts(
-        module=module, attention=timm_attention(module.attn), norm1=module.norm1, norm2=module.norm2,
-        mlp=module.mlp, activation=getattr(module.mlp, "act", None), gated_mlp=gated_mlp(module.mlp), layout=layout,
-        gamma1=layer_scale(getattr(module, "ls1", None)),
-        gamma2=layer_scale(getattr(module, "ls2", None)), inputs=_block_inputs)
+    return VIT_BLOCKS.block(module, timm_attention)
 
 
 @register_family
@@ -113,27 +96,19 @@ class TimmViT(TimmSequenceFamily):
 
     name = "timm VisionTransformer"
     listing_order = 10
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        return isinstance(model, _vit_classes())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if reason := cls.head_pooling_reason(model):
-            return reason
-        return vit_blocks_reason(model.blocks)
-
-    @classmethod
-    def examples(cls):
-        return {"ViT (class token)": timm_example("vit_base_patch16_224"),
-                "DeiT distilled (class + distillation token)": timm_example("deit_base_distilled_patch16_224"),
-                "ViT, average pooling, registers": timm_example("vit_base_patch16_224", reg_tokens=2,
-                                                                 global_pool="avg"),
-                "ViT, avgmax pooling": timm_example("vit_base_patch16_224", class_token=False, global_pool="avgmax"),
-                "SigLIP-style ViT (attention pooling)": timm_example("vit_base_patch16_siglip_224",
-                                                                     class_token=False, global_pool="map"),
-                "ViT with parallel blocks (vit_pwee)": timm_example("vit_pwee_patch16_reg1_gap_256")}
+    model_classes = ("timm.models.vision_transformer.VisionTransformer",)
+    stack = VIT_BLOCKS
+    pooling = GlobalPool()
+    refusals = (pooling.reason, stack.reason)
+    lrp_modules = (*TimmSequenceFamily.lrp_modules, "timm.layers.PatchDropout")
+    example_models = (
+        Example("ViT (class token)", timm_tiny("vit_base_patch16_224")),
+        Example("DeiT distilled (class + distillation token)", timm_tiny("deit_base_distilled_patch16_224")),
+        Example("ViT, average pooling, registers", timm_tiny("vit_base_patch16_224", reg_tokens=2, global_pool="avg")),
+        Example("ViT, avgmax pooling", timm_tiny("vit_base_patch16_224", class_token=False, global_pool="avgmax")),
+        Example("SigLIP-style ViT (attention pooling)",
+                timm_tiny("vit_base_patch16_siglip_224", class_token=False, global_pool="map")),
+        Example("ViT with parallel blocks (vit_pwee)", timm_tiny("vit_pwee_patch16_reg1_gap_256")))
 
     def block(self, module: nn.Module) -> BlockParts:
         return vit_block(module)
@@ -145,14 +120,3 @@ class TimmViT(TimmSequenceFamily):
 
     def encode(self, tokens: Tensor, context: TokenContext) -> Tensor:
         return self.head(self.model.blocks(tokens))
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from timm.layers import PatchDropout, PatchEmbed
-        from timm.models.vision_transformer import (
-            Block,
-            ParallelScalingBlock,
-            ResPostBlock,
-        )
-
-        return (_vit_classes(), Block, ResPostBlock, ParallelScalingBlock, type(self.blocks[0].attention.module),
-                *timm_layer_classes(), PatchEmbed, PatchDropout)

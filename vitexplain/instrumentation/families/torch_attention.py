@@ -1,5 +1,5 @@
 """PyTorch's own ``nn.MultiheadAttention`` as the written-out attention reads it: torchvision's ViT, open_clip's
-towers and the pooling head of transformers' SigLIP use it.
+towers (:class:`MultiheadAttentionViT`) and the pooling head of transformers' SigLIP use it.
 
 Its input projection is one packed parameter (``in_proj_weight``, rows q, k, v), not a Linear module; the
 description reads it through :func:`in_projection_rows`, a Linear whose weight and bias are rows of the packed
@@ -12,7 +12,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..attention import AttentionParts
-from .base import LinearView
+from .base import ClassTokenFirst, Family, LinearView, at
+from .stack import BlockCheck
 
 
 def in_projection_rows(attention: nn.MultiheadAttention, start: int, stop: int) -> LinearView:
@@ -37,6 +38,15 @@ def multihead_attention_reason(attention: nn.Module) -> str | None:
     return None
 
 
+def multihead_attention_check(path: str) -> BlockCheck:
+    """The check that a block's attention (its part at ``path``) is one :func:`multihead_attention` reads."""
+    def check(place: str, block: nn.Module) -> str | None:
+        reason = multihead_attention_reason(at(block, path))
+        return f"{place}: {reason}" if reason else None
+
+    return check
+
+
 def multihead_attention(attention: nn.MultiheadAttention) -> AttentionParts:
     """``nn.MultiheadAttention`` as self-attention: the packed projection as one qkv (rows q, k, v: heads laid
     out [3, H, D]), scores scaled by 1/√D, ``out_proj``."""
@@ -55,3 +65,11 @@ def latent_attention(attention: nn.MultiheadAttention, latent: Tensor) -> Attent
                           query=in_projection_rows(attention, 0, width),
                           kv=in_projection_rows(attention, width, 3 * width),
                           latent=latent)
+
+
+class MultiheadAttentionViT(ClassTokenFirst, Family):
+    """A ViT of one image size whose blocks attend through ``nn.MultiheadAttention``, a class token first
+    (torchvision's, open_clip's)."""
+
+    image_size = "model.image_size"
+    attention = staticmethod(multihead_attention)

@@ -14,16 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionParts, clamped_logit_scale
-from ..blocks import BlockParts
 from ..windows import Grid, WindowLayout, Windows
-from .base import (
-    EmbeddingParts,
-    Family,
-    LinearView,
-    example,
-    loaded_class,
-    register_family,
-)
+from .base import EmbeddingParts, Family, LinearView, register_family
+from .examples import Example
+from .stack import Parts, Stack
 from .timm_swin import HierarchicalSwin, grid_back, grid_tokens
 
 #: where torchvision keeps the classes described
@@ -95,14 +89,45 @@ def _without_graph(attn: nn.Module):
     return bias
 
 
-def _attention(attn: nn.Module, version: str) -> AttentionParts:
+def _attention(attn: nn.Module) -> AttentionParts:
+    """``ShiftedWindowAttention`` (a relative position bias table), or V2's (with a logit scale)."""
     head_dim = attn.qkv.out_features // (3 * attn.num_heads)
-    if version == "pre_norm":
+    if not hasattr(attn, "logit_scale"):
         return AttentionParts(module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5,
                               proj=attn.proj, qkv=attn.qkv, position_bias=attn.get_relative_position_bias)
     return AttentionParts(module=attn, num_heads=attn.num_heads, head_dim=head_dim, scale=head_dim ** -0.5,
                           proj=attn.proj, qkv=_key_bias_left_out(attn.qkv), position_bias=_without_graph(attn),
                           logit_scale=clamped_logit_scale(attn))
+
+
+def tiny_torchvision_swin(version: int):
+    """A builder of a tiny torchvision Swin (``swin_t`` style, or ``swin_v2_t`` style for ``version`` 2)."""
+    def make(**overrides) -> nn.Module:
+        from torchvision.models import swin_transformer as swin
+
+        v2 = {} if version != 2 else dict(block=swin.SwinTransformerBlockV2, downsample_layer=swin.PatchMergingV2)
+        return swin.SwinTransformer(**{**dict(patch_size=[4, 4], embed_dim=24, depths=[2, 2], num_heads=[2, 4],
+                                              window_size=[2, 2], num_classes=10, **v2), **overrides})
+
+    return make
+
+
+def _stage_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks of every stage, in order (the ``features`` entries that are stages of blocks)."""
+    return [block for stage in model.features[1:] if isinstance(stage, nn.Sequential) for block in stage]
+
+
+def _attention_reason(place: str, block: nn.Module) -> str | None:
+    expected, _ = BLOCKS[type(block).__name__]
+    if type(block.attn).__name__ == expected:
+        return None
+    return f"{place}: its attention is a {type(block.attn).__name__}, not torchvision's {expected}"
+
+
+def _pooling_reason(model: nn.Module) -> str | None:
+    if isinstance(model.avgpool, nn.AdaptiveAvgPool2d) and model.avgpool.output_size in (1, (1, 1)):
+        return None
+    return f"its head pools with a {type(model.avgpool).__name__}, not an average over the tokens"
 
 
 @register_family
@@ -111,65 +136,23 @@ class TorchvisionSwin(HierarchicalSwin, Family):
 
     name = "torchvision Swin Transformer (V1, V2)"
     listing_order = 32
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        return isinstance(model, loaded_class(MODULE, "SwinTransformer") or ())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        if not isinstance(model.avgpool, nn.AdaptiveAvgPool2d) or model.avgpool.output_size not in (1, (1, 1)):
-            return f"its head pools with a {type(model.avgpool).__name__}, not an average over the tokens"
-        for i, block in enumerate(cls._blocks(model)):
-            attention, _ = BLOCKS.get(type(block).__name__, (None, None))
-            if attention is None:
-                return f"block {i} is a {type(block).__name__}, not torchvision's SwinTransformerBlock(V2)"
-            if type(block.attn).__name__ != attention:
-                return f"block {i}: its attention is a {type(block.attn).__name__}, not torchvision's {attention}"
-        return None
-
-    @classmethod
-    def examples(cls):
-        def make(version: int):
-            def build() -> nn.Module:
-                from torchvision.models import swin_transformer as swin
-
-                v2 = {} if version != 2 else dict(block=swin.SwinTransformerBlockV2,
-                                                  downsample_layer=swin.PatchMergingV2)
-                return swin.SwinTransformer(patch_size=[4, 4], embed_dim=24, depths=[2, 2], num_heads=[2, 4],
-                                            window_size=[2, 2], num_classes=10, **v2)
-            return build
-
-        return {"torchvision Swin (swin_t style)": example(make(1)),
-                "torchvision Swin V2 (swin_v2_t style)": example(make(2))}
-
-    @staticmethod
-    def _blocks(model: nn.Module) -> list[nn.Module]:
-        """The blocks of every stage, in order (the ``features`` entries that are stages of blocks)."""
-        return [block for stage in model.features[1:] if isinstance(stage, nn.Sequential) for block in stage]
-
-    def block_modules(self):
-        return self._blocks(self.model)
-
-    def block(self, module: nn.Module) -> BlockParts:
-        _, layout = BLOCKS[type(module).__name__]
-        mlp = module.mlp  # Linear, GELU, Dropout, Linear, Dropout
-        return BlockParts(module=module, attention=_attention(module.attn, layout), norm1=module.norm1,
-                          norm2=module.norm2, mlp=mlp, activation=mlp[1], layout=layout, inputs=grid_tokens,
-                          output=grid_back, windows=PaddedThenShifted(tuple(module.attn.window_size),
-                                                                      tuple(module.attn.shift_size)))
-
-    @property
-    def _convolution(self) -> nn.Conv2d:
-        return self.model.features[0][0]
-
-    @property
-    def patch_size(self) -> tuple[int, int]:
-        return tuple(self._convolution.kernel_size)
-
-    @property
-    def in_channels(self) -> int:
-        return self._convolution.in_channels
+    model_classes = (f"{MODULE}.SwinTransformer",)
+    # the MLP: Linear, GELU, Dropout, Linear, Dropout
+    stack = Stack(_stage_blocks, {name: layout for name, (_, layout) in BLOCKS.items()},
+                  "torchvision's SwinTransformerBlock(V2)", checks=(_attention_reason,),
+                  parts=Parts(activation="mlp.1", inputs=grid_tokens, output=grid_back,
+                              windows=lambda block: PaddedThenShifted(tuple(block.attn.window_size),
+                                                                      tuple(block.attn.shift_size))))
+    refusals = (_pooling_reason, stack.reason)
+    # the merges concatenate 2x2 neighbours (a selection) before or after their norm and Linear, which the rules
+    # cover; stochastic depth is the identity in evaluation; V2's bias MLP (with its ReLU) computes a constant of the
+    # input, which carries no relevance
+    lrp_modules = (f"{MODULE}.PatchMerging", f"{MODULE}.PatchMergingV2", "torchvision.ops.misc.Permute",
+                   "torchvision.ops.stochastic_depth.StochasticDepth", nn.AdaptiveAvgPool2d, nn.Flatten, nn.ReLU)
+    example_models = (Example("torchvision Swin (swin_t style)", tiny_torchvision_swin(1)),
+                      Example("torchvision Swin V2 (swin_v2_t style)", tiny_torchvision_swin(2)))
+    patch_convolution = "model.features.0.0"
+    attention = staticmethod(_attention)
 
     def grid_size(self, images: Tensor) -> tuple[int, int]:
         size, patch = tuple(images.shape[-2:]), self.patch_size
@@ -186,16 +169,4 @@ class TorchvisionSwin(HierarchicalSwin, Family):
 
     def embedding(self) -> EmbeddingParts:
         """``features[0]``: the patch convolution, a permute to NHWC, a LayerNorm; no position embedding."""
-        return EmbeddingParts(self.model.features[0], self._convolution, None)
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        from torchvision.models import swin_transformer as swin
-        from torchvision.ops.misc import Permute
-        from torchvision.ops.stochastic_depth import StochasticDepth
-
-        # the merges concatenate 2x2 neighbours (a selection) before or after their norm and Linear, which the rules
-        # cover; stochastic depth is the identity in evaluation; V2's bias MLP (with its ReLU) computes a constant
-        # of the input, which carries no relevance
-        return (swin.SwinTransformer, swin.SwinTransformerBlock, swin.ShiftedWindowAttention, swin.PatchMerging,
-                swin.SwinTransformerBlockV2, swin.ShiftedWindowAttentionV2, swin.PatchMergingV2,
-                Permute, StochasticDepth, nn.AdaptiveAvgPool2d, nn.Flatten, nn.ReLU)
+        return EmbeddingParts(self.model.features[0], self.model.features[0][0], None)

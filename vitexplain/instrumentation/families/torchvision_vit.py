@@ -7,67 +7,50 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..blocks import BlockParts
-from .base import (
-    ClassTokenFirst,
-    EmbeddingParts,
-    Family,
-    TokenContext,
-    UnsupportedModelError,
-    example,
-    loaded_class,
-    register_family,
-)
-from .torch_attention import multihead_attention, multihead_attention_reason
+from .base import EmbeddingParts, TokenContext, UnsupportedModelError, register_family
+from .examples import Example
+from .stack import Parts, Stack
+from .torch_attention import MultiheadAttentionViT, multihead_attention_check
 
 #: where torchvision keeps the classes described
 MODULE = "torchvision.models.vision_transformer"
 
 
+def tiny_torchvision_vit(**overrides) -> nn.Module:
+    """A tiny randomly initialised torchvision ViT, its head and class token drawn too (torchvision starts them at
+    zero)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(**{**dict(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48,
+                                        mlp_dim=96, num_classes=10), **overrides})
+    with torch.no_grad():
+        model.heads.head.weight.normal_(0, 0.5)
+        model.class_token.normal_(0, 0.2)
+    return model
+
+
+def _batch_first(place: str, block: nn.Module) -> str | None:
+    if block.self_attention.batch_first:
+        return None
+    return f"{place}: its attention is not batch-first, as EncoderBlock builds it"
+
+
 @register_family
-class TorchvisionViT(ClassTokenFirst, Family):
-    """Where torchvision's ``VisionTransformer`` keeps its parts."""
+class TorchvisionViT(MultiheadAttentionViT):
+    """Where torchvision's ``VisionTransformer`` keeps its parts: ``EncoderBlock``\\ s in ``encoder.layers``, then
+    ``encoder.ln`` and ``heads`` on the class token."""
 
     name = "torchvision VisionTransformer"
     listing_order = 30
-
-    @classmethod
-    def recognises(cls, model: nn.Module) -> bool:
-        """A torchvision VisionTransformer (without importing torchvision for any other model)."""
-        return isinstance(model, loaded_class(MODULE, "VisionTransformer") or ())
-
-    @classmethod
-    def unsupported_reason(cls, model: nn.Module) -> str | None:
-        for i, block in enumerate(model.encoder.layers):
-            if type(block) is not loaded_class(MODULE, "EncoderBlock"):
-                return f"block {i} is a {type(block).__name__}, not torchvision's EncoderBlock"
-            if reason := multihead_attention_reason(block.self_attention):
-                return f"block {i}: {reason}"
-            if not block.self_attention.batch_first:
-                return f"block {i}: its attention is not batch-first, as EncoderBlock builds it"
-        return None
-
-    @classmethod
-    def examples(cls):
-        def make() -> nn.Module:
-            from torchvision.models.vision_transformer import VisionTransformer
-
-            model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=48, mlp_dim=96,
-                                      num_classes=10)
-            with torch.no_grad():  # torchvision starts the head and class token at zero
-                model.heads.head.weight.normal_(0, 0.5)
-                model.class_token.normal_(0, 0.2)
-            return model
-
-        return {"torchvision ViT": example(make)}
-
-    def block_modules(self):
-        return list(self.model.encoder.layers)
-
-    def block(self, module: nn.Module) -> BlockParts:
-        mlp = module.mlp  # Linear, GELU, Dropout, Linear, Dropout
-        return BlockParts(module=module, attention=multihead_attention(module.self_attention), norm1=module.ln_1,
-                          norm2=module.ln_2, mlp=mlp, activation=mlp[1], drop1=module.dropout)
+    model_classes = (f"{MODULE}.VisionTransformer",)
+    # the MLP: Linear, GELU, Dropout, Linear, Dropout
+    stack = Stack("encoder.layers", {"EncoderBlock": "pre_norm"}, "torchvision's EncoderBlock",
+                  checks=(multihead_attention_check("self_attention"), _batch_first),
+                  parts=Parts(attention="self_attention", norm1="ln_1", norm2="ln_2", activation="mlp.1",
+                              drop1="dropout"))
+    refusals = (stack.reason,)
+    lrp_modules = (f"{MODULE}.Encoder",)
+    example_models = (Example("torchvision ViT", tiny_torchvision_vit),)
 
     @property
     def patch_size(self) -> tuple[int, int]:
@@ -77,12 +60,6 @@ class TorchvisionViT(ClassTokenFirst, Family):
     def in_channels(self) -> int:
         """The first convolution's input channels (``conv_proj``, or the first of a convolutional stem)."""
         return next(module for module in self.model.conv_proj.modules() if isinstance(module, nn.Conv2d)).in_channels
-
-    def grid_size(self, images: Tensor) -> tuple[int, int]:
-        size, given = self.model.image_size, tuple(images.shape[-2:])
-        if given != (size, size):
-            raise ValueError(f"this model takes {size}x{size} images, got {given[0]}x{given[1]}; resize them")
-        return size // self.model.patch_size, size // self.model.patch_size
 
     def embed(self, images: Tensor) -> tuple[Tensor, TokenContext]:
         """Patch tokens after the class token, positions added and the embedding dropout run, as
@@ -111,7 +88,3 @@ class TorchvisionViT(ClassTokenFirst, Family):
 
     def head_without_dropout(self) -> tuple[nn.Module, ...]:
         return (self.model.heads,)
-
-    def lrp_allowed(self) -> tuple[type, ...]:
-        return (loaded_class(MODULE, "VisionTransformer"), loaded_class(MODULE, "Encoder"),
-                loaded_class(MODULE, "EncoderBlock"), nn.MultiheadAttention)

@@ -1,7 +1,8 @@
 """Layer-wise relevance propagation (LRP) through a Transformer's own modules, laid out as zennit is.
 
-* :mod:`.rules` — the rules, as objects: module rules (Linear, LayerNorm, activation, dropout, patch
-  convolution) and operation rules (residual add, attention products and softmax, LayerScale, gates);
+* :mod:`.rules` — the rules, as objects, in three parts: :mod:`.rules.core` (the phases of one forward and the
+  gradient trick), :mod:`.rules.modules` (module rules: Linear, LayerNorm, activation, dropout, patch
+  convolution) and :mod:`.rules.operations` (residual add, attention products and softmax, LayerScale, gates);
 * :mod:`.composites` — rule sets (which rule each part gets): ``chefer``, ``lrp``, ``conservative``,
   ``abslrp``, ``attnlrp``, ``cplrp``;
 * :mod:`.placement` — where the parts are comes from the model's family description: the rule set's

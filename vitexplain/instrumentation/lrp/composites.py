@@ -139,7 +139,7 @@ def absolute_position(output: Tensor, patches: Tensor, num_prefix_tokens: int) -
     """
     patches = patches.reshape(output.shape[0], -1, output.shape[-1]).detach()
     kept = F.pad(1 + patches.sign(), (0, 0, num_prefix_tokens, 0))
-    return r.with_gradient_of(output, output * (output / (output.abs() + r.STABILISER) * kept).detach())
+    return r.with_gradient_of(output, output * (output / (output.abs() + r.core.STABILISER) * kept).detach())
 
 
 #: LXT's ViT example sweeps γ over 0, 0.01, 0.05, 0.1, 1 at the Linears and 0.1, 0.25, 100 at the patch

@@ -165,8 +165,7 @@ def _available_ram() -> int | None:
 def kept_graph_bytes(adapter: ModelAdapter, images: Tensor, method: str, blocks: int | None = None) -> int:
     """Estimated peak bytes of a relevance pass that keeps the rules' graph of ``blocks`` blocks (default: all),
     from the model and the batch (module docstring)."""
-    family = adapter.family
-    first = family.blocks[0]
+    first = adapter.blocks[0]
     heads, width = first.attention.num_heads, first.attention.num_heads * first.attention.head_dim
     tokens = 1
     for size in adapter.grid_size(images):

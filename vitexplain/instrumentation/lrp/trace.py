@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..adapter import READOUT
 from ..attention import Sink
+from ..instrumented import READOUT
 from ..windows import WindowLayout
 from . import rules as r
 
