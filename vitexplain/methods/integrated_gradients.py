@@ -14,7 +14,7 @@ from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks
 Quadrature = Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]
 
 
-def baseline_images(baseline: float | Tensor, images: Tensor) -> Tensor:
+def integration_baselines(baseline: float | Tensor, images: Tensor) -> Tensor:
     """The baseline x' as a tensor shaped like ``images``: a constant, or a tensor that broadcasts to them."""
     if isinstance(baseline, bool) or not isinstance(baseline, (int, float, Tensor)):
         raise TypeError(f"baseline must be a number or a tensor, got {type(baseline).__name__}")
@@ -62,7 +62,7 @@ def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, 
     reduce = CHANNEL_REDUCTIONS[channel_reduction]
     from captum.attr import IntegratedGradients  # a dependency; imported here to keep `import vitexplain` light
     resolved = adapter.target(images, target)
-    baselines = baseline_images(baseline, images)
+    baselines = integration_baselines(baseline, images)
     with adapter.differentiable_forward() as forward:
         attributions = []
         for part in chunks(images.shape[0], batch_size):

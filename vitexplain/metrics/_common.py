@@ -26,7 +26,7 @@ def check_maps(maps: Tensor, batch: int | None = None, what: str = "explanation 
     return maps if maps.is_floating_point() else maps.float()
 
 
-def check_images(images: Tensor) -> None:
+def check_image_batch(images: Tensor) -> None:
     if images.dim() != 4:
         raise ValueError(f"images must have shape [B, C, H, W], got {tuple(images.shape)}")
 

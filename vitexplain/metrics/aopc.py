@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
-from ._common import check_images, check_maps, check_targets
+from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
 from .base import Curves, EvalBatch, even_steps, register_metric
 
@@ -46,7 +46,7 @@ def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Ten
     Returns:
         ``probability_drop`` and ``log_odds``: [B, n_steps] (both 0 at the first, unperturbed level).
     """
-    check_images(images)
+    check_image_batch(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     counts = removal_counts(images.shape[-2] * images.shape[-1], n_steps, images.device)

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..maps import resize
 from ..options import PositiveInt
-from ._common import check_choice, check_images, check_maps
+from ._common import check_choice, check_image_batch, check_maps
 from ._randomise import Randomisation, check_explained, modifier_of
 from .base import Curves, EvalBatch, register_metric
 from .smooth_mprt import NOMINAL_LEVELS
@@ -85,7 +85,7 @@ def efficient_mprt(explain, modified, images: Tensor, maps: Tensor, targets: Ten
         resolution: ``"image"``: the histogram of the map upsampled bilinearly to the image (what Quantus is
             given: maps of the input's shape); ``"map"``: of the map's own values (a token map's 196 values).
     """
-    check_images(images)
+    check_image_batch(images)
     check_choice("resolution", resolution, RESOLUTIONS)
     maps = check_maps(maps.to(images.device), images.shape[0])
     size = tuple(images.shape[-2:]) if resolution == "image" else tuple(maps.shape[-2:])

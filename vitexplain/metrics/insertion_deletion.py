@@ -35,7 +35,7 @@ from torchvision.transforms.functional import gaussian_blur
 from ..maps import resize
 from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
-from ._common import check_choice, check_images, check_maps, check_targets, removal_rank
+from ._common import check_choice, check_image_batch, check_maps, check_targets, removal_rank
 from ._perturb import check_batch_size, mixed_logits
 from .base import Curves, EvalBatch, even_steps, register_metric
 
@@ -76,7 +76,7 @@ def insertion_deletion(forward: Callable[[Tensor], Tensor], images: Tensor, maps
         ``insertion`` and ``deletion``: [B, n_steps] target probabilities.
     """
     check_choice("baseline", baseline, BASELINES)
-    check_images(images)
+    check_image_batch(images)
     if not isinstance(n_steps, int) or n_steps < 2:
         raise ValueError(f"n_steps must be an integer >= 2, got {n_steps!r}")
     check_batch_size(batch_size)

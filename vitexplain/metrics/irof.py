@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
-from ._common import check_images, check_maps, check_targets
+from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import check_batch_size, mixed_logits
 from ._regions import class_score, pixel_rank, region_relevance, slic, upsampled
 from .base import EvalBatch, register_metric
@@ -78,7 +78,7 @@ def irof(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     Returns:
         ``irof``: [B], 1 - the area under p^(l) / p^(0) over l / L, l = 0 ... L superpixels removed.
     """
-    check_images(images)
+    check_image_batch(images)
     check_batch_size(batch_size)
     if not isinstance(n_segments, int) or n_segments < 2:
         raise ValueError(f"n_segments must be an integer >= 2, got {n_segments!r}")

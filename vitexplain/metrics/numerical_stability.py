@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ..options import Range
 from ..seeding import seeded_draw
-from ._common import check_images, check_maps
+from ._common import check_image_batch, check_maps
 from ._randomise import check_explained, modifier_of, pearson
 from .base import EvalBatch, register_metric
 
@@ -79,7 +79,7 @@ def numerical_stability(explain: Callable[..., Tensor], modified, images: Tensor
         seed: seeds the relative noise (of the weights and of the input).
         size: the relative noise's standard deviation (default 2^-9, one bfloat16 rounding).
     """
-    check_images(images)
+    check_image_batch(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     noise = seeded_draw(seed, lambda g: torch.randn(tuple(images.shape[1:]), generator=g), images.device)
     found = {}

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
-from ._common import check_choice, check_images, check_maps, check_targets
+from ._common import check_choice, check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
 from .base import Curves, EvalBatch, even_steps, register_metric
 
@@ -58,7 +58,7 @@ def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps:
         ``positive`` and / or ``negative``: [B, n_steps] 1.0 where the top-1 class is the label.
     """
     check_choice("direction", direction, DIRECTIONS)
-    check_images(images)
+    check_image_batch(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     labels = check_targets(labels, images, "labels")
     if (labels < 0).any():

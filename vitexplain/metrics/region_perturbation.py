@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ..options import PositiveInt, Score
 from ..seeding import seeded_draw
-from ._common import check_images, check_maps, check_targets
+from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import check_batch_size, mixed_logits, normalisation
 from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, register_metric
@@ -67,7 +67,7 @@ def region_perturbation(forward: Callable[[Tensor], Tensor], images: Tensor, map
     Returns:
         ``drop``: [B, L + 1], f(x) - f(x^(k)) for k = 0 ... L regions replaced.
     """
-    check_images(images)
+    check_image_batch(images)
     check_batch_size(batch_size)
     if not isinstance(n_regions, int) or n_regions < 1:
         raise ValueError(f"n_regions must be a positive integer, got {n_regions!r}")

@@ -49,7 +49,7 @@ from torch import Tensor
 
 from ..options import NonNegative, OpenShare, PositiveInt
 from ..seeding import seeded_draw
-from ._common import check_images, check_maps, check_targets
+from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import mixed_logits, normalisation, ranked_by_relevance
 from ._stencil_cg import conjugate_gradient_imputation
 from .base import Curves, EvalBatch, register_metric
@@ -148,7 +148,7 @@ def road(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     Returns:
         ``morf`` and ``lerf``: [B, len(fractions)] probabilities of the explained class.
     """
-    check_images(images)
+    check_image_batch(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     mean, std = normalisation(images, pixel_mean, pixel_std)

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..maps import resize
 from ..options import PositiveInt, Range
-from ._common import check_images, check_maps, check_targets, removal_rank
+from ._common import check_image_batch, check_maps, check_targets, removal_rank
 from ._perturb import mixed_logits, removal_counts
 from .base import Curves, EvalBatch, register_metric
 from .insertion_deletion import baseline_images
@@ -50,7 +50,7 @@ def saco(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     Returns:
         ``saco`` [B] and ``group_drop`` [B, K] (∇pred of the groups, most salient first).
     """
-    check_images(images)
+    check_image_batch(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     pixels = images.shape[-2] * images.shape[-1]

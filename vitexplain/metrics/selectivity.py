@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Score
-from ._common import check_images, check_maps, check_targets
+from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, check_batch_size, mixed_logits
 from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, register_metric
@@ -57,7 +57,7 @@ def selectivity(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tenso
     Returns:
         ``score``: [B, K + 1], f(x^(k)) for k = 0 ... K patches black.
     """
-    check_images(images)
+    check_image_batch(images)
     check_batch_size(batch_size)
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)

@@ -38,7 +38,7 @@ from torch import Tensor
 from ..maps import min_max
 from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
-from ._common import check_choice, check_images, check_maps
+from ._common import check_choice, check_image_batch, check_maps
 from .base import EvalBatch, register_metric
 
 Normalise = Literal["none", "minmax", "max"]
@@ -98,7 +98,7 @@ def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor
         reseed: give perturbed call s its own method seed, :func:`sample_seeds` (seed, s)
             (randomised methods, as the TIS authors' pipeline draws fresh randomness per call).
     """
-    check_images(images)
+    check_image_batch(images)
     check_choice("normalise", normalise, NORMALISATIONS)
     if not isinstance(reseed, bool):
         raise TypeError(f"reseed must be a bool, got {reseed!r}")

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from ..options import NonNegative, PositiveInt
 from ..seeding import seeded_draw
-from ._common import check_images, check_maps
+from ._common import check_image_batch, check_maps
 from ._randomise import Randomisation, check_explained, modifier_of, spearman
 from .base import Curves, EvalBatch, register_metric
 
@@ -84,7 +84,7 @@ def smooth_mprt(explain: Callable[..., Tensor], modified: Modified, images: Tens
         absolute: rank |ê| (Quantus: ``abs=True``).
         cascade: every level of the cascade (curves); False: the fully random model only (Quantus's ``skip_layers``).
     """
-    check_images(images)
+    check_image_batch(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     offsets = input_noise(n_samples, images, noise, seed)
     trained = smoothed(explain, images, targets, offsets, maps, True, "of the noisy images")

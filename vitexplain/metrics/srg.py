@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
-from ._common import check_choice, check_images, check_maps, check_targets
+from ._common import check_choice, check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, check_batch_size, mixed_logits
 from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, even_steps, register_metric
@@ -86,7 +86,7 @@ def symmetric_relevance_gain(forward: Callable[[Tensor], Tensor], images: Tensor
     Returns:
         ``srg``, ``mif_auc``, ``lif_auc`` [B] and ``mif``, ``lif`` [B, n_steps + 1] (probabilities).
     """
-    check_images(images)
+    check_image_batch(images)
     check_batch_size(batch_size)
     if not isinstance(n_steps, int) or n_steps < 2:
         raise ValueError(f"n_steps must be an integer >= 2, got {n_steps!r}")
