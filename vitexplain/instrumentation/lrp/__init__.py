@@ -2,7 +2,8 @@
 
 * :mod:`.rules` — the rules, as objects, in three parts: :mod:`.rules.core` (the phases of one forward and the
   gradient trick), :mod:`.rules.modules` (module rules: Linear, LayerNorm, activation, dropout, patch
-  convolution) and :mod:`.rules.operations` (residual add, attention products and softmax, LayerScale, gates);
+  convolution) and :mod:`.rules.operations` (residual and position adds, attention products and softmax,
+  LayerScale, gates, dropouts);
 * :mod:`.composites` — rule sets (which rule each part gets): ``chefer``, ``lrp``, ``conservative``,
   ``abslrp``, ``attnlrp``, ``cplrp``;
 * :mod:`.placement` — where the parts are comes from the model's family description: the rule set's

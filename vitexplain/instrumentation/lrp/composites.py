@@ -130,18 +130,6 @@ class GammaLinears:
         return r.Gradient() if role == "attention" or gamma == 0 else r.Gamma(gamma)
 
 
-def absolute_position(output: Tensor, patches: Tensor, num_prefix_tokens: int) -> Tensor:
-    """The position-embedding add y = x + p under the absolute rule, applied at the module that follows it.
-
-    The patch embeddings x receive (x + |x|) / |y| · R_y. The prefix tokens' relevance is dropped here,
-    as Vukadin et al. drop the class token's right below this add; their renormalisation over all
-    tokens is left to the patch convolution's input (it changes only a per-image factor).
-    """
-    patches = patches.reshape(output.shape[0], -1, output.shape[-1]).detach()
-    kept = F.pad(1 + patches.sign(), (0, 0, num_prefix_tokens, 0))
-    return r.with_gradient_of(output, output * (output / (output.abs() + r.core.STABILISER) * kept).detach())
-
-
 #: LXT's ViT example sweeps γ over 0, 0.01, 0.05, 0.1, 1 at the Linears and 0.1, 0.25, 100 at the patch
 #: convolution and names no default: the middle of each sweep (docs/decisions/lrp.md)
 LINEAR_GAMMA, CONV_GAMMA = 0.05, 0.25
@@ -171,7 +159,7 @@ RULE_SETS: dict[str, RuleSet] = {
                             residual=r.AddRule(), position=None, attention=r.ConstantAttention(), scale=r.ScaleRule(),
                             gate=r.GateRule(), pixels=r.Gradient, start=target_logit),
     "abslrp": RuleSet(linear=r.AbsoluteLinear, norm=r.AbsoluteNorm, activation=r.AbsoluteElementwise,
-                      dropout=r.AbsoluteElementwise, residual=r.AbsoluteAdd(), position=absolute_position,
+                      dropout=r.AbsoluteElementwise, residual=r.AbsoluteAdd(), position=r.absolute_position,
                       attention=r.AbsoluteAttention(), scale=r.AbsoluteScale(), gate=r.GateRule(),
                       pixels=r.AbsoluteConv, start=one_on_target),
     "attnlrp": attention_aware(constant_attention=False),
@@ -200,5 +188,4 @@ def resolve_rules(rules: str | RuleSet) -> RuleSet:
 
 
 __all__ = ["CONV_GAMMA", "GammaLinears", "LINEAR_GAMMA", "LINEAR_RULES", "LinearRules", "RULE_SETS", "RuleSet",
-           "absolute_position", "attention_aware", "lrp_baseline", "one_on_target",
-           "other_classes", "resolve_rules", "target_logit"]
+           "attention_aware", "lrp_baseline", "one_on_target", "other_classes", "resolve_rules", "target_logit"]

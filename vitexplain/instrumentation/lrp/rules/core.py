@@ -38,6 +38,17 @@ _PHASE: contextvars.ContextVar[Phase | None] = contextvars.ContextVar("lrp_phase
 _PLAIN_RECOMPUTATION: contextvars.ContextVar[bool] = contextvars.ContextVar("lrp_plain_recomputation", default=False)
 
 
+def current_phase() -> Phase | None:
+    """The :class:`Phase` of the :func:`both_gradients` block now (None outside one): a rule's autograd Function keeps
+    it, so that its backward knows which gradient it computes."""
+    return _PHASE.get()
+
+
+def is_plain(phase: Phase | None) -> bool:
+    """Whether a backward through a rule's output, formed in ``phase``, is the plain one of :func:`both_gradients`."""
+    return phase is not None and phase.plain
+
+
 @contextlib.contextmanager
 def both_gradients() -> Iterator[Phase]:
     """Within the block, a forward under rules keeps the plain graph beside the rules' graph.
@@ -66,11 +77,11 @@ class RestoredPhase:
     """
 
     def __init__(self) -> None:
-        self.phase = _PHASE.get()
+        self.phase = current_phase()
 
     def plain_now(self) -> bool:
         """Whether the backward running now is the plain one of :func:`both_gradients`."""
-        return _plain_phase(self.phase)
+        return is_plain(self.phase)
 
     @contextlib.contextmanager
     def __call__(self, plain: bool = False) -> Iterator[bool]:
@@ -89,10 +100,6 @@ def rules_apply() -> bool:
     return torch.is_grad_enabled() and not _PLAIN_RECOMPUTATION.get()
 
 
-def _plain_phase(phase: Phase | None) -> bool:
-    return phase is not None and phase.plain
-
-
 # -- the gradient trick and its helpers ---------------------------------------------------------
 def safe_divide(numerator: Tensor, denominator: Tensor, stabiliser: float | None = None) -> Tensor:
     """numerator / denominator, the denominator moved ``stabiliser`` (default :data:`STABILISER`) away
@@ -102,7 +109,7 @@ def safe_divide(numerator: Tensor, denominator: Tensor, stabiliser: float | None
     return (numerator / (denominator + shift)).masked_fill_(denominator == 0, 0)
 
 
-def _sign_of(value: Tensor) -> Tensor:
+def stabilised_sign(value: Tensor) -> Tensor:
     """value / (|value| + ε): the absolute rule's R_y / |y| from the Gradient×Input gradient R_y / y."""
     return value / (value.abs() + STABILISER)
 
@@ -111,8 +118,8 @@ class _RuleGradient(torch.autograd.Function):
     """``value`` in the forward; in the backward the incoming gradient, times ``scale`` when one is given, goes
     to ``surrogate`` — or, in the plain phase of :func:`both_gradients`, unchanged to ``value``.
 
-    ``scale=None`` with ``by_magnitude``: the scale is :func:`_sign_of` ``value``, computed in the backward from
-    ``value`` (whose storage the next layer keeps anyway) rather than kept as a tensor of its own.
+    ``scale=None`` with ``by_magnitude``: the scale is :func:`stabilised_sign` ``value``, computed in the backward
+    from ``value`` (whose storage the next layer keeps anyway) rather than kept as a tensor of its own.
     """
 
     @staticmethod
@@ -125,17 +132,17 @@ class _RuleGradient(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
-        if _plain_phase(ctx.phase):
+        if is_plain(ctx.phase):
             return grad if ctx.needs_input_grad[0] else None, None, None, None, None
         if not ctx.needs_input_grad[1]:
             return None, None, None, None, None
         (saved,) = ctx.saved_tensors
-        scale = _sign_of(saved) if ctx.by_magnitude else saved
+        scale = stabilised_sign(saved) if ctx.by_magnitude else saved
         return None, grad if scale is None else grad * scale, None, None, None
 
 
 def _rule_gradient(value: Tensor, surrogate: Tensor, scale: Tensor | None, by_magnitude: bool = False) -> Tensor:
-    phase = _PHASE.get()
+    phase = current_phase()
     return _RuleGradient.apply(value if phase is not None else value.detach(), surrogate, scale, phase, by_magnitude)
 
 
@@ -186,7 +193,7 @@ class _Product(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         left, right = ctx.saved_tensors
-        share_left, share_right = (1.0, 1.0) if _plain_phase(ctx.phase) else ctx.rule_shares
+        share_left, share_right = (1.0, 1.0) if is_plain(ctx.phase) else ctx.rule_shares
         grad_left = grad_right = None
         if ctx.needs_input_grad[0] and share_left:
             shared = grad if share_left == 1 else grad * share_left
@@ -201,7 +208,7 @@ def product(left: Tensor, right: Tensor, share_left: float, share_right: float) 
     """left @ right, each operand receiving its share of the z-rule relevance (0: held constant)."""
     if not torch.is_grad_enabled():
         return left @ right
-    return _Product.apply(left, right, (share_left, share_right), _PHASE.get())
+    return _Product.apply(left, right, (share_left, share_right), current_phase())
 
 
 def halved_product(left: Tensor, right: Tensor) -> Tensor:
@@ -225,7 +232,7 @@ class _NormalisedAdd(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        if _plain_phase(ctx.phase):
+        if is_plain(ctx.phase):
             return grad, grad, None
         a, b = ctx.saved_tensors
         dims = tuple(range(1, grad.ndim))
@@ -236,6 +243,13 @@ class _NormalisedAdd(torch.autograd.Function):
         factor_a = safe_divide(safe_divide(share_a.abs(), magnitude) * total, share_a)
         factor_b = safe_divide(safe_divide(share_b.abs(), magnitude) * total, share_b)
         return grad * factor_a, grad * factor_b, None
+
+
+def normalised_add(a: Tensor, b: Tensor) -> Tensor:
+    """a + b, its relevance split by the z-rule and each side rescaled to its share (Chefer et al., Eq. 7)."""
+    if not torch.is_grad_enabled():
+        return a + b
+    return _NormalisedAdd.apply(a, b, current_phase())
 
 
 class _RelevanceNormalisation(torch.autograd.Function):
@@ -254,7 +268,7 @@ class _RelevanceNormalisation(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        if _plain_phase(ctx.phase):
+        if is_plain(ctx.phase):
             return grad, None
         (t,) = ctx.saved_tensors
         total = (t * grad).abs().sum(tuple(range(1, grad.ndim)), keepdim=True)
@@ -264,7 +278,7 @@ class _RelevanceNormalisation(torch.autograd.Function):
 def normalise_relevance(t: Tensor) -> Tensor:
     if not torch.is_grad_enabled():
         return t
-    return _RelevanceNormalisation.apply(t, _PHASE.get())
+    return _RelevanceNormalisation.apply(t, current_phase())
 
 
 def absolute_rule(output: Tensor, linear_part: Tensor, absolute_part: Tensor) -> Tensor:
@@ -281,10 +295,3 @@ def absolute_rule(output: Tensor, linear_part: Tensor, absolute_part: Tensor) ->
     if not torch.is_grad_enabled():
         return output
     return _rule_gradient(output, linear_part + absolute_part, None, by_magnitude=True)
-
-
-def absolute_passthrough(x: Tensor) -> Tensor:
-    """An eval-mode dropout (the identity) under the absolute rule: R kept, doubled, where x > 0, dropped
-    where x < 0, after x's relevance is rescaled to Σ|R| = 1."""
-    x = normalise_relevance(x)
-    return absolute_rule(x, x, x.abs())

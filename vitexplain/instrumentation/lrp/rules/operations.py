@@ -1,5 +1,6 @@
-"""Operation rules: the residual adds, attention products, scales and gates of the written-out blocks and attention
-(:mod:`vitexplain.instrumentation.blocks`, :mod:`vitexplain.instrumentation.attention`) under a rule set.
+"""Operation rules: the residual and position-embedding adds, attention products, scales, gates and dropouts of the
+written-out blocks and attention (:mod:`vitexplain.instrumentation.blocks`,
+:mod:`vitexplain.instrumentation.attention`) under a rule set.
 """
 from __future__ import annotations
 
@@ -23,9 +24,7 @@ class NormalisedAdd(AddRule):
     """Chefer et al.'s Eq. 7: the z-rule, then each side rescaled to its share |ΣR_a| / (|ΣR_a| + |ΣR_b|) of ΣR."""
 
     def __call__(self, a: Tensor, b: Tensor) -> Tensor:
-        if not torch.is_grad_enabled():
-            return a + b
-        return core._NormalisedAdd.apply(a, b, core._PHASE.get())
+        return core.normalised_add(a, b)
 
 
 class AbsoluteAdd(AddRule):
@@ -35,6 +34,18 @@ class AbsoluteAdd(AddRule):
         a, b = core.normalise_relevance(a), core.normalise_relevance(b)
         total = a + b
         return core.absolute_rule(total, total, a.abs() + b.abs())
+
+
+def absolute_position(output: Tensor, patches: Tensor, num_prefix_tokens: int) -> Tensor:
+    """The position-embedding add y = x + p under the absolute rule, applied at the module that follows it.
+
+    The patch embeddings x receive (x + |x|) / |y| · R_y. The prefix tokens' relevance is dropped here,
+    as Vukadin et al. drop the class token's right below this add; their renormalisation over all
+    tokens is left to the patch convolution's input (it changes only a per-image factor).
+    """
+    patches = patches.reshape(output.shape[0], -1, output.shape[-1]).detach()
+    kept = F.pad(1 + patches.sign(), (0, 0, num_prefix_tokens, 0))
+    return core.with_gradient_of(output, output * (core.stabilised_sign(output) * kept).detach())
 
 
 class AttentionRule:
@@ -122,9 +133,9 @@ class _AbsoluteProduct(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         left, right, product = ctx.saved_tensors
-        absolute = not core._plain_phase(ctx.phase)
+        absolute = not core.is_plain(ctx.phase)
         if absolute:
-            grad = grad * core._sign_of(product)
+            grad = grad * core.stabilised_sign(product)
         grad_left = grad_right = None
         if ctx.needs_input_grad[0]:
             grad_left = grad @ right.transpose(-2, -1)
@@ -155,9 +166,9 @@ class _AbsoluteSoftmax(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         (scores,) = ctx.saved_tensors
         probabilities = scores.softmax(dim=-1)
-        if core._plain_phase(ctx.phase):
+        if core.is_plain(ctx.phase):
             return probabilities * (grad - (grad * probabilities).sum(-1, keepdim=True)), None
-        grad = grad * core._sign_of(probabilities)
+        grad = grad * core.stabilised_sign(probabilities)
         return grad * (probabilities + scores.sign() * scores.abs().softmax(dim=-1)), None
 
 
@@ -169,7 +180,7 @@ class AbsoluteAttention(AttentionRule):
         left, right = core.normalise_relevance(left), core.normalise_relevance(right)
         if not torch.is_grad_enabled():
             return left @ right
-        return _AbsoluteProduct.apply(left, right, core._PHASE.get())
+        return _AbsoluteProduct.apply(left, right, core.current_phase())
 
     def scores(self, q: Tensor, k: Tensor, constant_query: bool = False) -> Tensor:
         return self._product(q.detach() if constant_query else q, k.transpose(-2, -1))
@@ -185,7 +196,7 @@ class AbsoluteAttention(AttentionRule):
         scores = core.normalise_relevance(scores)
         if not torch.is_grad_enabled():
             return scores.softmax(dim=-1)
-        return _AbsoluteSoftmax.apply(scores, core._PHASE.get())
+        return _AbsoluteSoftmax.apply(scores, core.current_phase())
 
     def mix(self, attn: Tensor, v: Tensor) -> Tensor:
         return self._product(attn, v)
@@ -215,7 +226,7 @@ class GateRule:
     value takes all relevance (the "signal-take-all" rule of Arras et al., 2017, for LSTM gates)."""
 
     def __call__(self, value: Tensor, gate: Tensor) -> Tensor:
-        if core._PHASE.get() is not None:  # the plain gradient reaches the gate too
+        if core.current_phase() is not None:  # the plain gradient reaches the gate too
             return core.with_gradient_of(value * gate, value * gate.detach())
         return value * gate.detach()
 
@@ -227,3 +238,10 @@ class UniformGate(GateRule):
     def __call__(self, value: Tensor, gate: Tensor) -> Tensor:
         gated = value * gate
         return core.with_gradient_of(gated, gated / 2)
+
+
+def absolute_passthrough(x: Tensor) -> Tensor:
+    """An eval-mode dropout (the identity) under the absolute rule: R kept, doubled, where x > 0, dropped
+    where x < 0, after x's relevance is rescaled to Σ|R| = 1."""
+    x = core.normalise_relevance(x)
+    return core.absolute_rule(x, x, x.abs())
