@@ -24,13 +24,8 @@ def conservative_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, reco
     tokens' relevance, summed over channels, on the patch grid.
 
     Options:
-        recompute: ``"auto"`` (default): keep every block's rules' graph from the forward when its estimated peak
-            memory fits the budget (80 % of the free CUDA memory or of the available RAM, or
-            ``VITEXPLAIN_MEMORY_BUDGET``), else compute each block again in the backward
-            (:func:`~vitexplain.instrumentation.lrp.memory.choose_recompute`, logged at debug level). True: always
-            compute each block again, so that peak memory does not grow with blocks × tokens², for one more forward of
-            the blocks; False: one forward and one backward, every block's graph kept. Bitwise the same maps on
-            either path (docs/decisions/performance.md).
+        recompute: ``"auto"`` (default), True or False: whether each block is computed again in the backward
+            instead of keeping its rules' graph, as for :func:`~vitexplain.methods.lrp.lrp` (bitwise the same maps).
     """
     recompute = choose_recompute("conservative_lrp", recompute, adapter, images)
     relevances = relevance(adapter, images, target, rules="conservative", at=("residuals",), recompute=recompute)
