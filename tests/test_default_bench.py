@@ -31,7 +31,7 @@ def _library(names, lookup, package: str) -> set[str]:
     return {name for name in names if lookup(name).__module__.startswith(package)}
 
 
-def test_the_default_runs_every_method_every_protocol_and_both_shipped_models():
+def test_the_default_runs_every_method_and_every_protocol_on_the_shipped_vit():
     config = BenchConfig.from_yaml(DEFAULT_CONFIG)
     methods = _library(available_methods(), lambda n: get_method(n).fn, "vitexplain.methods")
     metrics = _library(available_metrics(), lambda n: get_metric(n).compute, "vitexplain.metrics")
@@ -43,7 +43,7 @@ def test_the_default_runs_every_method_every_protocol_and_both_shipped_models():
     configured = sorted(entry.name for entry in config.metrics if entry.name in metrics)
     assert configured == sorted(metrics - set(NOT_FOR_DIGITS))
     assert list(config.exclude_metrics) == list(NOT_FOR_DIGITS) and not config.exclude_methods
-    assert [entry.name for entry in config.models] == SHIPPED
+    assert [entry.name for entry in config.models] == ["digits_vit"]
     assert config.dataset.name == "digits" and config.sanity is not None and config.gallery > 0
     by_name = {entry.name: entry for entry in config.metrics}
     assert by_name["class_sensitivity"].dataset.options["objects"] == 2
@@ -64,6 +64,9 @@ def test_the_cli_without_arguments_runs_the_default_and_flags_still_override_it(
     own = {m.label: m.limit for m in shipped.metrics}
     assert max(v for v in own.values() if v) > 4                                      # ROAD's 8 ...
     assert all(small.limit_of(m) == min(own[m.label] or 4, 4) for m in small.metrics)  # ... capped at --limit 4
+    both = bench_cli.config_from_args(parse(["bench", "--model", "digits_vit", "--model", "digits_deit"]))
+    assert [m.name for m in both.models] == ["digits_vit", "digits_deit"]             # --model alone: the default
+    assert [m.label for m in both.methods] == [m.label for m in shipped.methods] and both.sanity == shipped.sanity
     own = bench_cli.config_from_args(parse(["bench", "--model", "x.pt", "--method", "gae", "--metric", "sparseness",
                                             "--dataset", "digits"]))
     assert [m.name for m in own.methods] == ["gae"] and own.sanity is None      # not mixed with the default
@@ -96,7 +99,8 @@ def test_perturbation_metrics_get_the_preprocessing_the_bench_used(tmp_path):
 
 
 def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
-    """The shipped default on both shipped models, 3 images, a few methods: every protocol fills its columns."""
+    """The shipped default on both shipped models (as `--model` twice runs it), 3 images, a few methods: every
+    protocol fills its columns."""
     data = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
     keep = {"tokentm", "gradtoken", "random_baseline", "constant_baseline"}
     data["methods"] = [m for m in data["methods"] if m != "all" and (m if isinstance(m, str) else m["name"]) in keep]
@@ -107,7 +111,7 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     for metric in data["metrics"]:
         if isinstance(metric, dict) and "limit" in metric:
             metric["limit"] = 2
-    data.update(limit=3, gallery=2, sanity={"images": 3}, output_dir=str(tmp_path), progress=False,
+    data.update(models=SHIPPED, limit=3, gallery=2, sanity={"images": 3}, output_dir=str(tmp_path), progress=False,
                 device="cpu")
     result = run_benchmark(BenchConfig.from_dict(data))
     assert result.errors == []

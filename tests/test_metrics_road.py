@@ -54,6 +54,21 @@ def test_linear_imputation_solves_the_neighbour_system():
         linear_imputation(images[:1], torch.ones(1, 6, 7, dtype=torch.bool))
 
 
+def test_the_images_solved_side_by_side_are_the_images_solved_one_at_a_time():
+    g = torch.Generator().manual_seed(1)
+    images = torch.rand(12, 3, 24, 20, generator=g, dtype=torch.float64)
+    removed = hard_masks(24, 20, g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.stack([linear_imputation(image[None], mask[None])[0] for image, mask in zip(images, removed)])
+        torch.set_num_threads(4)
+        together = linear_imputation(images, removed)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, alone)
+
+
 def hard_masks(height, width, generator):
     """Removal masks [12, H, W] with 10 to 90 % removed: random pixels, whole rows and columns, blocks on the
     borders and corners, the whole border ring, everything but one corner block."""

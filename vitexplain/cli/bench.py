@@ -1,8 +1,9 @@
 """``vitexplain bench``: methods x metrics x dataset x models, from a YAML config and/or flags.
 
-Without --config and without --model / --method / --metric / --dataset it runs the default benchmark,
-``vitexplain/bench/default_digits.yaml`` (every method, every digits protocol, both shipped models);
-other flags (--limit, -o, --device ...) still override its keys. Run it again with the same arguments
+Without --config and without --method / --metric / --dataset it runs the default benchmark,
+``vitexplain/bench/default_digits.yaml`` (every method, every digits protocol, the shipped ViT); other
+flags (--model, --limit, -o, --device ...) still override its keys, so ``--model digits_vit --model
+digits_deit`` runs it on both shipped models. Run it again with the same arguments
 to resume after an interruption; to share the images among N processes (one per GPU) run
 ``torchrun --nproc_per_node=N -m vitexplain.cli.main bench ...``.
 """
@@ -22,7 +23,7 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench", help="benchmark explanation methods with evaluation metrics (resumable, torchrun-aware)",
         description="Flags override the keys of --config (default: the digits benchmark shipped with vitexplain, "
-                    "when no --model/--method/--metric/--dataset is given either). "
+                    "when no --method/--metric/--dataset is given either; --model then replaces its models). "
                     "Results: OUTPUT/report.html, OUTPUT/results.{json,csv,md}, OUTPUT/plots/.")
     parser.add_argument("--config", help="YAML file with the keys of vitexplain.bench.BenchConfig")
     add_model_arguments(parser, repeatable=True)
@@ -86,7 +87,7 @@ def config_from_args(args: argparse.Namespace):
     from ..bench.config import read_config
 
     data: dict[str, Any] = {}
-    content_flags = (args.model, args.method, args.metric, args.dataset, args.data_root, args.dataset_option)
+    content_flags = (args.method, args.metric, args.dataset, args.data_root, args.dataset_option)
     path = args.config or (None if any(content_flags) else DEFAULT_CONFIG)
     if path:
         data = read_config(path)

@@ -39,6 +39,7 @@ the batched solve is many times slower than SciPy's (docs/decisions/metrics.md, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
@@ -80,9 +81,10 @@ def chosen_solver(solver: Solver, device: torch.device) -> str:
 def linear_imputation(images: Tensor, removed: Tensor, solver: Solver = "auto") -> Tensor:
     """``images`` [N, C, H, W] with their ``removed`` pixels [N, H, W] (bool) imputed, without noise.
 
-    Solves the module docstring's system in float64, with ``solver`` (see :data:`Solver`): exactly on the CPU,
-    one image at a time, or by conjugate gradients on the images' device for the whole batch
-    (``_stencil_cg.py``); the result has the images' device and dtype. An image needs at least one kept pixel.
+    Solves the module docstring's system in float64, with ``solver`` (see :data:`Solver`): exactly on the CPU
+    by SciPy's LU, as many images at once as torch has threads (the same values as one at a time), or by
+    conjugate gradients on the images' device for the whole batch (``_stencil_cg.py``); the result has the
+    images' device and dtype. An image needs at least one kept pixel.
     """
     if removed.reshape(images.shape[0], -1).all(1).any():
         raise ValueError("linear imputation needs at least one kept pixel per image; a fraction must be below 1")
@@ -94,10 +96,15 @@ def linear_imputation(images: Tensor, removed: Tensor, solver: Solver = "auto") 
     pixels = images.detach().to("cpu", torch.float64).flatten(2).numpy()
     gone = removed.detach().cpu().reshape(images.shape[0], -1).numpy()
     filled = pixels.copy()
-    for values, out, mask in zip(pixels, filled, gone):
-        unknown = np.flatnonzero(mask)
+
+    def fill(row: int) -> None:
+        unknown = np.flatnonzero(gone[row])
         if unknown.size:
-            out[:, unknown] = _solve(values, mask, unknown, neighbour, weight).T
+            filled[row][:, unknown] = _solve(pixels[row], gone[row], unknown, neighbour, weight).T
+
+    # SuperLU releases the GIL while it factorises: the images' systems are solved side by side on torch's threads
+    with ThreadPoolExecutor(max(1, min(torch.get_num_threads(), len(filled)))) as pool:
+        list(pool.map(fill, range(len(filled))))
     return torch.from_numpy(filled).view(images.shape).to(images.device, images.dtype)
 
 
