@@ -6,7 +6,8 @@ batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import math
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,10 @@ from ..registry import available_methods, get_method
 
 TARGETS = ("predicted", "label")
 
+#: the standard deviation of the multiplicative weight noise of a noisy copy when none is given: MetaQuantus's
+#: minor model perturbation ("Model Resilience Test": weights times N(1, 0.001), docs/decisions/metric-trust.md)
+MINOR_WEIGHT_NOISE = 0.001
+
 
 @dataclass
 class ModelEntry:
@@ -29,11 +34,42 @@ class ModelEntry:
         source: what :func:`vitexplain.models.load_model` loads (shipped name, timm name or checkpoint
             file; default ``name``), or a model object.
         arch: timm architecture of a checkpoint file.
+        noise_of: makes this entry a noisy copy of the run's model of that name: loaded as it is, then every
+            floating parameter multiplied by ``1 + weight_noise * N(0, 1)``. The run then says, beside each
+            number of the original, whether the metric keeps its scores and its ranking of the methods
+            under this minor perturbation (noise resilience, docs/decisions/metric-trust.md). Doubles the
+            run's cost, so opt-in.
+        weight_noise: the noise's standard deviation (default :data:`MINOR_WEIGHT_NOISE`); 0 gives an identical
+            copy. Only with ``noise_of``.
+        seed: seeds the noise (a CPU generator: the same copy on every device); default the run's seed. Only
+            with ``noise_of``.
     """
 
     name: str
     source: str | nn.Module | None = None
     arch: str | None = None
+    noise_of: str | None = None
+    weight_noise: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.noise_of is None:
+            if self.weight_noise is not None or self.seed is not None:
+                raise ValueError(f"model {self.name!r}: weight_noise and seed belong to a noisy copy; name the "
+                                 "model it copies with noise_of")
+            return
+        if self.source is not None or self.arch is not None:
+            raise ValueError(f"model {self.name!r} is a noisy copy of {self.noise_of!r}: it loads what that model "
+                             "loads, so it takes no source or arch")
+        if self.weight_noise is None:
+            self.weight_noise = MINOR_WEIGHT_NOISE
+        if (isinstance(self.weight_noise, bool) or not isinstance(self.weight_noise, (int, float))
+                or not math.isfinite(self.weight_noise) or self.weight_noise < 0):
+            raise ValueError(f"model {self.name!r}: weight_noise must be a finite number >= 0, got "
+                             f"{self.weight_noise!r}")
+        self.weight_noise = float(self.weight_noise)
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise TypeError(f"model {self.name!r}: seed must be an integer, got {self.seed!r}")
 
 
 @dataclass
@@ -111,7 +147,8 @@ class BenchConfig:
     """A benchmark run.
 
     Attributes:
-        models: names / checkpoint paths, :class:`ModelEntry`, dicts ``{name, source, arch}``, or a
+        models: names / checkpoint paths, :class:`ModelEntry`, dicts ``{name, source, arch}`` (or
+            ``{name, noise_of, weight_noise, seed}``: a noisy copy of another model, for noise resilience), or a
             mapping ``{name: model object or source}``.
         methods: method names, :class:`MethodEntry` or dicts ``{name, options, label}``; the name ``all``
             stands for every registered image method (controls included) that no other entry names, so a
@@ -172,6 +209,7 @@ class BenchConfig:
         self.plugins = [self.plugins] if isinstance(self.plugins, (str, Path)) else [str(p) for p in self.plugins]
         load_plugins(self.plugins)
         self.models = _models(self.models)
+        self.models = _check_copies(self.models, self.seed)
         self.methods = _entries(MethodEntry, self.methods, "methods", self.exclude_methods,
                                 lambda: available_methods("image"))
         self.metrics = _entries(MetricEntry, self.metrics, "metrics", self.exclude_metrics, available_metrics)
@@ -339,6 +377,27 @@ def _models(value: Any) -> list[ModelEntry]:
             raise TypeError("a model object needs a name: pass models={'name': model} or ModelEntry(name, model)")
         entries.append(_entry(ModelEntry, item, "models"))
     return entries
+
+
+def _check_copies(models: list[ModelEntry], seed: int) -> list[ModelEntry]:
+    """The models, each noisy copy checked: it names another model of the run that is not a copy, at most one copy
+    per model (its trust record is one comparison); a copy without a seed takes the run's (in a new entry: the
+    caller's is left as it was)."""
+    names = [entry.name for entry in models]
+    originals = [entry.noise_of for entry in models if entry.noise_of is not None]
+    for entry in models:
+        if entry.noise_of is None:
+            continue
+        original = next((other for other in models if other.name == entry.noise_of), None)
+        if original is None or original is entry:
+            raise ValueError(f"model {entry.name!r} is a noisy copy of {entry.noise_of!r}, which is not another model "
+                             f"of this run ({', '.join(map(repr, names))})")
+        if original.noise_of is not None:
+            raise ValueError(f"model {entry.name!r} copies {original.name!r}, itself a noisy copy; name the original")
+        if originals.count(entry.noise_of) > 1:
+            raise ValueError(f"model {entry.noise_of!r} has more than one noisy copy; give it one")
+    return [replace(entry, seed=seed) if entry.noise_of is not None and entry.seed is None else entry
+            for entry in models]
 
 
 def _dataset(value: Any) -> DatasetSpec | Dataset:

@@ -25,7 +25,17 @@ from ..metrics.base import GROUPS
 from .plots import CurvePlot, cascade_plot, model_styles, png_of
 from .randomisation import VERDICT_RULE
 from .result import BenchResult, Gallery
-from .tables import TRUST_HEADER, TRUST_NOTE, UNTRUSTED, Lead, Table, arrow, groups_of, sanity_cells, trust_rows
+from .tables import (
+    UNTRUSTED,
+    Lead,
+    Table,
+    arrow,
+    groups_of,
+    sanity_cells,
+    trust_header,
+    trust_note,
+    trust_rows,
+)
 
 #: the report's own rules, over the shared style of :mod:`vitexplain.html_page`
 STYLE = """
@@ -161,10 +171,10 @@ def trust_table(leads: list[Lead]) -> str:
     if not rows:
         return ""
     header = "<tr>" + "".join(f"<th{' class=method' if k == 0 else ''}>{_e(title)}</th>"
-                              for k, title in enumerate(TRUST_HEADER)) + "</tr>"
+                              for k, title in enumerate(trust_header(rows))) + "</tr>"
     body = ["<tr>" + "".join(f'<td{" class=method" if k == 0 else ""}>{_e(cell)}</td>' for k, cell in enumerate(row))
             + "</tr>" for row in rows]
-    return (f"<h3>How far each number can be trusted</h3><p class='muted'>{_e(TRUST_NOTE)}</p>"
+    return (f"<h3>How far each number can be trusted</h3><p class='muted'>{_e(trust_note(rows))}</p>"
             + _scrolled_table("trust", header, body))
 
 

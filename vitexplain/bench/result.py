@@ -108,7 +108,9 @@ class BenchResult:
         trust: model -> metric label -> reported number with a direction -> how far it can be trusted on this
             model and data (:func:`metric_trust`, docs/decisions/metric-trust.md): ``best``, ``random`` (the best
             method against the random control), ``degraded`` (each method against its degraded copies) and
-            ``rank_stability`` (the methods' order under resampling of the images).
+            ``rank_stability`` (the methods' order under resampling of the images); and ``noise_resilience`` when
+            the run has a noisy copy of the model (:class:`~vitexplain.bench.config.ModelEntry` ``noise_of``): the
+            copy's name, ``weight_noise`` and ``seed`` and :func:`noise_resilience`'s record.
         galleries: images and maps for report.html's overlays (not in results.json).
     """
 
@@ -368,11 +370,12 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                          galleries=galleries or [])
     for entry in config.metrics:
         result.higher_is_better[entry.label] = dict(get_metric(entry.name).higher_is_better)
+    kept: dict[tuple[str, str], dict[str, Sample]] = {}     # (model, metric label) -> its methods' samples
     for model in config.models:
         for entry in config.metrics:
             metric = get_metric(entry.name)
             report = metric.reporter(entry.options)
-            samples = {}
+            samples = kept[model.name, entry.label] = {}
             for method in config.methods:
                 parts = [part for part in merged[model.name, method.label, entry.label] if part.indices]
                 count = sum(len(part.indices) for part in parts)
@@ -409,6 +412,21 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                         result.trust.setdefault(model.name, {}).setdefault(entry.label, {})[number] = metric_trust(
                             samples, found, higher, lead["methods"][0], result.controls(model.name),
                             settings["methods"], number, report, config.seed)
+    for copy in config.models:
+        if copy.noise_of is None:
+            continue
+        for entry in config.metrics:
+            report = get_metric(entry.name).reporter(entry.options)
+            before, after = (result.scores.get(name, {}) for name in (copy.noise_of, copy.name))
+            for number, trust in result.trust.get(copy.noise_of, {}).get(entry.label, {}).items():
+                found = noise_resilience(
+                    kept[copy.noise_of, entry.label], kept[copy.name, entry.label],
+                    {m: per[entry.label][number] for m, per in before.items() if number in per.get(entry.label, {})},
+                    {m: per[entry.label][number] for m, per in after.items() if number in per.get(entry.label, {})},
+                    result.controls(copy.noise_of), number, report, config.seed)
+                if found is not None:
+                    trust["noise_resilience"] = {"copy": copy.name, "weight_noise": copy.weight_noise,
+                                                 "seed": copy.seed, **found}
     return result
 
 
@@ -477,6 +495,50 @@ def rank_stability(samples: dict[str, Sample], scores: dict[str, float], methods
     tail = 100 * (1 - CONFIDENCE) / 2
     low, high = np.percentile(rho, [tail, 100 - tail])
     return [float(np.median(rho)), float(low), float(high)]
+
+
+def spearman(first: list[float], second: list[float]) -> float | None:
+    """The Spearman correlation of two lists of values (average ranks for ties); None when ``first`` has no
+    order (all equal), 0 when only ``second`` has none."""
+    from scipy.stats import rankdata
+
+    x, y = (rankdata(np.asarray(values, dtype=float)) for values in (first, second))
+    x, y = x - x.mean(), y - y.mean()
+    if not (x ** 2).sum():
+        return None
+    norm = math.sqrt((x ** 2).sum() * (y ** 2).sum())
+    return float((x * y).sum() / norm) if norm else 0.0
+
+
+def noise_resilience(original: dict[str, Sample], copy: dict[str, Sample], before: dict[str, float],
+                     after: dict[str, float], controls: set[str], number: str, report,
+                     seed: int) -> dict[str, Any] | None:
+    """Does ``number`` keep its scores and its ranking of the methods when the model is replaced by its copy
+    under minor weight noise (MetaQuantus's noise resilience; docs/decisions/metric-trust.md)?
+
+    ``original``, ``copy``: each model's samples of the methods; ``before``, ``after``: their values of
+    ``number``. Only methods that are not controls and have a finite value on the same images in both take part.
+    ``methods``: per method, ``difference`` copy − original [value, low, high] with the paired 95 % interval over
+    the images (the bench's bootstrap, as for best / tied) and ``resilient``: the interval holds 0 (MetaQuantus's
+    intra-consistency: the two score distributions cannot be told apart). ``unchanged`` / ``of``: how many are
+    resilient, of how many. ``ranking``: the Spearman correlation of the methods' values before and after
+    (inter-consistency; None below 2 methods or when they all have the same value before). ``spread``: the
+    largest less the smallest method value before, to weigh a difference against. None when no method takes
+    part.
+    """
+    methods = [m for m in before if m not in controls and m in after and m in original and m in copy
+               and original[m].indices == copy[m].indices and np.isfinite(before[m]) and np.isfinite(after[m])]
+    if not methods:
+        return None
+    rows = []
+    for method in methods:
+        low, high = paired_difference(copy[method], original[method], number, report, seed)
+        rows.append({"method": method, "difference": [float(after[method] - before[method]), low, high],
+                     "resilient": bool(low <= 0 <= high)})
+    values = [before[m] for m in methods]
+    return {"methods": rows, "unchanged": sum(row["resilient"] for row in rows), "of": len(rows),
+            "ranking": spearman(values, [after[m] for m in methods]) if len(methods) >= 2 else None,
+            "spread": float(max(values) - min(values))}
 
 
 def metric_trust(samples: dict[str, Sample], scores: dict[str, float], higher: bool, best: str, controls: set[str],

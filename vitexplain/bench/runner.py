@@ -14,6 +14,7 @@ its predictions.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 import warnings
 from collections.abc import Iterator
@@ -101,21 +102,48 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
         return where.broadcast(result)
 
 
-def _load_model(entry: ModelEntry, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
-    """The model on ``device`` and its preprocessing config (see :func:`vitexplain.models.load_model`)."""
+def _load_model(entry: ModelEntry, device: torch.device,
+                models: list[ModelEntry] = ()) -> tuple[nn.Module, dict[str, Any]]:
+    """The model on ``device`` and its preprocessing config (see :func:`vitexplain.models.load_model`); a noisy
+    copy (``entry.noise_of``, one of ``models``) is its original loaded again, or copied when the original is a
+    model object (which stays as it was), with :func:`perturb_weights`."""
     from ..models import data_config, load_model
 
+    if entry.noise_of is not None:
+        original = next(other for other in models if other.name == entry.noise_of)
+        model, config = _load_model(original, device)
+        if isinstance(original.source, nn.Module):
+            model = copy.deepcopy(model)
+        seed = 0 if entry.seed is None else entry.seed         # a config gives it the run's; 0 is the run default
+        return perturb_weights(model, entry.weight_noise, seed), config
     if isinstance(entry.source, nn.Module):
         return entry.source.to(device), data_config(entry.source)
 
     return load_model(entry.source or entry.name, arch=entry.arch, device=device)
 
 
+def perturb_weights(model: nn.Module, sigma: float, seed: int) -> nn.Module:
+    """``model`` with every floating parameter p replaced in place by p * (1 + sigma * e), e standard normal:
+    MetaQuantus's multiplicative model perturbation (Quantus's ``sample``, parameters only, not buffers). The
+    noise is drawn on the CPU from a generator seeded by ``seed``, in the order of ``model.parameters()``, and
+    then moved to each parameter's device, so a copy is the same on every device and in every process."""
+    generator = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if not parameter.is_floating_point():
+                continue
+            noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float32)
+            exact = torch.promote_types(parameter.dtype, torch.float32)      # half weights multiplied in float32
+            factor = (1 + sigma * noise.to(exact)).to(parameter.device)
+            parameter.copy_((parameter.to(exact) * factor).to(parameter.dtype))
+    return model
+
+
 def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, work: Findings) -> None:
     """Every method and metric on one model (metrics grouped by dataset), then its gallery and sanity check."""
     from ..models import class_names_for
 
-    model, data_config = _load_model(model_entry, where.device)
+    model, data_config = _load_model(model_entry, where.device, config.models)
     adapter = adapter_for(model)
     folder = model_folder(config.output_dir, model_entry.name, model)
     main = None

@@ -137,8 +137,9 @@ class Lead:
         return ("best: " if len(self.methods) == 1 else f"tied ({len(self.methods)}): ") + ", ".join(self.methods)
 
     def trust_text(self) -> str:
-        """One short line: ``separates random: yes; beats its degraded copies: 3/3; ranking rho 0.91 [0.72, 0.99]``
-        (``–`` where nothing was computed)."""
+        """One short line: ``separates random: yes; beats its degraded copies: 3/3; ranking rho 0.91 [0.72, 0.99]``,
+        with ``unchanged under minor weight noise: 9/10, ranking kept rho 0.98`` when the run has a noisy copy of
+        the model (``–`` where nothing was computed)."""
         return trust_text(self.trust)
 
 
@@ -155,13 +156,22 @@ def trust_text(trust: dict | None) -> str:
     stability = trust.get("rank_stability")
     if stability is not None:
         parts.append(f"ranking ρ {fixed(stability[0], 2)} [{fixed(stability[1], 2)}, {fixed(stability[2], 2)}]")
+    noise = trust.get("noise_resilience")
+    if noise:
+        kept = "" if noise["ranking"] is None else f", ranking kept ρ {fixed(noise['ranking'], 2)}"
+        parts.append(f"unchanged under minor weight noise: {noise['unchanged']}/{noise['of']}{kept}")
     return "; ".join(parts)
 
 
 def advantage_text(advantage: list[float], images: int | str, verdict: bool) -> str:
     """``value [low, high] (n)`` of an advantage, then ``yes`` / ``no`` (its interval above 0 or not)."""
-    count = int(str(images).split("/")[0]) if str(images).split("/")[0].isdigit() else 0
-    return f"{format_estimate(Estimate(*advantage, count))} {'yes' if verdict else 'no'}"
+    return f"{format_estimate(Estimate(*advantage, _image_count(images)))} {'yes' if verdict else 'no'}"
+
+
+def _image_count(images: int | str) -> int:
+    """The image count of a :attr:`Lead.images` ("20", or "18/20" when methods differ: the first)."""
+    first = str(images).split("/")[0]
+    return int(first) if first.isdigit() else 0
 
 
 def trust_rows(leads: list[Lead]) -> list[list[str]]:
@@ -181,7 +191,33 @@ def trust_rows(leads: list[Lead]) -> list[list[str]]:
         rho = "–" if stability is None else " ".join([fixed(stability[0], 2),
                                                        f"[{fixed(stability[1], 2)}, {fixed(stability[2], 2)}]"])
         rows.append([lead.metric, lead.number + arrow(lead.better), versus, copies, rho])
+    if any((lead.trust or {}).get("noise_resilience") for lead in leads):   # a column only for a run with a copy
+        noisy = [noise_cell((lead.trust or {}).get("noise_resilience"), lead.images) for lead in leads if lead.trust]
+        rows = [row + [cell] for row, cell in zip(rows, noisy)]
     return rows
+
+
+def noise_cell(noise: dict | None, images: int | str) -> str:
+    """Each method's change under the model's minor weight noise: ``gae: 0.001 [-0.002, 0.004] (20) unchanged; …;
+    ranking ρ 1.00 (methods' spread 0.4)``."""
+    if not noise:
+        return "–"
+    count = _image_count(images)
+    found = [f"{row['method']}: {format_estimate(Estimate(*row['difference'], count))} "
+             f"{'unchanged' if row['resilient'] else 'changed'}" for row in noise["methods"]]
+    rho = "–" if noise["ranking"] is None else fixed(noise["ranking"], 2)
+    spread = fixed(noise["spread"], column_decimals([Estimate(noise["spread"], 0.0, 0.0, count)]))
+    return "; ".join(found) + f"; ranking ρ {rho} (methods' spread {spread})"
+
+
+def trust_header(rows: list[list[str]]) -> list[str]:
+    """The header of :func:`trust_rows`' rows: :data:`TRUST_HEADER`, and the noise column when they have it."""
+    return TRUST_HEADER + ([NOISE_HEADER] if rows and len(rows[0]) > len(TRUST_HEADER) else [])
+
+
+def trust_note(rows: list[list[str]]) -> str:
+    """How the trust table is read: :data:`TRUST_NOTE`, and :data:`NOISE_NOTE` when it has the noise column."""
+    return TRUST_NOTE + (" " + NOISE_NOTE if rows and len(rows[0]) > len(TRUST_HEADER) else "")
 
 
 #: the header of :func:`trust_rows`
@@ -194,6 +230,13 @@ TRUST_NOTE = ("Advantage: how much better the first is than the second, in the n
               "lies above 0. Ranking ρ: Spearman correlation of the methods' values (controls left out) on each "
               "resample of the images with their values on all of them, median and central 95 % of the "
               "resamples (docs/decisions/metric-trust.md).")
+#: the header of the noise column of :func:`trust_rows` (a run with a noisy copy of the model)
+NOISE_HEADER = "copy − original under minor weight noise (95 %)"
+#: how the noise column is read
+NOISE_NOTE = ("Minor weight noise: each method's value on the model's noisy copy less its value on the model, paired "
+              "over the same images; unchanged = the interval holds 0; ranking ρ: Spearman correlation of the methods' "
+              "values (controls left out) on the model and on its copy; spread: the largest less the smallest method "
+              "value on the model, to weigh a change against (MetaQuantus's noise resilience).")
 
 
 @dataclass
@@ -329,8 +372,10 @@ def summary_text(leads: list[Lead], width: int = 100) -> list[str]:
 def trust_text_lines(leads: list[Lead], width: int = 100) -> list[str]:
     """The trust detail of every number (:func:`trust_rows`), one wrapped paragraph each."""
     lines = []
-    for metric, number, versus, copies, rho in trust_rows(leads):
+    for metric, number, versus, copies, rho, *noise in trust_rows(leads):
         text = f"{metric} {number}: random: {versus}; degraded: {copies}; ranking ρ {rho}"
+        if noise:
+            text += f"; minor weight noise, copy − original: {noise[0]}"
         lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False)
     return lines + ([""] if lines else [])
 
@@ -384,7 +429,7 @@ def summary_markdown(leads: list[Lead]) -> list[str]:
 def trust_markdown(leads: list[Lead]) -> list[str]:
     """The trust detail of every number (:func:`trust_rows`) as a Markdown table, with how to read it."""
     rows = trust_rows(leads)
-    return (_markdown_rows(TRUST_HEADER, rows) + [TRUST_NOTE, ""]) if rows else []
+    return (_markdown_rows(trust_header(rows), rows) + [trust_note(rows), ""]) if rows else []
 
 
 def sanity_markdown(check: dict) -> list[str]:
