@@ -34,6 +34,7 @@ from ..instrumentation.lrp.memory import collecting
 from ..instrumentation.modifying import modifier
 from ..instrumentation.precision import precision_mode
 from ..metrics import EvalBatch, Metric, get_metric, shared_forwards
+from ..metrics.numerical_stability import noisy_weights
 from ..registry import get_method
 from .cache import MethodCache, model_folder
 from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry
@@ -106,7 +107,7 @@ def _load_model(entry: ModelEntry, device: torch.device,
                 models: list[ModelEntry] = ()) -> tuple[nn.Module, dict[str, Any]]:
     """The model on ``device`` and its preprocessing config (see :func:`vitexplain.models.load_model`); a noisy
     copy (``entry.noise_of``, one of ``models``) is its original loaded again, or copied when the original is a
-    model object (which stays as it was), with :func:`perturb_weights`."""
+    model object (which stays as it was), its weights changed by numerical stability's ``noisy_weights``."""
     from ..models import data_config, load_model
 
     if entry.noise_of is not None:
@@ -115,28 +116,12 @@ def _load_model(entry: ModelEntry, device: torch.device,
         if isinstance(original.source, nn.Module):
             model = copy.deepcopy(model)
         seed = 0 if entry.seed is None else entry.seed         # a config gives it the run's; 0 is the run default
-        return perturb_weights(model, entry.weight_noise, seed), config
+        noisy_weights(seed, entry.weight_noise)(model)
+        return model, config
     if isinstance(entry.source, nn.Module):
         return entry.source.to(device), data_config(entry.source)
 
     return load_model(entry.source or entry.name, arch=entry.arch, device=device)
-
-
-def perturb_weights(model: nn.Module, sigma: float, seed: int) -> nn.Module:
-    """``model`` with every floating parameter p replaced in place by p * (1 + sigma * e), e standard normal:
-    MetaQuantus's multiplicative model perturbation (Quantus's ``sample``, parameters only, not buffers). The
-    noise is drawn on the CPU from a generator seeded by ``seed``, in the order of ``model.parameters()``, and
-    then moved to each parameter's device, so a copy is the same on every device and in every process."""
-    generator = torch.Generator().manual_seed(int(seed))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if not parameter.is_floating_point():
-                continue
-            noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float32)
-            exact = torch.promote_types(parameter.dtype, torch.float32)      # half weights multiplied in float32
-            factor = (1 + sigma * noise.to(exact)).to(parameter.device)
-            parameter.copy_((parameter.to(exact) * factor).to(parameter.dtype))
-    return model
 
 
 def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, work: Findings) -> None:
