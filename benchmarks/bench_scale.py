@@ -2,7 +2,8 @@
 
     python benchmarks/bench_scale.py                               # CPU: a 64-image slice, ViT-Ti
     python benchmarks/bench_scale.py --device cuda                 # GPU: the whole set, ViT-B/16
-    python benchmarks/bench_scale.py --torchrun 2                  # also: 2 processes against 1, same results?
+    python benchmarks/bench_scale.py --torchrun 2                  # 2 processes against 1, same results?
+    python benchmarks/bench_scale.py --torchrun 2 --images 4 --batch-size 1 --threads 1   # bitwise identity
 
 The set is generated, the size of ImageNet-Segmentation's 4,276 test images at 224 px (Guillaumin et
 al.'s masks, as Chefer et al. and TokenTM / GradToken use them): each image noise with a brighter
@@ -10,7 +11,17 @@ ellipse, the ellipse as its mask, a label drawn per image; the model has random 
 downloaded). The bench runs the single-pass methods with the segmentation test and both perturbation
 tests (positive and negative), as the papers' Table 1 and 2 do, through ``run_benchmark`` itself: the
 phases' times are the bench's own (``BenchResult.timings``). A slice of N images projects to the
-whole set by its per-image time (the fixed start-up cost is printed apart). Nothing here is a test.
+whole set by its per-image time. What no phase times (start-up and reports, but also the prediction
+that picks each batch's target, generating the images and writing the cache, which grow with the
+images) is projected both as fixed and as per-image: the projection is a range.
+
+``--torchrun N`` runs the bench under ``torchrun`` with 1 and with N processes, one after the other,
+each process with the CPU cores shared out as threads (``--threads`` sets them), reports the 1-process
+run's phases, the two wall times and every score compared bitwise. A batch of other images or another
+thread count can round an image's maps differently in the last bits (the CPU's matrix kernels block
+the work by shape and thread), so scores that rank pixels (the segmentation test's mean threshold and
+AP) may differ in their last digits; with ``--batch-size 1`` and equal ``--threads`` every image is
+computed alike in both runs and the scores are bitwise identical. Nothing here is a test.
 """
 from __future__ import annotations
 
@@ -80,22 +91,25 @@ def report(found: dict, images: int, total: int) -> None:
             phases[phase] = phases.get(phase, 0.0) + seconds
     timed = sum(phases.values())
     print(f"{images} images, {len(SINGLE_PASS)} methods; wall {found['wall']:.1f} s, of which the bench's timed phases "
-          f"{timed:.1f} s ({found['errors']} errors)")
+          f"{timed:.1f} s ({found['errors']} errors); images/s: images through the phase for all the methods")
     print(f"{'phase':24s} {'seconds':>9s} {'images/s':>10s} {'projected to ' + str(total):>18s}")
     for phase, seconds in sorted(phases.items(), key=lambda item: -item[1]):
         per_image = seconds / images
-        print(f"{phase:24s} {seconds:9.2f} {images / seconds if seconds else math.inf:10.1f} "
+        print(f"{phase:24s} {seconds:9.2f} {images / seconds if seconds else math.inf:10.3g} "
               f"{per_image * total / 60:15.1f} min")
     untimed = found["wall"] - timed
-    projected = timed / images * total + untimed
-    print(f"{'untimed (start, reports)':24s} {untimed:9.2f} {'':10s} {untimed / 60:15.1f} min (taken as fixed)")
-    print(f"projected wall time for {total} images: {projected / 60:.1f} min (goal on one H100: under 10 min)")
+    fixed = timed / images * total + untimed
+    scaled = found["wall"] / images * total
+    print(f"{'untimed':24s} {untimed:9.2f} {'':10s} {untimed / 60:15.1f} min to "
+          f"{untimed / images * total / 60:.1f} min")
+    print(f"projected wall time for {total} images: {fixed / 60:.1f} min (the untimed part fixed) to "
+          f"{scaled / 60:.1f} min (all of it per image); goal on one H100: under 10 min")
 
 
-def compare_torchrun(args: argparse.Namespace, processes: int) -> None:
-    """The same bench in 1 and in ``processes`` torchrun processes (separate outputs): wall times and whether
-    every score is identical."""
-    walls, scores = {}, {}
+def compare_torchrun(args: argparse.Namespace, processes: int) -> dict:
+    """The same bench in 1 and in ``processes`` torchrun processes, one after the other (separate outputs): wall
+    times and whether every score is identical. Returns the 1-process run's findings (for :func:`report`)."""
+    found = {}
     for count in (1, processes):
         with tempfile.TemporaryDirectory() as folder:
             summary = Path(folder) / "summary.json"
@@ -103,18 +117,25 @@ def compare_torchrun(args: argparse.Namespace, processes: int) -> None:
                        "--worker", str(summary), "--model", args.model, "--images", str(args.images),
                        "--batch-size", str(args.batch_size), "--device", args.device, "--output",
                        str(Path(folder) / "bench"), "--precision", args.precision]
+            threads = args.threads or max(1, (os.cpu_count() or 1) // count)   # default: the cores shared out
             started = time.perf_counter()
-            subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": str(max(1, os.cpu_count()
-                                                                                                // count))})
-            walls[count] = time.perf_counter() - started
-            scores[count] = json.loads(summary.read_text())["scores"]
-    differences = _differences(scores[1], scores[processes])
+            subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+            found[count] = {**json.loads(summary.read_text()), "launched": time.perf_counter() - started}
+    walls = {count: found[count]["launched"] for count in found}
+    differences = _differences(found[1]["scores"], found[processes]["scores"])
     largest = max(differences.values(), default=0.0)
-    print(f"torchrun: 1 process {walls[1]:.1f} s, {processes} processes {walls[processes]:.1f} s: "
-          f"speed-up {walls[1] / walls[processes]:.2f}x; identical scores: {not differences} "
-          f"({len(differences)} numbers differ, largest difference {largest:.3g})")
+    print(f"torchrun: 1 process {walls[1]:.1f} s, {processes} processes {walls[processes]:.1f} s (launch to exit): "
+          f"speed-up {walls[1] / walls[processes]:.2f}x; run_benchmark alone {found[1]['wall']:.1f} s against "
+          f"{found[processes]['wall']:.1f} s: {found[1]['wall'] / found[processes]['wall']:.2f}x")
+    print(f"identical scores: {not differences} ({_count(found[1]['scores'])} numbers compared bitwise, "
+          f"{len(differences)} differ, largest difference {largest:.3g})")
     for where, difference in sorted(differences.items(), key=lambda item: -item[1])[:5]:
         print(f"  {where}: {difference:.3g}")
+    return found[1]
+
+
+def _count(scores) -> int:
+    return sum(_count(value) for value in scores.values()) if isinstance(scores, dict) else 1
 
 
 def _differences(first, second, where: str = "") -> dict[str, float]:
@@ -142,7 +163,9 @@ def main() -> None:
     parser.add_argument("--precision", default="float32")
     parser.add_argument("--output", help="bench output folder (default: a temporary one)")
     parser.add_argument("--torchrun", type=int, default=0, metavar="N",
-                        help="also run N torchrun processes against one (results must be identical)")
+                        help="run the bench in N torchrun processes against one: times, scores compared")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="with --torchrun: threads of every process (default: the CPU cores shared out)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     on_gpu = args.device.startswith("cuda")
@@ -151,15 +174,23 @@ def main() -> None:
     if args.worker:                                   # one rank of compare_torchrun
         found = run(args)
         if int(os.environ.get("RANK", "0")) == 0:
-            Path(args.worker).write_text(json.dumps({"scores": found["scores"]}))
+            Path(args.worker).write_text(json.dumps(found))
         return
-    with tempfile.TemporaryDirectory() as folder:
-        args.output = args.output or str(Path(folder) / "bench")
-        print(f"device {args.device} ({torch.cuda.get_device_name() if on_gpu else f'{os.cpu_count()} CPU cores'}), "
-              f"{args.model}, random weights, torch {torch.__version__}")
-        report(run(args), args.images, IMAGENET_SEG_IMAGES)
-    if args.torchrun:
-        compare_torchrun(args, args.torchrun)
+    where = torch.cuda.get_device_name() if on_gpu else f"{os.cpu_count()} CPU cores"
+    print(f"device {args.device} ({where}), {args.model}, random weights, torch {torch.__version__}; "
+          f"load average {_load()}")
+    if args.torchrun:                                 # its 1-process run is the run reported
+        found = compare_torchrun(args, args.torchrun)
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            args.output = args.output or str(Path(folder) / "bench")
+            found = run(args)
+    report(found, args.images, IMAGENET_SEG_IMAGES)
+    print(f"load average at the end {_load()}")
+
+
+def _load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ explanation maps per (model, dataset, target mode, method and its options), per-
 per metric and its options below that. A run only computes what is missing, so an interrupted run
 resumes where it stopped and a metric added later reuses the maps. Reported numbers are always
 reduced from the stored per-image values of every image, in dataset order, so they do not depend on
-batching, on interruptions, or on the number of processes.
+batching, on interruptions, or on the number of processes, except through floating-point rounding: the
+matrix kernels may round an image's maps differently in the last bits in a batch of other images or
+with another thread count, which a number ranking pixels (a threshold at the map's mean, an AP) can
+show in its last digits (docs/decisions/performance.md, the bench at ImageNet-Segmentation scale).
 
 Each model is run through one instrumentation adapter: it picks the explained classes, explains,
 gives the metrics the model's forward (:attr:`vitexplain.metrics.EvalBatch.logits`) and the gallery
