@@ -109,6 +109,10 @@ class BenchResult:
             model and data (:func:`metric_trust`, docs/decisions/metric-trust.md): ``best``, ``random`` (the best
             method against the random control), ``degraded`` (each method against its degraded copies) and
             ``rank_stability`` (the methods' order under resampling of the images).
+        timeline: this run's timed phases on rank 0, in the order they ended: ``model``, ``method`` (both ""
+            for the run's own ``reduce`` and ``reports``; the method "" for a model's ``gallery``), ``phase`` (as in
+            ``timings``) and ``start`` / ``end``, seconds from the run's start (not in results.json, which is
+            written during its last phase).
         galleries: images and maps for report.html's overlays (not in results.json).
     """
 
@@ -129,6 +133,7 @@ class BenchResult:
     timings: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     memory: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
     trust: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list, repr=False)
     galleries: list[Gallery] = field(default_factory=list, repr=False)
 
     def columns(self, model: str) -> list[tuple[str, str, str]]:
@@ -323,8 +328,8 @@ class BenchResult:
         return "\n".join(lines).rstrip()
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything but the galleries' pixels, as plain data."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "galleries"}
+        """Everything but the galleries' pixels and the timeline, as plain data."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("galleries", "timeline")}
 
 
 def curve_axes(metric, options: dict[str, Any], key: str, points: int) -> dict[str, Any]:
