@@ -16,8 +16,11 @@ Parts (``--parts``, default all):
 * ``seeds``: every seeded method's float32 maps on the CPU and on the device with the same seed, on ``--seed-images``
   canvases: r, lowest and median.
 * ``bench``: the default bench (``vitexplain bench``) on the device, in each of ``--bench-precisions`` (default
-  float32): wall seconds and where they went (the phases the bench times; the rest is its CPU work: bootstrap,
-  reports).
+  float32): wall seconds, where they went, and its timeline (``BenchResult.timeline``): each method's stretch,
+  the sanity check, gallery, reduction and reports, then every phase summed over the methods, each with its share
+  of the wall time; on a GPU also the share of the wall time the GPU was busy (kineto's trace of the GPU's
+  kernels and copies, overlaps counted once), overall and per phase. ``--stand-in`` runs it on cost-free
+  stand-ins of the two models (width 12, one head), leaving the bench's host-side work.
 * ``cost``: ``method_cost.py`` at batch 64 (ViT-B/16, random weights): ratios to one forward+backward in
   float32, and each method's time under bfloat16 autocast relative to its float32 time.
 * ``road``: ``road_imputation.py`` with ``--batch`` images: ROAD's imputation by SciPy's LU on the CPU against
@@ -26,13 +29,17 @@ Parts (``--parts``, default all):
 from __future__ import annotations
 
 import argparse
+import bisect
 import copy
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from road_imputation import table as road_table
+from torch.profiler import ProfilerActivity, profile
 
 import vitexplain
 from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
@@ -156,19 +163,176 @@ def where_the_time_went(timings: dict[str, dict[str, dict[str, float]]], top: in
     return f"largest phases: {largest(phases)}; methods: {largest(methods)}"
 
 
-def bench(device: torch.device, limit: int | None, precisions: list[str]) -> None:
-    print("\n## The default bench on this device (wall seconds, one process, fresh cache)\n")
+def row_name(interval: dict[str, Any]) -> str:
+    """What a timeline row is about: the method for its maps and metrics, else the phase (sanity, gallery,
+    reduce, reports), so that a method's stretch is one row and the sanity check, which cycles through the
+    methods, another."""
+    return interval["method"] if interval["method"] and interval["phase"] != "sanity" else interval["phase"]
+
+
+def timeline_rows(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive intervals of the same model and :func:`row_name` merged: first start, last end, the seconds
+    of the parts (end - start less the untimed host work between them) and the ``parts``."""
+    rows: list[dict[str, Any]] = []
+    for interval in sorted(timeline, key=lambda found: found["start"]):
+        name, spent = row_name(interval), interval["end"] - interval["start"]
+        if rows and (rows[-1]["model"], rows[-1]["name"]) == (interval["model"], name):
+            rows[-1]["end"] = interval["end"]
+            rows[-1]["seconds"] += spent
+            rows[-1]["parts"].append(interval)
+        else:
+            rows.append({"model": interval["model"], "name": name, "start": interval["start"],
+                         "end": interval["end"], "seconds": spent, "parts": [interval]})
+    return rows
+
+
+def folded(rows: list[dict[str, Any]], wall: float, least: float) -> list[dict[str, Any]]:
+    """``rows`` with each run of consecutive rows of one model under ``least`` of ``wall`` folded into one
+    ("n rows"), so that a long bench prints a short table."""
+    found: list[dict[str, Any]] = []
+    for row in rows:
+        small = row["seconds"] < least * wall
+        last = found[-1] if found else None
+        if small and last is not None and last.get("folded") and last["model"] == row["model"]:
+            last["folded"] += 1
+            last.update(name=f"{last['folded']} rows", end=row["end"], seconds=last["seconds"] + row["seconds"],
+                        parts=last["parts"] + row["parts"])
+        else:
+            found.append({**row, "folded": 1} if small else row)
+    return found
+
+
+def phase_totals(timeline: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per phase over every model and method: the first start, the last end and the seconds of its intervals."""
+    totals: dict[str, dict[str, float]] = {}
+    for interval in timeline:
+        found = totals.setdefault(interval["phase"], {"start": interval["start"], "end": interval["end"],
+                                                      "seconds": 0.0})
+        found["start"], found["end"] = min(found["start"], interval["start"]), max(found["end"], interval["end"])
+        found["seconds"] += interval["end"] - interval["start"]
+    return totals
+
+
+def merged_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``spans`` as sorted, disjoint spans (kernels on several streams overlap)."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def busy_within(merged: list[tuple[float, float]], start: float, end: float,
+                ends: list[float] | None = None) -> float:
+    """Seconds of the disjoint sorted spans ``merged`` inside [start, end]; ``ends``, their ends, saves
+    listing them again on each call."""
+    ends = [e for _, e in merged] if ends is None else ends
+    total = 0.0
+    for span_start, span_end in merged[bisect.bisect_left(ends, start):]:
+        if span_start >= end:
+            break
+        total += min(span_end, end) - max(span_start, start)
+    return total
+
+
+def gpu_busy(run: Callable[[], Any], device: torch.device) -> tuple[Any, float, list[tuple[float, float]] | None]:
+    """``run()``'s result, its wall seconds and the GPU's activity (kernels, copies, fills) while it ran, as
+    (start, end) seconds from its start: kineto traces the device alone (no CPU operators recorded, so the host
+    runs as it would), and its clock is the epoch one, read once when ``run`` starts. None when the trace
+    holds no GPU activity at all (no CUPTI)."""
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        epoch, started = time.time_ns(), time.perf_counter()
+        result = run()
+        torch.cuda.synchronize(device)
+        wall = time.perf_counter() - started
+    spans = [((event.start_ns() - epoch) / 1e9, (event.end_ns() - epoch) / 1e9)
+             for event in trace.profiler.kineto_results.events()
+             if event.device_type() == torch.autograd.DeviceType.CUDA and event.end_ns() > event.start_ns()]
+    return result, wall, spans or None
+
+
+def timeline_table(timeline: list[dict[str, Any]], wall: float, spans: list[tuple[float, float]] | None = None,
+                   least: float = 0.0) -> str:
+    """The timeline as two markdown tables, each row with its seconds and share of ``wall`` (and, given the
+    GPU's activity ``spans``, the share of the row's intervals the GPU was busy): the rows of
+    :func:`timeline_rows` in time order (those under ``least`` of the wall :func:`folded`), then
+    :func:`phase_totals`; then the timed and GPU-busy shares."""
+    merged = merged_spans(spans) if spans is not None else None
+    ends = [e for _, e in merged] if merged is not None else None
+
+    def busy(intervals: list[dict[str, Any]], seconds: float) -> str:
+        if merged is None:
+            return ""
+        inside = sum(busy_within(merged, i["start"], i["end"], ends) for i in intervals)
+        return f" {inside / seconds:.0%} |" if seconds > 0 else " – |"
+
+    gpu_header, gpu_rule = (" GPU busy |", " ---: |") if merged is not None else ("", "")
+    lines = [f"| model | row | start s | end s | seconds | share of wall |{gpu_header}",
+             f"| --- | --- | ---: | ---: | ---: | ---: |{gpu_rule}"]
+    for row in folded(timeline_rows(timeline), wall, least):
+        lines.append(f"| {row['model'] or '–'} | {row['name']} | {row['start']:.2f} | {row['end']:.2f} | "
+                     f"{row['seconds']:.2f} | {row['seconds'] / wall:.1%} |{busy(row['parts'], row['seconds'])}")
+    lines += ["", f"| phase | first start s | last end s | seconds | share of wall |{gpu_header}",
+              f"| --- | ---: | ---: | ---: | ---: |{gpu_rule}"]
+    for phase, total in sorted(phase_totals(timeline).items(), key=lambda item: -item[1]["seconds"]):
+        parts = [i for i in timeline if i["phase"] == phase]
+        lines.append(f"| {phase} | {total['start']:.2f} | {total['end']:.2f} | {total['seconds']:.2f} | "
+                     f"{total['seconds'] / wall:.1%} |{busy(parts, total['seconds'])}")
+    timed = sum(i["end"] - i["start"] for i in timeline)
+    lines += ["", f"timed phases {timed:.1f} s of {wall:.1f} s wall ({timed / wall:.0%}); the rest is untimed host "
+                  "work (loading models and images, reading and writing the cache, building the metrics' batches)"]
+    if merged is not None:
+        busy_seconds = busy_within(merged, 0.0, wall, ends)
+        lines.append(f"GPU busy {busy_seconds:.1f} s of {wall:.1f} s wall ({busy_seconds / wall:.0%})")
+    return "\n".join(lines)
+
+
+def stand_ins() -> dict[str, torch.nn.Module]:
+    """The shipped models' cost-free stand-ins: the same timm architecture and geometry (112 px, 8-px patches,
+    4 blocks, 10 classes, their normalisation), width 12 and one head, random weights; every method and metric
+    runs as on the real models, the model's arithmetic all but gone."""
+    import timm
+
+    from vitexplain.models import shipped_models
+
+    found = {}
+    for name in SHIPPED:
+        shipped = shipped_models()[name]
+        torch.manual_seed(0)
+        model = timm.create_model(shipped.arch, pretrained=False, **{**shipped.config, "embed_dim": 12, "num_heads": 1})
+        found[f"{name}~stand-in"] = model.eval()
+    return found
+
+
+def bench(device: torch.device, limit: int | None, precisions: list[str], stand_in: bool = False) -> None:
+    models = "cost-free stand-ins of both models (width 12, one head)" if stand_in else "the shipped models"
+    print(f"\n## The default bench on this device (wall seconds, one process, fresh cache; {models})\n")
     for precision in precisions:
         with tempfile.TemporaryDirectory() as folder:
             data = {**read_yaml(DEFAULT_CONFIG), "output_dir": folder, "device": str(device), "progress": False,
                     "precision": precision}
-            config = BenchConfig.from_dict({**data, "limit": limit or data["limit"]})
-            start = time.perf_counter()
-            result = run_benchmark(config)
-            print(f"- {precision}: {time.perf_counter() - start:.1f} s, {len(result.errors)} error(s); "
+            data = {**data, "limit": limit or data["limit"]}
+            if stand_in:
+                data["models"] = stand_ins()
+            config = BenchConfig.from_dict(data)
+            spans = None
+            if device.type == "cuda":       # traced: the GPU's busy time, at the cost of kineto's bookkeeping
+                result, wall, spans = gpu_busy(lambda: run_benchmark(config), device)
+            else:
+                start = time.perf_counter()
+                result = run_benchmark(config)
+                wall = time.perf_counter() - start
+            print(f"- {precision}: {wall:.1f} s, {len(result.errors)} error(s); "
                   f"{where_the_time_went(result.timings)}", flush=True)
             for error in result.errors[:5]:
                 print(f"  error: {error['model']} / {error['method']} / {error['metric']}: {error['error'][:100]}")
+            print(f"\nTimeline ({precision}; seconds from the run's start):\n")
+            print(timeline_table(result.timeline, wall, spans, least=0.01))
+            if device.type == "cuda" and spans is None:
+                print("GPU busy: not measured (the trace holds no GPU activity)")
 
 
 def cost(device: torch.device, model: str, batch: int, repeats: int) -> None:
@@ -200,6 +364,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="images per model of the bench part (default: the bench's)")
     parser.add_argument("--bench-precisions", nargs="+", default=["float32"], choices=PRECISIONS,
                         help="precisions of the bench part")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="bench part on cost-free stand-ins of the models: the bench's host-side work alone")
     parser.add_argument("--model", default="vit_base_patch16_224", help="timm model of the cost part")
     parser.add_argument("--batch", type=int, default=64, help="batch of the cost and road parts")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the cost part")
@@ -215,7 +381,7 @@ def main() -> None:
         elif part == "seeds":
             seeds(device, args.seed_images)
         elif part == "bench":
-            bench(device, args.limit, args.bench_precisions)
+            bench(device, args.limit, args.bench_precisions, args.stand_in)
         elif part == "road":
             print("\n## ROAD's imputation: LU on the CPU against conjugate gradients on the device\n")
             road_table(device, args.batch, [112, 224], 1)

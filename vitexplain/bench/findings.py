@@ -1,7 +1,10 @@
-"""What one process of a benchmark found: per-image values, errors and seconds (and, on rank 0, galleries and
-sanity)."""
+"""What one process of a benchmark found: per-image values, errors and seconds (and, on rank 0, galleries,
+sanity and the timeline)."""
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,3 +54,21 @@ class Findings:
     memory: Memory = field(default_factory=dict)
     galleries: list[Gallery] = field(default_factory=list)
     sanity: dict[str, Any] = field(default_factory=dict)
+    #: perf_counter at the run's start; None on the ranks that keep no timeline (all but 0)
+    origin: float | None = None
+    #: the timed phases, in the order they ended (:attr:`BenchResult.timeline`)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+    def mark(self, model: str, method: str, phase: str, started: float, ended: float) -> None:
+        """Add one phase, timed by perf_counter, to the timeline (nothing without an origin)."""
+        if self.origin is not None:
+            self.timeline.append({"model": model, "method": method, "phase": phase,
+                                  "start": started - self.origin, "end": ended - self.origin})
+
+    @contextlib.contextmanager
+    def timed(self, model: str, method: str, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.mark(model, method, phase, started, time.perf_counter())

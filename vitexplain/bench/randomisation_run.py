@@ -51,6 +51,13 @@ def _floor(model: nn.Module, cache: MethodCache, images: Tensor, original: dict[
     return spearman(original["maps"], other.to(original["maps"])), "seed"
 
 
+def _spent(work: Findings, model_name: str, label: str, started: float) -> None:
+    """The sanity seconds of ``label`` since ``started``, in the timings and the timeline alike."""
+    ended = time.perf_counter()
+    add_seconds(work.seconds, model_name, label, {"sanity": ended - started})
+    work.mark(model_name, label, "sanity", started, ended)
+
+
 def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: list[int], caches: dict[str, MethodCache],
                 check: SanityCheck, seed: int, device: torch.device, work: Findings) -> dict[str, Any]:
     """The check of ``check.methods`` (default: all) on the images at ``indices``, as
@@ -83,7 +90,7 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
             try:
                 return explain(randomised, images, caches[label].method, target=targets, **caches[label].options)
             finally:
-                add_seconds(work.seconds, model_name, label, {"sanity": time.perf_counter() - started})
+                _spent(work, model_name, label, started)
 
         targets = next(iter(todo.values()))["targets"]
         maps = {label: entry["maps"] for label, entry in todo.items()}
@@ -98,7 +105,7 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
                 work.errors.append(error_entry(model_name, label, "sanity", batch.ids, error))
                 continue
             finally:
-                add_seconds(work.seconds, model_name, label, {"sanity": time.perf_counter() - started})
+                _spent(work, model_name, label, started)
             done[label] = {"levels": cascade.levels, "correlations": correlations.tolist(),
                            "floor": floor.cpu().tolist(), "floor_kind": kind}
             write_record(paths[label], done[label])

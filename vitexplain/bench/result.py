@@ -111,6 +111,10 @@ class BenchResult:
             ``rank_stability`` (the methods' order under resampling of the images); and ``noise_resilience`` when
             the run has a noisy copy of the model (:class:`~vitexplain.bench.config.ModelEntry` ``noise_of``): the
             copy's name, ``weight_noise`` and ``seed`` and :func:`noise_resilience`'s record.
+        timeline: this run's timed phases on rank 0, in the order they ended: ``model``, ``method`` (both ""
+            for the run's own ``reduce`` and ``reports``; the method "" for a model's ``gallery``), ``phase`` (as in
+            ``timings``) and ``start`` / ``end``, seconds from the run's start (not in results.json, which is
+            written during its last phase).
         galleries: images and maps for report.html's overlays (not in results.json).
     """
 
@@ -131,6 +135,7 @@ class BenchResult:
     timings: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     memory: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
     trust: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list, repr=False)
     galleries: list[Gallery] = field(default_factory=list, repr=False)
 
     def columns(self, model: str) -> list[tuple[str, str, str]]:
@@ -325,8 +330,8 @@ class BenchResult:
         return "\n".join(lines).rstrip()
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything but the galleries' pixels, as plain data."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "galleries"}
+        """Everything but the galleries' pixels and the timeline, as plain data."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("galleries", "timeline")}
 
 
 def curve_axes(metric, options: dict[str, Any], key: str, points: int) -> dict[str, Any]:

@@ -60,7 +60,8 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
     ``config`` may also be a dict of its fields or the path of a YAML file. Under ``torchrun`` every
     process takes images r::world; rank 0 reduces and writes the reports (and alone builds the
     gallery and runs the model-randomisation check, on its own images), and every process returns
-    the same :class:`BenchResult`. Errors of single items (an unreadable image, a method or metric
+    the same :class:`BenchResult`, whose timeline is rank 0's (its clock; the other processes' work is in
+    ``timings``). Errors of single items (an unreadable image, a method or metric
     raising on a batch) are recorded in ``BenchResult.errors`` and the run goes on. While it runs, the
     output folder is locked (:mod:`vitexplain.bench.lock`): a run of the same config waits for it, one
     of another config raises :class:`~vitexplain.bench.lock.FolderInUse`.
@@ -80,7 +81,7 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
         refusal = where.broadcast(refusal)
         if refusal:
             raise FolderInUse(refusal)
-        work = Findings()
+        work = Findings(origin=started if where.rank == 0 else None)
         # explain's all-zero notice would repeat for every batch and perturbed call; the report shows the maps
         with precision_mode(config.precision, where.device), warnings.catch_warnings():
             warnings.simplefilter("ignore", AllZeroMapWarning)
@@ -98,11 +99,14 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
                 for model, per_method in memory_part.items():
                     for method, paths in per_method.items():
                         add_memory(memory, model, method, paths)
-            result = build_result(config, [s for part, _, _, _ in gathered for s in part],
-                                  [e for _, part, _, _ in gathered for e in part],
-                                  galleries=work.galleries, sanity=work.sanity, seconds=time.perf_counter() - started,
-                                  timings=seconds, memory=memory)
-            write_reports(result, config.output_dir)
+            with work.timed("", "", "reduce"):
+                result = build_result(config, [s for part, _, _, _ in gathered for s in part],
+                                      [e for _, part, _, _ in gathered for e in part], galleries=work.galleries,
+                                      sanity=work.sanity, seconds=time.perf_counter() - started, timings=seconds,
+                                      memory=memory)
+            result.timeline = work.timeline     # the same list: the reports' interval joins it once written
+            with work.timed("", "", "reports"):
+                write_reports(result, config.output_dir)
         return where.broadcast(result)
 
 
@@ -156,7 +160,7 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
         caches = {}
         for method_entry in config.methods:
             run = MethodRun(adapter, model_entry.name, method_entry, _method_options(method_entry, config.seed),
-                            metrics, base, normal, config, where)
+                            metrics, base, normal, config, where, work)
             work.errors += run.run(dataset, wanted, shown)
             work.shares += run.shares(wanted)
             add_seconds(work.seconds, model_entry.name, method_entry.label, run.seconds)
@@ -167,8 +171,9 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
     if where.rank != 0 or main is None:
         return
     dataset, caches, shown, normal = main
-    gallery = build_gallery(adapter, model_entry.name, dataset, shown[:config.gallery], caches, normal,
-                            class_names_for(model, data_config), where.device)
+    with work.timed(model_entry.name, "", "gallery"):
+        gallery = build_gallery(adapter, model_entry.name, dataset, shown[:config.gallery], caches, normal,
+                                class_names_for(model, data_config), where.device)
     if gallery is not None:
         work.galleries.append(gallery)
     if config.sanity is not None:
@@ -233,10 +238,10 @@ class MethodRun:
 
     def __init__(self, adapter: ModelAdapter, model_name: str, method: MethodEntry, options: dict[str, Any],
                  metrics: list[tuple[MetricEntry, Metric, dict[str, Any]]], base: Path, normal: Normalisation | None,
-                 config: BenchConfig, where: Place):
+                 config: BenchConfig, where: Place, work: Findings | None = None):
         self.adapter, self.model_name, self.method, self.options = adapter, model_name, method, options
         self.metrics, self.normalisation = metrics, normal
-        self.config, self.where = config, where
+        self.config, self.where, self.work = config, where, work
         self.cache = MethodCache(base, method.name, options, {e.label: (m.name, o) for e, m, o in metrics})
         self.explain = reexplainer(adapter, method.name, options)
         self.wanted: dict[str, set[int]] = {}
@@ -265,7 +270,7 @@ class MethodRun:
                 for index, message in batch.failed:
                     errors.append(error_entry(self.model_name, self.method.label, None, [f"#{index}"], message))
                 if batch.indices:
-                    errors += self._process(batch.to(self.where.device))
+                    errors += self._process(batch)
                 bar.update(len(batch.indices) + len(batch.failed))
         return errors
 
@@ -304,13 +309,18 @@ class MethodRun:
 
     @contextlib.contextmanager
     def _timed(self, what: str) -> Iterator[None]:
+        """Add the block's seconds to ``what`` and, given the run's findings, its interval to the timeline."""
         started = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - started
+            ended = time.perf_counter()
+            self.seconds[what] = self.seconds.get(what, 0.0) + ended - started
+            if self.work is not None:
+                self.work.mark(self.model_name, self.method.label, what, started, ended)
 
     def _process(self, batch: Batch) -> list[dict[str, Any]]:
+        """Maps and metric values of one batch as loaded; its labels are read before it moves to the device."""
         errors = []
         if self.config.target == "label":
             unlabelled = [row for row, label in enumerate(batch.data["labels"].tolist()) if label < 0]
@@ -320,6 +330,7 @@ class MethodRun:
                 batch = batch.take([row for row in range(len(batch.indices)) if row not in unlabelled])
                 if not batch.indices:
                     return errors
+        batch = batch.to(self.where.device)
         try:
             maps, targets, fresh = self._maps(batch)
             evaluated = self._eval_batch(batch, maps, targets)

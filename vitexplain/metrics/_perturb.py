@@ -10,9 +10,10 @@ Within :func:`shared_forwards` (the bench's scoring of one batch, :func:`vitexpl
 forwarded once however many protocols ask for it: a step that takes nothing is its first source, a step that
 takes every pixel is its second, and a call that repeats an earlier one (AOPC's removal is the perturbation
 test's positive one) returns the earlier logits. Sameness is decided by exact equality of the sources, ranks
-and steps, never by a fingerprint. A protocol that changes the model's weights for a while must not score
-perturbed images while they are changed (none does: smooth / efficient MPRT and numerical stability only
-explain the changed model).
+and steps, never by a fingerprint. Steps given on the CPU (every protocol here gives them so) are sorted
+there, so sharing asks the device nothing but the equality of sources and ranks. A protocol that changes the
+model's weights for a while must not score perturbed images while they are changed (none does: smooth /
+efficient MPRT and numerical stability only explain the changed model).
 """
 from __future__ import annotations
 
@@ -89,11 +90,15 @@ def mixed_logits(forward: Callable[[Tensor], Tensor], first: Tensor, second: Ten
         batch_size: images per forward.
         starts: at each step, pixels of rank below it stay from ``first`` [S] (long; default none): a
             step replaces the ranks in [start, count), one group of pixels (SaCo) instead of the top ones.
+
+        ``counts`` and ``starts`` on the CPU spare :func:`shared_forwards` a wait for the device per call.
     """
     check_batch_size(batch_size)
+    steps = (counts, torch.zeros_like(counts) if starts is None else starts)
+    host = steps if all(part.device.type == "cpu" for part in steps) else None
     counts = counts.to(rank.device)
     starts = torch.zeros_like(counts) if starts is None else starts.to(rank.device)
-    mix = _Mix(forward, first, second, rank, counts, starts, batch_size)
+    mix = _Mix(forward, first, second, rank, counts, starts, batch_size, host)
     shared = _SHARED.get()
     if shared is None:
         return mix.logits(torch.arange(counts.shape[0], device=rank.device))
@@ -124,6 +129,8 @@ class _Mix:
     counts: Tensor
     starts: Tensor
     batch_size: int
+    #: counts and starts on the CPU, when they were given there
+    host: tuple[Tensor, Tensor] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -153,11 +160,16 @@ class _Mix:
         return torch.cat(outputs).view(batch, chosen, -1)
 
     def repeats(self, other: _Mix) -> bool:
-        """Whether ``other`` makes exactly the same images with the same forward."""
-        return (self.forward == other.forward and _same(self.first, other.first)
-                and not callable(self.second) and not callable(other.second) and _same(self.second, other.second)
-                and _same(self.rank, other.rank) and _same(self.counts, other.counts)
-                and _same(self.starts, other.starts))
+        """Whether ``other`` makes exactly the same images with the same forward (the steps compared first, on
+        the CPU when both have them there, so that most calls differ without a wait for the device)."""
+        if self.forward != other.forward or callable(self.second) or callable(other.second):
+            return False
+        if self.host is not None and other.host is not None:
+            steps = _same(self.host[0], other.host[0]) and _same(self.host[1], other.host[1])
+        else:
+            steps = _same(self.counts, other.counts) and _same(self.starts, other.starts)
+        return (steps and _same(self.first, other.first) and _same(self.second, other.second)
+                and _same(self.rank, other.rank))
 
 
 @dataclass
@@ -171,17 +183,19 @@ class _Shared:
         for earlier, logits in self.calls:
             if earlier.repeats(mix):
                 return logits
-        untouched = mix.counts <= mix.starts                    # the step takes nothing: the first source
+        counts, starts = mix.host or (mix.counts, mix.starts)   # which steps are which: on the CPU when given there
+        device = mix.rank.device
+        untouched = counts <= starts                    # the step takes nothing: the first source
         height, width = mix.shape[-2:]
-        whole = (mix.starts <= 0) & (mix.counts >= height * width)   # the step takes every pixel: the second source
+        whole = (starts <= 0) & (counts >= height * width)   # the step takes every pixel: the second source
         if callable(mix.second):
             whole = torch.zeros_like(untouched)
-        rest = (~(untouched | whole)).nonzero()[:, 0]
+        rest = (~(untouched | whole)).nonzero()[:, 0].to(device)
         parts = [(rest, mix.logits(rest))] if rest.numel() else []
         for where, source in ((untouched, mix.first), (whole, mix.second)):
             if where.any():
                 found = self.source_logits(mix, source)
-                parts.append((where.nonzero()[:, 0], found[:, None].expand(-1, int(where.sum()), -1)))
+                parts.append((where.nonzero()[:, 0].to(device), found[:, None].expand(-1, int(where.sum()), -1)))
         batch, classes = mix.rank.shape[0], parts[0][1].shape[-1]
         logits = parts[0][1].new_empty(batch, mix.counts.shape[0], classes)
         for steps, values in parts:

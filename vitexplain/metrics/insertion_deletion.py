@@ -84,7 +84,7 @@ def insertion_deletion(forward: Callable[[Tensor], Tensor], images: Tensor, maps
     targets = check_targets(targets, images)
     pixels = images.shape[-2] * images.shape[-1]
     per_step = math.ceil(pixels / n_steps)
-    counts = (torch.arange(1, n_steps + 1, device=images.device) * per_step).clamp(max=pixels)
+    counts = (torch.arange(1, n_steps + 1) * per_step).clamp(max=pixels)     # CPU: see mixed_logits
     rank = removal_rank(resize(maps, images.shape[-2:]), most_relevant_first=True)
     substitute = baseline_images(images, baseline, seed)
     index = targets[:, None, None].expand(-1, n_steps, 1)

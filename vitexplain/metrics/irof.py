@@ -89,12 +89,12 @@ def irof(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     labels, counts = superpixels(images, n_segments, compactness)
     most = int(counts.max().item())
     rank = pixel_rank(region_relevance(upsampled(maps, images), labels, most, "mean"), labels, True)
-    steps = torch.arange(most + 1, device=images.device)
+    steps = torch.arange(most + 1)                             # CPU: see mixed_logits
     log_p = class_score(mixed_logits(forward, images, baseline_images(images, "mean"), rank, steps, batch_size),
                         targets, "log_probability").to(torch.float64)
     ratio = (log_p - log_p[:, :1]).exp()                       # y^(l) / y^(0), finite where y^(0) underflows
     last = counts.to(images.device)[:, None]
-    kept = steps[None] <= last                                  # an image's own steps: l = 0 ... L_n
+    kept = steps.to(images.device)[None] <= last                                  # an image's own steps: l = 0 ... L_n
     area = (ratio * kept).sum(1) - ratio[:, 0] / 2 - ratio.gather(1, last)[:, 0] / 2
     return {"irof": (1 - area / last[:, 0]).float()}
 

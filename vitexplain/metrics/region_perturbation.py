@@ -78,7 +78,7 @@ def region_perturbation(forward: Callable[[Tensor], Tensor], images: Tensor, map
     rank = pixel_rank(region_relevance(upsampled(maps, images), labels[None], count, "sum"), labels[None], True)
     noise = seeded_draw(seed, lambda generator: torch.rand(images.shape[1:], generator=generator), images.device)
     noise = (noise.to(images.dtype)[None] - mean) / std
-    steps = torch.arange(min(n_regions, count) + 1, device=images.device)
+    steps = torch.arange(min(n_regions, count) + 1)                 # CPU: see mixed_logits
     values = class_score(mixed_logits(forward, images, noise, rank, steps, batch_size), targets, score)
     return {"drop": values[:, :1] - values}
 

@@ -56,10 +56,11 @@ def saco(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     pixels = images.shape[-2] * images.shape[-1]
     if not isinstance(n_groups, int) or not 2 <= n_groups <= pixels:
         raise ValueError(f"n_groups must be an integer from 2 to the number of pixels ({pixels}), got {n_groups!r}")
-    bounds = torch.cat([removal_counts(pixels, n_groups, images.device), torch.tensor([pixels], device=images.device)])
+    # on the CPU: see mixed_logits
+    bounds = torch.cat([removal_counts(pixels, n_groups, torch.device("cpu")), torch.tensor([pixels])])
     salience = resize(maps, images.shape[-2:]).flatten(1).to(torch.float64)
     rank = removal_rank(salience, most_relevant_first=True)
-    group = torch.bucketize(rank, bounds[1:-1], right=True)
+    group = torch.bucketize(rank, bounds[1:-1].to(images.device), right=True)
     sizes = torch.bincount(group[0], minlength=n_groups)
     group_salience = torch.zeros(len(images), n_groups, dtype=torch.float64, device=images.device)
     group_salience = group_salience.scatter_add_(1, group, salience) / sizes

@@ -66,7 +66,7 @@ def selectivity(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tenso
     labels, count = patch_grid(height, width, size, images.device)
     rank = pixel_rank(region_relevance(upsampled(maps, images), labels[None], count, "sum"), labels[None], True)
     black = black_pixel(images, pixel_mean, pixel_std)
-    steps = torch.arange(count + 1, device=images.device)
+    steps = torch.arange(count + 1)                 # CPU: see mixed_logits
     return {"score": class_score(mixed_logits(forward, images, black, rank, steps, batch_size), targets, score)}
 
 

@@ -95,7 +95,7 @@ def symmetric_relevance_gain(forward: Callable[[Tensor], Tensor], images: Tensor
     substitute = fill_images(images, fill, pixel_mean, pixel_std)
     labels, count = patch_grid(images.shape[-2], images.shape[-1], patch_size, images.device)
     relevance = region_relevance(upsampled(maps, images), labels[None], count, "mean")
-    removed = torch.tensor([count * k // n_steps for k in range(n_steps + 1)], device=images.device)
+    removed = torch.tensor([count * k // n_steps for k in range(n_steps + 1)])   # CPU: see mixed_logits
 
     def curve(most_relevant_first: bool, counts: Tensor) -> Tensor:
         rank = pixel_rank(relevance, labels[None], most_relevant_first)
@@ -103,7 +103,7 @@ def symmetric_relevance_gain(forward: Callable[[Tensor], Tensor], images: Tensor
 
     mif = curve(True, removed)
     lif = torch.cat([mif[:, :1], curve(False, removed[1:-1]), mif[:, -1:]], 1)     # shared intact / all-removed
-    x = (removed.to(torch.float64) / count).expand(mif.shape[0], -1)
+    x = (removed.to(images.device, torch.float64) / count).expand(mif.shape[0], -1)
     mif_auc = torch.trapezoid(mif.to(torch.float64), x, dim=1)
     lif_auc = torch.trapezoid(lif.to(torch.float64), x, dim=1)
     return {"srg": (lif_auc - mif_auc).float(), "mif_auc": mif_auc.float(), "lif_auc": lif_auc.float(),
