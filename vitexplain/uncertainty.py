@@ -16,6 +16,7 @@ otherwise (ratios of sums, ranks, anything else).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -30,9 +31,11 @@ PROBES = 3
 Report = Callable[[dict[str, Tensor]], dict[str, float]]
 
 
+@functools.lru_cache(maxsize=32)
 def resampled_positions(n: int, seed: int, resamples: int = RESAMPLES) -> Tensor:
     """Row r: the n positions in 0 … n-1 of resample r, drawn with replacement by ``default_rng(seed)``,
-    one resample after the other [resamples, n]."""
+    one resample after the other [resamples, n]. Kept for the next number of a run (a bench reduces hundreds
+    on the same images and seed): read it, never write to it."""
     generator = np.random.default_rng(seed)
     return torch.from_numpy(np.stack([generator.integers(0, n, n) for _ in range(resamples)]))
 
