@@ -20,7 +20,7 @@ Parts (``--parts``, default all):
   the sanity check, gallery, reduction and reports, then every phase summed over the methods, each with its share
   of the wall time; on a GPU also the share of the wall time the GPU was busy (kineto's trace of the GPU's
   kernels and copies, overlaps counted once), overall and per phase. ``--stand-in`` runs it on cost-free
-  stand-ins of the two models (width 12, one head), leaving the bench's host-side work.
+  stand-ins of its models (width 12, one head), leaving the bench's host-side work.
 * ``cost``: ``method_cost.py`` at batch 64 (ViT-B/16, random weights): ratios to one forward+backward in
   float32, and each method's time under bfloat16 autocast relative to its float32 time.
 * ``road``: ``road_imputation.py`` with ``--batch`` images: ROAD's imputation by SciPy's LU on the CPU against
@@ -290,16 +290,16 @@ def timeline_table(timeline: list[dict[str, Any]], wall: float, spans: list[tupl
     return "\n".join(lines)
 
 
-def stand_ins() -> dict[str, torch.nn.Module]:
-    """The shipped models' cost-free stand-ins: the same timm architecture and geometry (112 px, 8-px patches,
-    4 blocks, 10 classes, their normalisation), width 12 and one head, random weights; every method and metric
-    runs as on the real models, the model's arithmetic all but gone."""
+def stand_ins(names: list[str]) -> dict[str, torch.nn.Module]:
+    """Cost-free stand-ins of the shipped models ``names``: the same timm architecture and geometry (112 px, 8-px
+    patches, 4 blocks, 10 classes, their normalisation), width 12 and one head, random weights; every method and
+    metric runs as on the real models, the model's arithmetic all but gone."""
     import timm
 
     from vitexplain.models import shipped_models
 
     found = {}
-    for name in SHIPPED:
+    for name in names:
         shipped = shipped_models()[name]
         torch.manual_seed(0)
         model = timm.create_model(shipped.arch, pretrained=False, **{**shipped.config, "embed_dim": 12, "num_heads": 1})
@@ -308,7 +308,7 @@ def stand_ins() -> dict[str, torch.nn.Module]:
 
 
 def bench(device: torch.device, limit: int | None, precisions: list[str], stand_in: bool = False) -> None:
-    models = "cost-free stand-ins of both models (width 12, one head)" if stand_in else "the shipped models"
+    models = "cost-free stand-ins of its models (width 12, one head)" if stand_in else "its models"
     print(f"\n## The default bench on this device (wall seconds, one process, fresh cache; {models})\n")
     for precision in precisions:
         with tempfile.TemporaryDirectory() as folder:
@@ -316,7 +316,7 @@ def bench(device: torch.device, limit: int | None, precisions: list[str], stand_
                     "precision": precision}
             data = {**data, "limit": limit or data["limit"]}
             if stand_in:
-                data["models"] = stand_ins()
+                data["models"] = stand_ins(data["models"])
             config = BenchConfig.from_dict(data)
             spans = None
             if device.type == "cuda":       # traced: the GPU's busy time, at the cost of kineto's bookkeeping
