@@ -112,3 +112,27 @@ def test_the_bench_refuses_a_protocol_the_dataset_does_not_provide_for_once_befo
          "metric 'class_sensitivity' needs second, which dataset 'digits' does not provide")
         for method in ("gae", "raw_attention")]
     assert result.images["digits_vit"]["gae"] == {"class_sensitivity": 0, "sparseness": 3}
+
+
+def test_a_batch_is_checked_once_and_its_perturbed_copies_score_as_checked_forwards_do(digits, monkeypatch):
+    """Within scoring, the protocols' copies of the images are trusted (no finite check at every forward, a wait for
+    the device each time), and the values are those of forwards that check every input."""
+    from vitexplain.instrumentation import ModelAdapter
+    from vitexplain.metrics.perturbation import perturbation_test
+
+    model, config, batch = digits
+    images, maps = batch["images"], torch.rand(6, 14, 14, generator=torch.Generator().manual_seed(0))
+    adapter = vitexplain.adapter_for(model)
+    plain = perturbation_test(adapter.logits, images, maps, batch["labels"], pixel_mean=config["mean"],
+                              pixel_std=config["std"], batch_size=7)        # outside scoring: every chunk checked
+    checks = []
+    real = ModelAdapter.check_inputs
+    monkeypatch.setattr(ModelAdapter, "check_inputs", lambda self, inputs: checks.append(len(inputs)) or
+                        real(self, inputs))
+    scores = vitexplain.evaluate(model, images, maps, "perturbation", labels=batch["labels"], mean=config["mean"],
+                                 std=config["std"], batch_size=4, direction="both")
+    assert checks == [6, 4, 2]          # the targets' forward, then each batch once, not every one of its 20 steps
+    for key, value in plain.items():
+        torch.testing.assert_close(scores.values[key], value, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="NaN or infinite"):   # outside scoring a forward still checks
+        adapter.logits(torch.full_like(images[:1], float("nan")))

@@ -7,7 +7,8 @@ too, so a number from Python and the bench's stored per-image value are the same
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,16 @@ def score(metric: Metric | str, batch: EvalBatch, options: Mapping[str, Any] | N
             raise ValueError(f"metric {metric.name!r} returned {key!r} of shape {tuple(value.shape)}; "
                              f"expected [{count}] or [{count}, steps]")
     return values
+
+
+@contextlib.contextmanager
+def scoring(adapter: ModelAdapter) -> Iterator[None]:
+    """Where the protocols score one batch whose images the caller checked (:meth:`ModelAdapter.check_inputs`):
+    what they derive from those images (perturbed and imputed copies, noisy inputs to explain again) is trusted by
+    the adapter, as within one of its calls, instead of checked for finite values at every forward (a wait for the
+    device each time), and each distinct perturbed image is forwarded once (:func:`shared_forwards`)."""
+    with adapter.call(reads_target=False), shared_forwards():
+        yield
 
 
 def reexplainer(adapter: ModelAdapter, method: str, options: Mapping[str, Any]) -> Callable[..., Tensor]:
@@ -167,7 +178,8 @@ def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric
         batch = EvalBatch(images=take(images, rows), maps=take(maps, rows), targets=take(targets, rows),
                           labels=take(labels, rows), explain=again, logits=adapter.logits, ids=take(ids, rows),
                           truth=take(truth, rows), mean=mean, std=std, modified=modify)
-        with shared_forwards():
+        adapter.check_inputs(batch.images)
+        with scoring(adapter):
             for entry in metrics:
                 values = score(entry, batch, chosen[entry.name], adapter.model)
                 parts[entry.name].append({key: value.detach().cpu() for key, value in values.items()})

@@ -31,12 +31,12 @@ from tqdm.auto import tqdm
 
 from ..api import AllZeroMapWarning
 from ..datasets.base import NOT_TRUTH
-from ..evaluation import NOT_TRUTH_REQUIREMENTS, reexplainer, score
+from ..evaluation import NOT_TRUTH_REQUIREMENTS, reexplainer, score, scoring
 from ..instrumentation import ModelAdapter, adapter_for
 from ..instrumentation.lrp.memory import collecting
 from ..instrumentation.modifying import modifier
 from ..instrumentation.precision import precision_mode
-from ..metrics import EvalBatch, Metric, get_metric, shared_forwards
+from ..metrics import EvalBatch, Metric, get_metric
 from ..metrics.numerical_stability import noisy_weights
 from ..registry import get_method
 from .cache import MethodCache, model_folder
@@ -334,12 +334,13 @@ class MethodRun:
         try:
             maps, targets, fresh = self._maps(batch)
             evaluated = self._eval_batch(batch, maps, targets)
+            self.adapter.check_inputs(evaluated.images)        # once: the protocols' copies of them are trusted
             if fresh:
                 self.cache.maps.write([batch.indices[r] for r in fresh], [batch.ids[r] for r in fresh],
                                       {"maps": maps[fresh], "targets": targets[fresh]})
         except Exception as error:  # noqa: BLE001 - a method failing on a batch must not lose the rest
             return errors + [error_entry(self.model_name, self.method.label, None, batch.ids, error)]
-        with shared_forwards():          # a perturbed image several protocols ask for is forwarded once
+        with scoring(self.adapter):
             for entry, metric, options in self.metrics:
                 store = self.cache.values[entry.label]
                 rows = [row for row, index in enumerate(batch.indices)
