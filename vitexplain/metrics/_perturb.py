@@ -10,8 +10,8 @@ Within :func:`shared_forwards` (the bench's scoring of one batch, :func:`vitexpl
 forwarded once however many protocols ask for it: a step that takes nothing is its first source, a step that
 takes every pixel is its second, and a call that repeats an earlier one (AOPC's removal is the perturbation
 test's positive one) returns the earlier logits. Sameness is decided by exact equality of the sources, ranks
-and steps, never by a fingerprint. Steps given on the CPU (every protocol here gives them so) are sorted
-there, so sharing asks the device nothing but the equality of sources and ranks. A protocol that changes the
+and steps, never by a fingerprint. The steps are kept and sorted on the CPU, so sharing asks the device
+nothing but the equality of sources and ranks. A protocol that changes the
 model's weights for a while must not score perturbed images while they are changed (none does: smooth /
 efficient MPRT and numerical stability only explain the changed model).
 """
@@ -56,11 +56,12 @@ def black_pixel(images: Tensor, pixel_mean: Sequence[float] | None, pixel_std: S
     return -mean / std
 
 
-def removal_counts(pixels: int, steps: int, device: torch.device) -> Tensor:
-    """``int(pixels * k / steps)`` for k = 0 ... steps - 1, the pixel counts of Chefer et al.'s steps."""
+def removal_counts(pixels: int, steps: int) -> Tensor:
+    """``int(pixels * k / steps)`` for k = 0 ... steps - 1, the pixel counts of Chefer et al.'s steps (on the CPU,
+    as :func:`mixed_logits` keeps them)."""
     if not isinstance(steps, int) or steps < 2:
         raise ValueError(f"n_steps must be an integer >= 2, got {steps!r}")
-    return torch.tensor([int(pixels * (k / steps)) for k in range(steps)], device=device)
+    return torch.tensor([int(pixels * (k / steps)) for k in range(steps)])
 
 
 def ranked_by_relevance(maps: Tensor, images: Tensor, most_relevant_first: bool) -> Tensor:
@@ -91,17 +92,15 @@ def mixed_logits(forward: Callable[[Tensor], Tensor], first: Tensor, second: Ten
         starts: at each step, pixels of rank below it stay from ``first`` [S] (long; default none): a
             step replaces the ranks in [start, count), one group of pixels (SaCo) instead of the top ones.
 
-        ``counts`` and ``starts`` on the CPU spare :func:`shared_forwards` a wait for the device per call.
+        ``counts`` and ``starts`` are kept on the CPU (given there, they cost no wait for the device).
     """
     check_batch_size(batch_size)
-    steps = (counts, torch.zeros_like(counts) if starts is None else starts)
-    host = steps if all(part.device.type == "cpu" for part in steps) else None
-    counts = counts.to(rank.device)
-    starts = torch.zeros_like(counts) if starts is None else starts.to(rank.device)
-    mix = _Mix(forward, first, second, rank, counts, starts, batch_size, host)
+    counts = counts.cpu()
+    starts = torch.zeros_like(counts) if starts is None else starts.cpu()
+    mix = _Mix(forward, first, second, rank, counts, starts, batch_size)
     shared = _SHARED.get()
     if shared is None:
-        return mix.logits(torch.arange(counts.shape[0], device=rank.device))
+        return mix.logits(torch.arange(counts.shape[0]))
     return shared.logits(mix)
 
 
@@ -126,11 +125,9 @@ class _Mix:
     first: Tensor
     second: Tensor | Replacement
     rank: Tensor
-    counts: Tensor
+    counts: Tensor      # on the CPU, as starts
     starts: Tensor
     batch_size: int
-    #: counts and starts on the CPU, when they were given there
-    host: tuple[Tensor, Tensor] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -144,10 +141,11 @@ class _Mix:
         return tuple(torch.broadcast_shapes(*(source.shape[1:] for source in sources)))
 
     def logits(self, steps: Tensor) -> Tensor:
-        """Logits of the mixes of every image at ``steps`` (indices into counts / starts) [B, len(steps), classes]."""
+        """Logits of the mixes of every image at ``steps`` (CPU indices into counts / starts) [B, len(steps),
+        classes]."""
         height, width = self.shape[-2:]
         batch, chosen = self.rank.shape[0], steps.shape[0]
-        counts, starts = self.counts[steps], self.starts[steps]
+        counts, starts = self.counts[steps].to(self.rank.device), self.starts[steps].to(self.rank.device)
         outputs = []
         with torch.no_grad():
             for begin in range(0, batch * chosen, self.batch_size):
@@ -161,14 +159,10 @@ class _Mix:
 
     def repeats(self, other: _Mix) -> bool:
         """Whether ``other`` makes exactly the same images with the same forward (the steps compared first, on
-        the CPU when both have them there, so that most calls differ without a wait for the device)."""
-        if self.forward != other.forward or callable(self.second) or callable(other.second):
-            return False
-        if self.host is not None and other.host is not None:
-            steps = _same(self.host[0], other.host[0]) and _same(self.host[1], other.host[1])
-        else:
-            steps = _same(self.counts, other.counts) and _same(self.starts, other.starts)
-        return (steps and _same(self.first, other.first) and _same(self.second, other.second)
+        the CPU, so that most calls differ without a wait for the device)."""
+        return (self.forward == other.forward and not callable(self.second) and not callable(other.second)
+                and _same(self.counts, other.counts) and _same(self.starts, other.starts)
+                and _same(self.first, other.first) and _same(self.second, other.second)
                 and _same(self.rank, other.rank))
 
 
@@ -183,23 +177,22 @@ class _Shared:
         for earlier, logits in self.calls:
             if earlier.repeats(mix):
                 return logits
-        counts, starts = mix.host or (mix.counts, mix.starts)   # which steps are which: on the CPU when given there
-        device = mix.rank.device
+        counts, starts = mix.counts, mix.starts         # which steps are which, decided on the CPU
         untouched = counts <= starts                    # the step takes nothing: the first source
         height, width = mix.shape[-2:]
         whole = (starts <= 0) & (counts >= height * width)   # the step takes every pixel: the second source
         if callable(mix.second):
             whole = torch.zeros_like(untouched)
-        rest = (~(untouched | whole)).nonzero()[:, 0].to(device)
+        rest = (~(untouched | whole)).nonzero()[:, 0]
         parts = [(rest, mix.logits(rest))] if rest.numel() else []
         for where, source in ((untouched, mix.first), (whole, mix.second)):
             if where.any():
                 found = self.source_logits(mix, source)
-                parts.append((where.nonzero()[:, 0].to(device), found[:, None].expand(-1, int(where.sum()), -1)))
+                parts.append((where.nonzero()[:, 0], found[:, None].expand(-1, int(where.sum()), -1)))
         batch, classes = mix.rank.shape[0], parts[0][1].shape[-1]
         logits = parts[0][1].new_empty(batch, mix.counts.shape[0], classes)
         for steps, values in parts:
-            logits[:, steps] = values
+            logits[:, steps.to(logits.device)] = values
         self.calls.append((mix, logits))
         return logits
 

@@ -49,7 +49,7 @@ def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Ten
     check_image_batch(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
-    counts = removal_counts(images.shape[-2] * images.shape[-1], n_steps, torch.device("cpu"))   # CPU: see mixed_logits
+    counts = removal_counts(images.shape[-2] * images.shape[-1], n_steps)
     rank = ranked_by_relevance(maps, images, most_relevant_first=True)
     logits = mixed_logits(forward, images, black_pixel(images, pixel_mean, pixel_std), rank, counts, batch_size)
     log_p = logits.float().log_softmax(-1).gather(2, targets[:, None, None].expand(-1, n_steps, 1))[..., 0]

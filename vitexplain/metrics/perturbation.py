@@ -63,7 +63,7 @@ def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps:
     labels = check_targets(labels, images, "labels")
     if (labels < 0).any():
         raise ValueError("the perturbation test needs a ground-truth label (>= 0) for every image")
-    counts = removal_counts(images.shape[-2] * images.shape[-1], n_steps, torch.device("cpu"))   # CPU: see mixed_logits
+    counts = removal_counts(images.shape[-2] * images.shape[-1], n_steps)
     black = black_pixel(images, pixel_mean, pixel_std)
     chosen = ("positive", "negative") if direction == "both" else (direction,)
     result = {}

@@ -57,7 +57,7 @@ def saco(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     if not isinstance(n_groups, int) or not 2 <= n_groups <= pixels:
         raise ValueError(f"n_groups must be an integer from 2 to the number of pixels ({pixels}), got {n_groups!r}")
     # on the CPU: see mixed_logits
-    bounds = torch.cat([removal_counts(pixels, n_groups, torch.device("cpu")), torch.tensor([pixels])])
+    bounds = torch.cat([removal_counts(pixels, n_groups), torch.tensor([pixels])])
     salience = resize(maps, images.shape[-2:]).flatten(1).to(torch.float64)
     rank = removal_rank(salience, most_relevant_first=True)
     group = torch.bucketize(rank, bounds[1:-1].to(images.device), right=True)
