@@ -38,7 +38,7 @@ def _cell(text: str) -> str:
 
 def protocol_table() -> str:
     """Every registered evaluation protocol: its paper, kind, what it needs and what it reports."""
-    from vitexplain.metrics.base import GROUPS, METRICS
+    from vitexplain.metrics.base import GROUPS, METRICS, alternatives
 
     lines = ["| protocol | what it is (paper) | kind | needs, beyond the model, images and maps "
              "| reports (↑ higher is better, ↓ lower) |", "| --- | --- | --- | --- | --- |"]
@@ -46,7 +46,8 @@ def protocol_table() -> str:
         metric = METRICS.get(name)
         module = sys.modules[metric.compute.__module__]
         paper = (module.__doc__ or "").strip().split("\n\n")[0].rstrip(".")
-        needs = ", ".join(NEEDS.get(need, f"`{need}`") for need in metric.requires) or "nothing more"
+        needs = ", ".join(" or ".join(NEEDS.get(name, f"`{name}`") for name in alternatives(need))
+                          for need in metric.requires) or "nothing more"
         reports = ", ".join(f"`{key}` {'↑' if up else '↓'}" for key, up in metric.higher_is_better.items())
         group = metric.group if metric.group in GROUPS else "other"
         lines.append(f"| `{name}` | {_cell(paper)} | {group} | {needs} | {reports} |")

@@ -42,9 +42,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _indices(path: Path) -> list[int]:
-    """Dataset indices of the rows of one stored batch file."""
+    """Dataset indices of the rows of one stored batch file (rows are stored under ``img<index>#<digest>``)."""
     with safe_open(str(path), "pt") as handle:
-        return json.loads(handle.metadata()["indices"])
+        return [int(key.split("#")[0].removeprefix("img")) for key in json.loads(handle.metadata()["keys"])]
 
 
 def _stored(out: Path, method: str, kind: str) -> list[list[int]]:

@@ -11,28 +11,31 @@ import pytest
 import torch
 from safetensors import safe_open
 
+import vitexplain
 from vitexplain.bench import BenchConfig, run_benchmark
-from vitexplain.bench.tables import Estimate, column_decimals, format_estimate
+from vitexplain.bench.tables import TOO_FEW_TO_COMPARE, Estimate, column_decimals, format_estimate
 from vitexplain.bench.uncertainty import Sample, leaders
 from vitexplain.metrics import Metric, available_metrics, get_metric
 from vitexplain.metrics.base import GROUPS
-from vitexplain.uncertainty import bootstrap
+from vitexplain.uncertainty import MIN_IMAGES, TOO_FEW, bootstrap, has_interval, interval
 
 from conftest import make_vit
 from test_bench_fakes import RandomImages
 
 SEED = 5
+IMAGES = MIN_IMAGES          # the fewest images that get an interval
 STEPS = 4
 METRICS = ["segmentation", {"name": "perturbation", "options": {"n_steps": STEPS}}, "bench_stats"]
 
 
 def stored_values(out: Path, method: str, metric: str) -> dict[str, np.ndarray]:
-    """A method's per-image values of one metric as the cache holds them, rows in dataset order."""
+    """A method's per-image values of one metric as the cache holds them, rows in dataset order (the order of the
+    images' ids, ``img000`` ...: rows are stored under ``id#digest``)."""
     folder = next(out.glob(f"cache/*/*/target-predicted/{method}-*/metrics/{metric}-*"))
     indices, parts = [], {}
     for path in folder.glob("*.safetensors"):
         with safe_open(str(path), "np") as handle:
-            indices += json.loads(handle.metadata()["indices"])
+            indices += [key.split("#")[0] for key in json.loads(handle.metadata()["keys"])]
             for key in handle.keys():
                 parts.setdefault(key, []).append(handle.get_tensor(key).astype(np.float64))
     order = np.argsort(indices)
@@ -68,7 +71,7 @@ def probability(v):
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("uncertainty") / "out"
     config = BenchConfig(models={"tiny": make_vit(depth=2)}, methods=["gae", "rollout", "random_baseline"],
-                         metrics=METRICS, dataset=RandomImages(9, masks=True), batch_size=4, output_dir=out,
+                         metrics=METRICS, dataset=RandomImages(IMAGES, masks=True), batch_size=4, output_dir=out,
                          progress=False, device="cpu", gallery=0, seed=SEED)
     result = run_benchmark(config)
     assert not result.errors
@@ -89,7 +92,7 @@ def test_intervals_are_a_bootstrap_of_the_stored_per_image_values(bench, metric,
         assert expected[1] > expected[0]                                   # the images differ: a real interval
         replicates = {seed: numpy_bootstrap(values, statistic, seed, 50) for seed in (SEED, SEED + 1)}
         assert not np.allclose(replicates[SEED], replicates[SEED + 1])     # the seed matters: it is the run's
-        assert result.images["tiny"][method][metric] == 9
+        assert result.images["tiny"][method][metric] == IMAGES
 
 
 def test_reports_carry_every_interval_and_a_rerun_in_other_batches_gives_the_same(bench):
@@ -101,12 +104,12 @@ def test_reports_carry_every_interval_and_a_rerun_in_other_batches_gives_the_sam
     rows = list(csv.DictReader((out / "results.csv").open()))
     for row in rows:
         low, high = result.intervals["tiny"][row["method"]][row["metric"]][row["number"]]
-        assert (float(row["low"]), float(row["high"]), int(row["images"])) == (low, high, 9)
+        assert (float(row["low"]), float(row["high"]), int(row["images"])) == (low, high, IMAGES)
     table = result.table("tiny")
     column = table.numbers.index("miou")
     decimals = column_decimals([row[column] for row in table.values])
     shown = format_estimate(Estimate(result.scores["tiny"]["gae"]["segmentation"]["miou"],
-                                     *result.intervals["tiny"]["gae"]["segmentation"]["miou"], 9), decimals)
+                                     *result.intervals["tiny"]["gae"]["segmentation"]["miou"], IMAGES), decimals)
     assert shown in (out / "results.md").read_text() and shown in (out / "report.html").read_text()
     assert shown in result.text() and shown == table.cells(column)[0]
     again = run_benchmark(BenchConfig(**{**vars(config), "batch_size": 2}))     # all cached: reduced again
@@ -192,7 +195,7 @@ def test_every_protocol_declares_its_kind_and_the_summary_never_mixes_kinds(benc
     for group in ("localisation", "faithfulness"):
         assert f"{group}: rewards {GROUPS[group]}"[:90] in text.replace("\n    ", " ")
     for lead in leads:
-        assert lead.images == "9" and "random_baseline" not in lead.methods
+        assert lead.images == str(IMAGES) and "random_baseline" not in lead.methods
         table = result.table("tiny")
         column = [j for j, (m, n) in enumerate(zip(table.metrics, table.numbers))
                   if (m, n) == (lead.metric, lead.number)][0]
@@ -224,3 +227,50 @@ def test_the_bootstrap_takes_means_in_one_indexing_only_where_the_report_is_a_me
     for key, replicates in found.items():
         np.testing.assert_allclose(replicates, plain[key], rtol=1e-12, atol=1e-15)
     assert (len(calls) < 20) == (kind != "ratio of sums"), len(calls)
+
+
+def test_too_few_images_get_no_interval_and_no_leaders_in_the_bench_and_in_evaluate_alike(tmp_path):
+    """Below MIN_IMAGES no interval anywhere (docs/decisions/metric-trust.md, "How many images an interval needs"):
+    one image and MIN_IMAGES - 1 images on the bench and in ``vitexplain.evaluate``, the same rule in both."""
+    model = make_vit(depth=2)
+    few = MIN_IMAGES - 1
+    metrics = [{"name": "bench_stats", "label": "one", "limit": 1},
+               {"name": "bench_stats", "label": "few", "limit": few}]
+    config = BenchConfig(models={"tiny": model}, methods=["gae", "rollout", "random_baseline"], metrics=metrics,
+                         dataset=RandomImages(few), batch_size=few, output_dir=tmp_path / "out", progress=False,
+                         device="cpu", gallery=0, seed=SEED)
+    result = run_benchmark(config)
+    assert not result.errors
+    out = tmp_path / "out"
+    saved = json.loads((out / "results.json").read_text())
+    markdown, page, text = (out / "results.md").read_text(), (out / "report.html").read_text(), result.text()
+    for label, count in (("one", 1), ("few", few)):
+        for method in ("gae", "rollout", "random_baseline"):
+            assert result.images["tiny"][method][label] == count
+            for number, value in result.scores["tiny"][method][label].items():
+                assert result.intervals["tiny"][method][label][number] == TOO_FEW
+                assert saved["intervals"]["tiny"][method][label][number] == TOO_FEW
+                shown = format_estimate(Estimate(value, float("nan"), float("nan"), count))
+                assert shown.endswith(f"[{TOO_FEW}] ({count})")
+        for number in ("probability", "auc"):                   # nobody leads, no trust record: nothing to compare
+            assert result.leaders["tiny"][label][number] == {"methods": [], "controls": []}
+            assert number not in result.trust.get("tiny", {}).get(label, {})
+    leads = result.summary("tiny")
+    assert leads and all(lead.leaders() == TOO_FEW_TO_COMPARE for lead in leads)
+    assert TOO_FEW_TO_COMPARE in markdown and TOO_FEW in markdown and TOO_FEW in page
+    assert TOO_FEW in " ".join(text.split())
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert rows and all(row["low"] == row["high"] == "" for row in rows)
+    # What the rule hides: the percentile bootstrap of one image is a zero-width interval.
+    values = {"x": torch.tensor([0.25])}
+    assert interval(bootstrap(values, lambda v: {"x": v["x"].mean()}, SEED)["x"]) == (0.25, 0.25)
+    # vitexplain.evaluate: the same rule, one image and few alike; at MIN_IMAGES an interval.
+    images = torch.randn(MIN_IMAGES, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    maps = torch.rand(MIN_IMAGES, 4, 4, generator=torch.Generator().manual_seed(2))
+    for count in (1, few):
+        scores = vitexplain.evaluate(model, images[:count], maps[:count], "sparseness", targets=0)
+        assert all(np.isnan(bound) for bounds in scores.intervals.values() for bound in bounds)
+        assert f"[{TOO_FEW}]" in str(scores) and not has_interval(count)
+    scores = vitexplain.evaluate(model, images, maps, "sparseness", targets=0)
+    low, high = scores.intervals["sparseness"]
+    assert low < scores.numbers["sparseness"] < high and TOO_FEW not in str(scores)

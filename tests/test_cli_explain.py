@@ -18,6 +18,7 @@ import vitexplain
 from vitexplain.cli.explain import output_names
 from vitexplain.image_files import load_image, make_transform
 from vitexplain.models import load_model
+from vitexplain.output_folders import MARKER
 from vitexplain.registry import available_methods, get_method
 
 from cli import run_cli_many
@@ -178,7 +179,7 @@ def test_a_list_of_methods_gives_each_map_once_and_one_grid(runs):
     result = done["method_list"]
     assert result.returncode == 0 and result.stderr == "", result.stderr
     out = folder / "list"
-    assert sorted(p.name for p in out.iterdir()) == ["rgb.all.png", "rgb.gae.npy", "rgb.tokentm.npy"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "rgb.all.png", "rgb.gae.npy", "rgb.tokentm.npy"]
     model, config = load_model(str(folder / "tiny.safetensors"), device="cpu")
     image = make_transform(config)(load_image(folder / "rgb.png"))[None]
     np.testing.assert_allclose(np.load(out / "rgb.gae.npy"), vitexplain.explain(model, image, "gae")[0].numpy(),

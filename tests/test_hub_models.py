@@ -256,6 +256,20 @@ def test_missing_repositories_files_and_architectures_are_named(online, tmp_path
     assert "--model PATH --arch test_vit" in message
 
 
+def test_a_damaged_weights_file_on_the_hub_is_named_with_the_command_that_fetches_it_again(online, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for file in online.folders["vit"].iterdir():
+        data = file.read_bytes()
+        (broken / file.name).write_bytes(data[:len(data) // 2] if file.name == "model.safetensors" else data)
+    online.add("tiny-org/broken", broken)
+    message, _ = _fails("tiny-org/broken")
+    cached = next((Path(constants.HF_HUB_CACHE) / "models--tiny-org--broken" / "snapshots").glob("*/model.safetensors"))
+    assert "\n" not in message and "check the name" not in message
+    assert message.startswith(f"cannot load model 'tiny-org/broken': {cached} is not a valid safetensors file (")
+    assert message.endswith("cut short or damaged; download it again: hf download tiny-org/broken --force-download")
+
+
 def test_a_local_folder_of_any_served_class_loads_without_the_network(online, tmp_path):
     folder = tmp_path / "dino"
     config = transformers.Dinov2Config(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=1,

@@ -15,6 +15,7 @@ from vitexplain.bench.result import Share, build_result, degraded_copies
 from vitexplain.bench.tables import UNTRUSTED
 from vitexplain.metrics import Metric, register_metric
 from vitexplain.metrics.base import METRICS
+from vitexplain.uncertainty import MIN_IMAGES
 
 from conftest import make_vit
 from test_bench_fakes import RandomImages
@@ -132,7 +133,8 @@ def test_methods_chaotic_at_rounding_level_are_named(result, monkeypatch):
 
 def test_a_small_bench_reports_trust_for_its_degraded_copies(tmp_path):
     config = BenchConfig(models={"tiny": make_vit(depth=2)}, methods=["gae", "random_baseline", *COPIES],
-                         metrics=["bench_stats"], dataset=RandomImages(6), batch_size=6, output_dir=tmp_path / "out",
+                         metrics=["bench_stats"], dataset=RandomImages(MIN_IMAGES), batch_size=MIN_IMAGES,
+                         output_dir=tmp_path / "out",
                          progress=False, device="cpu", gallery=0)
     result = run_benchmark(config)
     assert not result.errors

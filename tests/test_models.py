@@ -1,4 +1,5 @@
 """Model loading (vitexplain.models): checkpoints, devices, the one data config, text models."""
+import argparse
 import json
 
 import pytest
@@ -59,6 +60,83 @@ def test_a_damaged_checkpoint_keeps_the_reader_message(tmp_path):
     torch.save(make_vit().state_dict(), path)
     path.write_bytes(path.read_bytes()[:2000])  # a zip cut short
     with pytest.raises(ModelLoadError, match=r"cannot read checkpoint .*cut\.pth: \w+(Error|Exception): \S"):
+        load_model(str(path), arch="vit_tiny_patch16_224", device="cpu")
+
+
+def test_a_mistyped_model_name_suggests_the_most_alike_names_first(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"unknown timm architecture 'vit_tiny_patch16_22' \(similar names: "
+                                             r"vit_tiny_patch16_224, "):
+        load_model("vit_tiny_patch16_22", device="cpu")
+    with pytest.raises(ModelLoadError, match=r"\(similar names: swin_tiny_patch4_window7_224, "):
+        load_model("swin_tiny", device="cpu")          # a name cut short: what it begins
+    with pytest.raises(ModelLoadError, match=r"\(similar names: digits_vit\b"):
+        load_model("digits_vt", device="cpu")          # the shipped models are among the names
+    weights = tmp_path / "weights.pth"
+    torch.save(make_vit().state_dict(), weights)
+    with pytest.raises(ModelLoadError, match=r"unknown timm architecture 'vit_base_patch16_244'; similar names: "
+                                             r"vit_base_patch16_224, "):
+        load_model(str(weights), arch="vit_base_patch16_244", device="cpu")
+    from vitexplain.training.recipe import build_model
+
+    with pytest.raises(ValueError, match=r"unknown timm architecture 'vit_smal_patch16_224'; similar names: "
+                                         r"vit_small_patch16_224, "):
+        build_model("vit_smal_patch16_224")           # vitexplain train --arch
+
+
+def test_similar_names_rank_by_likeness_not_by_the_alphabet():
+    from vitexplain.options import similar_names
+
+    names = ["alpha_224", "vit_base_patch16_224", "vit_tiny_patch16_224", "vit_tiny_patch16_384", "zeta"]
+    assert similar_names("vit_tiny_patch16_22", names)[0] == "vit_tiny_patch16_224"
+    assert similar_names("VIT_Tiny_Patch16_384", names, n=1) == ["vit_tiny_patch16_384"]   # case is ignored
+    assert similar_names("vit_tiny", names, n=2) == ["vit_tiny_patch16_224", "vit_tiny_patch16_384"]
+    assert similar_names("resnet50", names) == []
+
+
+def _safetensors_header_of_garbage(path):
+    """A file that starts like a safetensors file (an 8-byte length, then ``{``) and is not one."""
+    path.write_bytes((40).to_bytes(8, "little") + b"{not json at all" + bytes(100))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage header"])
+def test_a_damaged_safetensors_checkpoint_is_named_with_a_fix_that_fits(tmp_path, damage):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "weights.safetensors"
+    if damage == "truncated":
+        save_file(make_vit().state_dict(), str(path))
+        path.write_bytes(path.read_bytes()[:3000])
+    else:
+        _safetensors_header_of_garbage(path)
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(str(path), arch="vit_tiny_patch16_224", device="cpu")
+    message = str(caught.value)
+    assert "\n" not in message and f"{path}" in message and "check the name" not in message
+    assert "it is not a valid safetensors file (cut short or damaged): download or save it again" in message
+
+
+def test_a_damaged_safetensors_file_in_a_model_folder_is_named(tmp_path):
+    import timm
+
+    folder = tmp_path / "saved"
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY)
+    timm.models.save_for_hf(model, folder, safe_serialization=True)
+    weights = folder / "model.safetensors"
+    load_model(str(folder), device="cpu")              # it loads before the damage
+    weights.write_bytes(weights.read_bytes()[:3000])
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(str(folder), device="cpu")
+    message = str(caught.value)
+    assert "\n" not in message and "check the name" not in message
+    assert message.startswith(f"cannot load model '{folder}': {weights} is not a valid safetensors file (")
+    assert message.endswith("cut short or damaged; save the model again (save_pretrained) or copy it again")
+
+
+def test_a_pickled_object_checkpoint_says_to_save_the_state_dict_alone(tmp_path):
+    path = tmp_path / "whole.pth"
+    torch.save({"model": make_vit().state_dict(), "args": argparse.Namespace(lr=0.1)}, path)
+    with pytest.raises(ModelLoadError, match=r"cannot read checkpoint .*whole\.pth: it holds objects besides tensors"
+                                             r".*torch\.save\(model\.state_dict\(\), PATH\)$"):
         load_model(str(path), arch="vit_tiny_patch16_224", device="cpu")
 
 

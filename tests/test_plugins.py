@@ -4,6 +4,7 @@ entry point. A plug-in that cannot be loaded is one line naming it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from vitexplain import plugins
 from vitexplain.plugins import PluginError, load_plugin
 from vitexplain.registry import METHODS
 
@@ -192,6 +194,90 @@ def test_a_plugin_that_cannot_load_is_one_line_naming_it(tmp_path):
         assert run.returncode == 2 and run.stdout == ""
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("vitexplain: error: ") and message in lines[0], run.stderr
+
+
+def _installed(site, distribution: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+    """What ``pip install`` leaves of a distribution declaring ``entry_points`` (name -> module) in
+    ``vitexplain.plugins``: its ``*.dist-info`` and the ``modules`` (name -> source), in the folder ``site``."""
+    info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[vitexplain.plugins]\n"
+                                           + "".join(f"{name} = {module}\n" for name, module in entry_points.items()))
+    for module, source in modules.items():
+        (site / f"{module}.py").write_text(source)
+
+
+#: what a broken installed plug-in stops a command with (``broken-lab``'s entry point ``broken``, below)
+BROKEN = ("plugin ep_broken_plugin (entry point 'broken' of distribution broken-lab): ImportError: needs libfoo 2; "
+          "to go on without it: pip uninstall broken-lab, or set VITEXPLAIN_PLUGINS=0 (or pass --no-plugins) to "
+          "start without installed plug-ins")
+
+
+def test_broken_installed_plugins_fail_every_lookup_alike_naming_their_distributions_and_the_fix(tmp_path, monkeypatch):
+    """Every entry point is tried (the working one registers), then one line names each broken one, its
+    distribution and the fix; the second and third lookups raise that line again, never silently go on without
+    them. ``VITEXPLAIN_PLUGINS=0`` lets lookups go on; back at 1 the same line returns."""
+    _installed(tmp_path, "broken-lab", {"a_works": "ep_works_plugin", "broken": "ep_broken_plugin"},
+               {"ep_works_plugin": "from vitexplain import register_method\n\n"
+                                   "@register_method(class_specific=False, cost=1, reads='output')\n"
+                                   "def ep_works_method(adapter, images, target=None):\n    return images.mean(1)\n",
+                "ep_broken_plugin": "raise ImportError('needs libfoo 2')\n"})
+    _installed(tmp_path, "other-lab", {"missing": "ep_missing_module"}, {})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("VITEXPLAIN_PLUGINS", raising=False)
+    monkeypatch.setattr(plugins, "_LOADED", dict(plugins._LOADED))           # this test's entry points, then none
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_FAILED", None)
+    expected = (BROKEN.partition("; to go")[0] + "; "
+                "plugin ep_missing_module (entry point 'missing' of distribution other-lab): ModuleNotFoundError: No "
+                "module named 'ep_missing_module'; to go on without them: pip uninstall broken-lab other-lab, or set "
+                "VITEXPLAIN_PLUGINS=0 (or pass --no-plugins) to start without installed plug-ins")
+    try:
+        for lookup in (METHODS.names, lambda: METHODS.get("gae"), lambda: "gae" in METHODS):
+            with pytest.raises(PluginError) as raised:
+                lookup()
+            assert str(raised.value) == expected
+        monkeypatch.setenv("VITEXPLAIN_PLUGINS", "0")
+        assert "gae" in METHODS.names() and METHODS.get("ep_works_method").passes() == 1   # the working one loaded
+        monkeypatch.setenv("VITEXPLAIN_PLUGINS", "1")
+        with plugins.without_entry_points():                                 # what --no-plugins does for a command
+            assert "gae" in METHODS
+        assert os.environ["VITEXPLAIN_PLUGINS"] == "1"                       # ... then undone
+        with pytest.raises(PluginError) as raised:
+            METHODS.get("gae")
+        assert str(raised.value) == expected
+        monkeypatch.setenv("VITEXPLAIN_PLUGINS", "maybe")
+        with pytest.raises(PluginError, match=r"^VITEXPLAIN_PLUGINS='maybe' is not a switch: set it to 0 .*, or to 1"):
+            METHODS.names()
+    finally:
+        if "ep_works_method" in METHODS._entries:
+            METHODS.remove("ep_works_method")
+        for module in ("ep_works_plugin", "ep_broken_plugin", "ep_missing_module"):
+            sys.modules.pop(module, None)
+
+
+def test_no_plugins_and_the_environment_switch_start_commands_without_a_broken_installed_plugin(tmp_path,
+                                                                                                   monkeypatch):
+    """A broken installed plug-in stops ``vitexplain methods`` with its one line; ``--no-plugins`` (after or before
+    the command) and ``VITEXPLAIN_PLUGINS=0`` start without it, a ``--plugin`` file still loading."""
+    _installed(tmp_path / "site", "broken-lab", {"broken": "ep_broken_plugin"},
+               {"ep_broken_plugin": "raise ImportError('needs libfoo 2')\n"})
+    (tmp_path / "mine.py").write_text(_plugin("mine"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.delenv("VITEXPLAIN_PLUGINS", raising=False)
+    broken, flagged, leading = run_cli_many(["methods"], ["methods", "--no-plugins", "--plugin", "mine.py"],
+                                            ["--no-plugins", "methods", "--datasets"], cwd=tmp_path)
+    monkeypatch.setenv("VITEXPLAIN_PLUGINS", "0")
+    (switched,) = run_cli_many(["methods", "--metrics", "--plugin", "mine.py"], cwd=tmp_path)
+    assert broken.returncode == 2 and broken.stdout == "" and broken.stderr == f"vitexplain: error: {BROKEN}\n"
+    listed = []
+    for run in (flagged, leading, switched):
+        assert run.returncode == 0 and run.stderr == "", run.stderr
+        listed.append({line.split()[0] for line in run.stdout.splitlines() if line and not line.startswith(" ")})
+    assert {"gae", "mine_last_attention"} <= listed[0]
+    assert "digits" in listed[1]
+    assert {"aopc", "mine_mass_in_mask"} <= listed[2]
 
 
 def test_a_plugin_is_imported_once_and_a_bench_config_resolves_it_beside_itself(tmp_path):

@@ -17,10 +17,10 @@ def test_the_shipped_model_example_runs_and_its_numbers_carry_intervals(capsys):
     scope: dict = {}
     exec(compile(code, "README.md (first steps)", "exec"), scope)
     scores = scope["scores"]
-    assert scores.images == 8 and set(scores.numbers) >= {"pixel_accuracy", "miou"}
+    assert scores.images == 10 and set(scores.numbers) >= {"pixel_accuracy", "miou"}
     low, high = scores.intervals["miou"]
     assert low <= scores.numbers["miou"] <= high
-    assert capsys.readouterr().out.startswith("segmentation (8 images, 95% bootstrap intervals)")
+    assert capsys.readouterr().out.startswith("segmentation (10 images, 95% bootstrap intervals)")
     figure = scope["figure"]
     assert isinstance(figure, Figure) and len([ax for ax in figure.axes if ax.get_images()]) == 4 * 3
-    assert scope["maps"]["gae"].shape == (8, 14, 14) and torch.isfinite(scope["maps"]["tokentm"]).all()
+    assert scope["maps"]["gae"].shape == (10, 14, 14) and torch.isfinite(scope["maps"]["tokentm"]).all()

@@ -18,22 +18,25 @@ import pytest
 from vitexplain.bench import BenchConfig, BenchResult, run_benchmark
 from vitexplain.bench.tables import UNTRUSTED, arrow, groups_of
 from vitexplain.metrics.base import GROUPS
+from vitexplain.uncertainty import MIN_IMAGES
 
 from chromium import start_chromium
 from conftest import make_vit
 from test_bench_fakes import RandomImages
 
+IMAGES = MIN_IMAGES                                  # the fewest with intervals, leaders and trust records
 METHODS = ["gae", "lrp", "random_baseline"]          # lrp: signed maps, drawn grey (not highlighted)
 
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory) -> tuple[BenchResult, Path]:
-    """A three-method, two-metric bench on 5 tiny random images, with a gallery and the sanity check."""
+    """A three-method, two-metric bench on 10 tiny random images (the fewest with intervals, so with leaders and trust
+    records), with a gallery and the sanity check."""
     out = tmp_path_factory.mktemp("bench") / "out"
     config = BenchConfig(
-        models={"tiny": make_vit(depth=2)}, methods=METHODS, dataset=RandomImages(5, masks=True),
-        metrics=["segmentation", "perturbation"], batch_size=5, output_dir=out, progress=False, device="cpu", gallery=2,
-        sanity={"images": 2}, highlight=["gae"])
+        models={"tiny": make_vit(depth=2)}, methods=METHODS, dataset=RandomImages(IMAGES, masks=True),
+        metrics=["segmentation", "perturbation"], batch_size=IMAGES, output_dir=out, progress=False, device="cpu",
+        gallery=2, sanity={"images": 2}, highlight=["gae"])
     result = run_benchmark(config)
     assert not result.errors
     return result, out / "report.html"
@@ -105,8 +108,8 @@ def test_report_renders_in_headless_chromium(tiny_report, tmp_path):
         fetched = driver.execute_script(
             "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith('data:'));")
     assert len(images) == 10 and all(complete and width > 0 and height > 0 for _, complete, width, height in images)
-    assert [label for label, _ in figures] == ["tiny: perturbation / negative (mean of 5 images)",
-                                               "tiny: perturbation / positive (mean of 5 images)",
+    assert [label for label, _ in figures] == [f"tiny: perturbation / negative (mean of {IMAGES} images)",
+                                               f"tiny: perturbation / positive (mean of {IMAGES} images)",
                                                "tiny: cascading randomisation (2 images)"]
     assert all(width > 400 for _, width in figures)
     # the summary: a row per number, faithfulness first
@@ -141,7 +144,7 @@ def test_summary_per_kind_and_sticky_method_column(tiny_report, tmp_path):
     leads = [lead for members in groups_of(result.summary("tiny")).values() for lead in members]
     assert len(rows) == len(leads) == 5
     for row, lead in zip(rows, leads):
-        assert row[:3] == [lead.metric, lead.number + arrow(lead.better), "5"]
+        assert row[:3] == [lead.metric, lead.number + arrow(lead.better), str(IMAGES)]
         assert row[3] == ("–" if not lead.methods else UNTRUSTED if not lead.counted  # metric-trust.md
                           else f"best: {lead.methods[0]}" if len(lead.methods) == 1
                           else f"tied ({len(lead.methods)}): {', '.join(lead.methods)}")
@@ -211,7 +214,7 @@ def test_curves_are_drawn_at_the_fractions_removed_with_axes_that_say_what_is_pl
     for plot in plots.values():
         assert plot.x == pytest.approx([k / 10 for k in range(10)])
         assert plot.xlabel.startswith("share of the pixels") and "accuracy" in plot.ylabel
-        assert plot.title.endswith("(mean of 5 images)")
+        assert plot.title.endswith(f"(mean of {IMAGES} images)")
     assert "most relevant" in plots["positive"].ylabel and "least relevant" in plots["negative"].ylabel
     names = [f"m{k}" for k in range(36)]
     styles = curve_styles(names, highlight=["m3"], controls=set())
@@ -288,9 +291,9 @@ def test_terminal_tables_name_each_protocol_above_its_columns_within_100_columns
     result, _ = tiny_report
     lines = result.text().splitlines()
     assert max(len(line) for line in lines) <= 100
-    titles = [line for line in lines if "(n=5)" in line and "(n=5):" not in line]      # not the summary's lines
+    titles = [line for line in lines if f"(n={IMAGES})" in line and f"(n={IMAGES}):" not in line]   # not the summary's
     assert titles and all(re.match(r"^\s+\S", line) for line in titles)              # above the columns, not a row
-    assert "segmentation (n=5)" in titles[0] and "perturbation (n=5)" in " ".join(titles)
+    assert f"segmentation (n={IMAGES})" in titles[0] and f"perturbation (n={IMAGES})" in " ".join(titles)
     below = lines[lines.index(titles[0]) + 1:lines.index(titles[0]) + 5]
     assert below[0].strip().startswith("─") and any(line.startswith("method") and "miou ↑" in line for line in below)
     scores = result.table("tiny")

@@ -13,6 +13,7 @@ from .instrumentation import ModelAdapter, TokenBatch, adapter_for
 from .instrumentation.precision import precision_modes
 from .instrumentation.targets import class_indices, is_score_target
 from .instrumentation.two_tower import is_text, text_directions
+from .maps import check_finite
 from .registry import MethodSpec, available_methods, get_method
 
 
@@ -84,14 +85,21 @@ def explain(
         _refuse_inference_weights(adapter.model)
         prepared, target = _outside_inference(adapter.check_inputs(inputs)), _outside_inference(target)
         if isinstance(prepared, TokenBatch):
-            return _explain_text(spec, adapter, prepared, target, options).to(_device_of(inputs))
+            return _finite(spec, _explain_text(spec, adapter, prepared, target, options).to(_device_of(inputs)))
         maps = spec.fn(adapter, prepared, target, **options).float()
     expected = adapter.grid_size(prepared) if spec.resolution == "token" else tuple(prepared.shape[-2:])
     if maps.shape != (prepared.shape[0], *expected):
         raise RuntimeError(f"method {spec.name!r} returned shape {tuple(maps.shape)}, expected "
                            f"{(prepared.shape[0], *expected)}")
+    maps = _finite(spec, maps.detach().to(device=inputs.device, dtype=torch.float32))
     _notice_zero_maps(spec, maps)
-    return maps.detach().to(device=inputs.device, dtype=torch.float32)
+    return maps
+
+
+def _finite(spec: MethodSpec, maps: Tensor) -> Tensor:
+    """``maps`` refused, as the bench refuses them (:func:`vitexplain.maps.check_finite`), when any holds NaN or
+    infinite values (a plug-in's, or a method overflowing): the error names the method and the images."""
+    return check_finite(maps, [f"image {i}" for i in range(maps.shape[0])], f"method {spec.name!r}: the map")
 
 
 #: (method, precision) pairs already warned of in this process

@@ -6,9 +6,31 @@ protocol copies Chefer et al.'s evaluation code (0 / 0) and decides itself what 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+class NonFiniteMapError(ValueError):
+    """Explanation maps holding NaN or infinite values (:func:`check_finite`). ``rows``: the positions of those
+    maps in the batch; ``maps``: the whole batch checked, so a caller may keep the finite ones."""
+
+    def __init__(self, message: str, rows: list[int], maps: Tensor):
+        super().__init__(message)
+        self.rows, self.maps = rows, maps
+
+
+def check_finite(maps: Tensor, names: Sequence[str], what: str = "explanation map") -> Tensor:
+    """``maps`` [B, ...] when every value is finite, else :class:`NonFiniteMapError` naming ``names[i]`` of each
+    map that is not. The one check of the bench, :func:`vitexplain.evaluate` and :func:`vitexplain.explain`."""
+    bad = ~torch.isfinite(maps.flatten(1)).all(1)
+    if bad.any():
+        rows = bad.nonzero().flatten().tolist()
+        raise NonFiniteMapError(f"{what} of {', '.join(str(names[i]) for i in rows)} contains NaN or infinite values",
+                                rows, maps)
+    return maps
 
 
 def min_max(maps: Tensor, *, constant: float) -> Tensor:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from .devices import resolve_device
+from .options import similar_names
 
 ASSETS = Path(__file__).parent / "assets" / "models"
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
@@ -68,7 +70,8 @@ def _checkpoint_format(path: Path) -> str:
     if len(head) == 9 and head[8:9] == b"{":  # 8-byte header length, then the JSON header
         return "safetensors"
     raise ModelLoadError(f"checkpoint {path} is neither a PyTorch checkpoint nor a safetensors file "
-                         f"(it starts with {head[:8]!r})")
+                         f"(it starts with {head[:8]!r}); give a state dict saved by torch.save or "
+                         "safetensors.torch.save_file")
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -77,17 +80,22 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"checkpoint {path} does not exist")
+    safetensors = _checkpoint_format(path) == "safetensors"
     try:
-        if _checkpoint_format(path) == "safetensors":
+        if safetensors:
             from safetensors.torch import load_file
 
             return load_file(str(path))
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except ModelLoadError:
-        raise
     except Exception as error:  # noqa: BLE001 - any reader error means an unreadable checkpoint
         detail = " ".join(str(error).split())[:300]
-        raise ModelLoadError(f"cannot read checkpoint {path}: {type(error).__name__}: {detail}") from error
+        if str(error).startswith("Weights only load failed"):  # a whole pickled object, not tensors alone
+            raise ModelLoadError(f"cannot read checkpoint {path}: it holds objects besides tensors, which "
+                                 "torch.load(weights_only=True) refuses; save the state dict alone: "
+                                 "torch.save(model.state_dict(), PATH)") from error
+        kind = "safetensors file" if safetensors else "PyTorch checkpoint"
+        raise ModelLoadError(f"cannot read checkpoint {path}: {type(error).__name__}: {detail}; it is not a valid "
+                             f"{kind} (cut short or damaged): download or save it again") from error
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
@@ -131,7 +139,7 @@ def _create(arch: str, **kwargs) -> nn.Module:
     import timm
 
     if not timm.is_model(arch):
-        close = timm.list_models(f"*{arch.split('_')[0]}*")[:8]
+        close = similar_names(arch, timm.list_models())
         hint = f"; similar names: {', '.join(close)}" if close else ""
         raise ModelLoadError(f"unknown timm architecture {arch!r}{hint}")
     return timm.create_model(arch, **kwargs)
@@ -348,6 +356,7 @@ def _failure(error: BaseException, repo: str | None, revision: str | None, reaso
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
+    from safetensors import SafetensorError
 
     constants = _hub_constants()
     chain = _chain(error)
@@ -375,7 +384,30 @@ def _failure(error: BaseException, repo: str | None, revision: str | None, reaso
         return f"{reason}, and it is not (completely) in the local cache {constants.HF_HUB_CACHE}", fix
     if found(OfflineModeIsEnabled) or any(_is_network_error(item) for item in chain):
         return f"the download from {constants.ENDPOINT} failed ({_one_line(error, 160)})", fix
+    damaged = found(SafetensorError)
+    if damaged is not None:
+        file = _unreadable_safetensors(damaged)
+        again = (f"download it again: hf download {repo}{f' --revision {revision}' if revision else ''} "
+                 "--force-download" if repo else "save the model again (save_pretrained) or copy it again")
+        return (f"{file or 'its weights file'} is not a valid safetensors file ({_one_line(damaged).rstrip('.')}): "
+                "cut short or damaged", again)
     return f"{type(error).__name__}: {_one_line(error).rstrip('.')}", check_name
+
+
+def _unreadable_safetensors(error: BaseException) -> Path | None:
+    """The ``.safetensors`` file that ``error`` (a SafetensorError) was raised on: found among the variables
+    of the frames it passed through, innermost first, and confirmed unreadable; None when none is."""
+    from safetensors import safe_open
+
+    for frame, _ in reversed(list(traceback.walk_tb(error.__traceback__))):
+        for value in frame.f_locals.values():
+            if isinstance(value, (str, os.PathLike)) and str(value).endswith(".safetensors") and Path(value).is_file():
+                try:
+                    with safe_open(str(value), framework="pt"):
+                        pass
+                except Exception:  # noqa: BLE001 - this file cannot be read: the one
+                    return Path(value)
+    return None
 
 
 @contextlib.contextmanager
@@ -415,8 +447,7 @@ def _unknown_name(name: str) -> str:
              "Face Hub id ORG/NAME, a local folder or a checkpoint file (with --arch)")
     if "/" in name or "\\" in name:
         return f"cannot load model {name!r}: no such file or folder, and not a Hub id ORG/NAME; {forms}"
-    arch = name.partition(".")[0]
-    close = timm.list_models(f"*{arch.split('_')[0]}*")[:8]
+    close = similar_names(name.partition(".")[0], [*shipped_models(), *timm.list_models()])
     hint = f" (similar names: {', '.join(close)})" if close else ""
     return f"unknown timm architecture {name!r}{hint}; {forms}"
 
@@ -438,6 +469,7 @@ def _timm_pretrained(name: str, offline: bool | None) -> nn.Module:
         pretrained = None
     if pretrained is None or not (pretrained.hf_hub_id or pretrained.url or pretrained.file):
         tags = [known.partition(".")[2] for known in timm.list_pretrained(f"{arch}.*")]
+        tags = list(dict.fromkeys([*similar_names(tag, tags), *tags]))  # a mistyped tag: the like ones first
         what = f"no pretrained tag {tag!r}" if tag else "no pretrained weights"
         offered = f" (its tags: {', '.join(tags[:8])}{', ...' if len(tags) > 8 else ''})" if tags else ""
         raise ModelLoadError(f"cannot load model {name!r}: timm has {what} for {arch}{offered}; pass a checkpoint "

@@ -11,6 +11,7 @@ annotated type. Supported annotations: ``int``, ``float`` (an int is accepted), 
 from __future__ import annotations
 
 import collections.abc
+import difflib
 import inspect
 import math
 import types
@@ -140,6 +141,20 @@ def option_defaults(fn: Callable) -> dict[str, Any]:
     """The keyword-only parameters of ``fn`` and their defaults."""
     params = inspect.signature(fn).parameters.values()
     return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def similar_names(name: object, candidates: collections.abc.Iterable[str], n: int = 5) -> list[str]:
+    """The one ranking of "did you mean" suggestions (registries, model names): up to ``n`` of ``candidates``
+    like ``name``, the most alike first. Candidates that begin with ``name`` come first (the shortest first: a
+    name cut short), then difflib's closest (ratio 0.6 or more); case is ignored."""
+    typed = str(name).lower()
+    by_lower: dict[str, str] = {}
+    for candidate in candidates:
+        by_lower.setdefault(candidate.lower(), candidate)
+    extending = sorted((key for key in by_lower if typed and key.startswith(typed)),
+                       key=lambda key: (len(key), key))
+    close = difflib.get_close_matches(typed, by_lower, n=n)
+    return [by_lower[key] for key in dict.fromkeys(extending[:n] + close)][:n]
 
 
 def _refuse_unknown(owner: str, types_: dict[str, Any], names) -> None:

@@ -22,7 +22,6 @@ checked by name and by annotated type (:mod:`vitexplain.options`).
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import pkgutil
@@ -101,7 +100,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         self._load()
         if not isinstance(name, str) or name not in self._entries:
-            close = difflib.get_close_matches(str(name), self._entries, n=1)
+            close = option_checks.similar_names(name, self._entries, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"unknown {self.kind} {name!r}{hint}; available: {', '.join(self.names())}")
         return self._entries[name]
@@ -165,6 +164,12 @@ class MethodSpec:
             that cannot be read, naming it.
         zero_map_reason: why the method can return a map that is zero everywhere (e.g. its final ReLU);
             ``explain`` names it in the notice it gives when that happens.
+        fresh_per_copy: a randomised control that stands for a map unrelated to its image (``random_baseline``):
+            explained again for the k-th perturbed copy of an image (``copy=k`` of
+            :attr:`~vitexplain.metrics.base.EvalBatch.explain`, as the stability protocols call it), it draws
+            afresh, its seed derived from its own and k (:func:`~vitexplain.seeding.derived_seed`), so a stability
+            protocol compares its map with an independent one: the least stable map there is
+            (docs/decisions/metric-trust.md, "The control of a stability protocol").
     """
 
     name: str
@@ -178,6 +183,7 @@ class MethodSpec:
     precision_caveats: Mapping[str, float] = field(default_factory=dict)
     reads: str = "attention"
     zero_map_reason: str = "no token carried relevance to the target as this method measures it"
+    fresh_per_copy: bool = False
 
     @property
     def randomised(self) -> bool:
@@ -214,7 +220,7 @@ def register_method(name: str | Callable[..., Tensor] | None = None, /, *, resol
                     class_specific: bool = True, modalities: tuple[str, ...] = ("image",), control: bool = False,
                     cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True,
                     precision_caveats: Mapping[str, float] | None = None, reads: str = "attention",
-                    zero_map_reason: str = MethodSpec.zero_map_reason) -> Any:
+                    zero_map_reason: str = MethodSpec.zero_map_reason, fresh_per_copy: bool = False) -> Any:
     """Decorator that registers an explanation method (see :class:`MethodSpec`), under the function's name
     unless ``name`` is given: ``@register_method``, ``@register_method(cost=1)``, ``@register_method("x", ...)``.
 
@@ -230,10 +236,15 @@ def register_method(name: str | Callable[..., Tensor] | None = None, /, *, resol
     if not modalities or unknown:
         raise ValueError(f"modalities must be a non-empty subset of {MODALITIES}, got {modalities!r}")
     cost_fn = cost if callable(cost) else fixed_cost(cost)
+    if fresh_per_copy and not control:
+        raise ValueError("fresh_per_copy is for a control (a map unrelated to its image), not an explanation")
 
     def add(key: str, fn: Callable[..., Tensor]) -> None:
-        METHODS.add(key, MethodSpec(key, fn, resolution, class_specific, tuple(modalities), control, cost_fn,
-                                    score_targets, dict(precision_caveats or {}), reads, zero_map_reason))
+        spec = MethodSpec(key, fn, resolution, class_specific, tuple(modalities), control, cost_fn, score_targets,
+                          dict(precision_caveats or {}), reads, zero_map_reason, fresh_per_copy)
+        if fresh_per_copy and not spec.randomised:
+            raise ValueError(f"method {key!r}: fresh_per_copy needs a seed option to draw afresh with")
+        METHODS.add(key, spec)
 
     return registering(add, name)
 

@@ -25,3 +25,11 @@ def seeded_draw(seed: int, draw: Callable[[torch.Generator], Drawn], device: tor
     if isinstance(drawn, tuple):
         return tuple(tensor.to(device) for tensor in drawn)
     return drawn.to(device)
+
+
+def derived_seed(seed: int, *keys: int) -> int:
+    """A seed of its own for every ``(seed, *keys)``: numpy's ``SeedSequence`` of them (``seed`` taken modulo 2^64,
+    so a negative seed works too) as a 32-bit integer. Independent streams, the same on every run and machine."""
+    import numpy as np
+
+    return int(np.random.SeedSequence((seed % 2 ** 64, *keys)).generate_state(1)[0])

@@ -13,6 +13,11 @@ number is the mean of the per-image numbers at its positions, which one indexing
 resample at once; :func:`bootstrap` uses it when the report passes that test on the values themselves
 (the whole set and the first resamples, to a relative 1e-9), and calls the report once per resample
 otherwise (ratios of sums, ranks, anything else).
+
+No interval on fewer than :data:`MIN_IMAGES` images (docs/decisions/metric-trust.md, "How many images an interval
+needs"): there the percentile bootstrap of a mean covers far less than its nominal 95 % (one image: every resample
+is that image, a zero-width interval), so the bench and :func:`vitexplain.evaluate` both say
+:data:`TOO_FEW` instead, and the bench compares no methods on such a number (:func:`has_interval` is the one test).
 """
 from __future__ import annotations
 
@@ -28,7 +33,18 @@ CONFIDENCE = 0.95
 #: resamples on which a report must equal the mean of its per-image numbers before the rest are taken as such
 PROBES = 3
 
+#: the fewest images on which an interval is reported (and methods are compared): below, the percentile bootstrap of
+#: a mean with nominal 95 % covers under 90 % even for normally distributed per-image values
+MIN_IMAGES = 10
+#: what the reports say in place of an interval on fewer than :data:`MIN_IMAGES` images
+TOO_FEW = "too few images for an interval"
+
 Report = Callable[[dict[str, Tensor]], dict[str, float]]
+
+
+def has_interval(images: int) -> bool:
+    """Whether a number over ``images`` images gets a bootstrap interval (at least :data:`MIN_IMAGES`)."""
+    return images >= MIN_IMAGES
 
 
 @functools.lru_cache(maxsize=32)

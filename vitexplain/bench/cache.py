@@ -29,8 +29,12 @@ def fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()[:12]
 
 
+#: the folder of an output folder that holds the cache
+CACHE_FOLDER = "cache"
+
+
 def model_folder(output_dir: Path, name: str, model: nn.Module) -> Path:
-    return Path(output_dir) / "cache" / f"{safe_name(name)}-{fingerprint(model)}"
+    return Path(output_dir) / CACHE_FOLDER / f"{safe_name(name)}-{fingerprint(model)}"
 
 
 def _describe(directory: Path, description: dict[str, Any]) -> None:
@@ -72,9 +76,9 @@ class MethodCache:
 
     def cached_maps(self, batch: Batch) -> dict[str, Tensor] | None:
         """The stored maps and targets of the batch's images, on its device; None unless all have them."""
-        if not all(index in self.maps for index in batch.indices):
+        if not all(key in self.maps for key in batch.keys):
             return None
-        return self.maps.read(batch.indices, batch.ids, batch.data["images"].device)
+        return self.maps.read(batch.keys, batch.data["images"].device)
 
     def sanity_record(self, key: str) -> Path:
         """Where the randomisation check of this method on one selection of images (``key``) is kept."""

@@ -1,16 +1,21 @@
 """What a benchmark run is: models x methods x metrics on one dataset, from Python, YAML or CLI flags.
 
-A config is checked whole when it is made: names, labels, and every method's and metric's option
+A config is checked whole when it is made: every key's type (a wrong one is a one-line error naming the
+key: ``output_dir must be a folder path, got 5``), names, labels, and every method's and metric's option
 values (against their annotated types), so a mistake stops the run before any work, not at the first
 batch.
 """
 from __future__ import annotations
 
 import math
+import os
+import reprlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -53,6 +58,11 @@ class ModelEntry:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        _check_type("a model's name", self.name, str, "a text")
+        _check_type(f"model {self.name!r}: source", self.source, (str, os.PathLike, nn.Module, type(None)),
+                    "a model name, a checkpoint path or a model object")
+        for key in ("arch", "noise_of"):
+            _check_type(f"model {self.name!r}: {key}", getattr(self, key), (str, type(None)), "a name (text)")
         if self.noise_of is None:
             if self.weight_noise is not None or self.seed is not None:
                 raise ValueError(f"model {self.name!r}: weight_noise and seed belong to a noisy copy; name the "
@@ -81,6 +91,8 @@ class MethodEntry:
     label: str | None = None
 
     def __post_init__(self) -> None:
+        _check_type("a method's name", self.name, str, "a text")
+        _check_type(f"method {self.name!r}: label", self.label, (str, type(None)), "a text")
         _check_options_mapping(self.name, self.options)
         if self.label is None:
             given = ", ".join(f"{key}={value}" for key, value in sorted(self.options.items()))
@@ -104,12 +116,14 @@ class MetricEntry:
     limit: int | None = None
 
     def __post_init__(self) -> None:
+        _check_type("a metric's name", self.name, str, "a text")
+        _check_type(f"metric {self.name!r}: label", self.label, (str, type(None)), "a text")
         _check_options_mapping(self.name, self.options)
         if self.label is None:
             self.label = self.name
         if self.dataset is not None:
-            self.dataset = _dataset(self.dataset)
-        _check_count("limit", self.limit)
+            self.dataset = _dataset(self.dataset, f"metric {self.name!r}: dataset")
+        _check_count(f"metric {self.name!r}: limit", self.limit)
 
 
 @dataclass
@@ -127,7 +141,9 @@ class SanityCheck:
     methods: list[str] | None = None
 
     def __post_init__(self) -> None:
-        _check_count("images", self.images)
+        _check_count("sanity: images", self.images)
+        if self.methods is not None:
+            self.methods = _texts(self.methods, "sanity: methods")
         if self.images < 2:
             raise ValueError(f"the sanity check needs at least 2 images (its noise floor compares two images' maps), "
                              f"got {self.images}")
@@ -140,6 +156,11 @@ class DatasetSpec:
     name: str
     root: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_type("dataset: name", self.name, str, "a registered dataset's name (text)")
+        _check_type(f"dataset {self.name!r}: root", self.root, (str, os.PathLike, type(None)), "a folder path")
+        _check_type(f"dataset {self.name!r}: options", self.options, dict, "a mapping of option names to values")
 
 
 @dataclass
@@ -180,6 +201,10 @@ class BenchConfig:
         plugins: plug-ins imported before anything else is read: ``.py`` files (in a YAML file, relative
             to its folder) or module names, registering methods, metrics, datasets or model families
             (:mod:`vitexplain.plugins`).
+        force: write into ``output_dir`` even when vitexplain did not make it and it holds files the bench writes
+            (results.json, report.html ...: they are replaced, and a warning names them). Without it such a folder
+            is refused; a folder a bench made (its marker file, :mod:`vitexplain.output_folders`), an empty or new
+            one, or one holding only other files is written into. Changes no result.
     """
 
     models: Any
@@ -202,11 +227,12 @@ class BenchConfig:
     notes: Any = ()
     highlight: Any = ()
     plugins: Any = ()
+    force: bool = False
 
     def __post_init__(self) -> None:
         from ..plugins import load_plugins
 
-        self.plugins = [self.plugins] if isinstance(self.plugins, (str, Path)) else [str(p) for p in self.plugins]
+        self.plugins = _texts(self.plugins, "plugins")
         load_plugins(self.plugins)
         self.models = _models(self.models)
         self.models = _check_copies(self.models, self.seed)
@@ -214,7 +240,10 @@ class BenchConfig:
                                 lambda: available_methods("image"))
         self.metrics = _entries(MetricEntry, self.metrics, "metrics", self.exclude_metrics, available_metrics)
         self.dataset = _dataset(self.dataset)
+        _check_type("output_dir", self.output_dir, (str, os.PathLike), "a folder path")
         self.output_dir = Path(self.output_dir)
+        _check_type("device", self.device, (str, torch.device, type(None)), "a device (cpu, cuda, cuda:1 ...) or null")
+        _check_type("progress", self.progress, bool, "true or false")
         if isinstance(self.sanity, dict):
             valid = sorted(f.name for f in fields(SanityCheck))
             unknown = sorted(set(self.sanity) - set(valid))
@@ -224,9 +253,8 @@ class BenchConfig:
         elif self.sanity is not None and not isinstance(self.sanity, SanityCheck):
             raise TypeError("sanity must be a mapping of SanityCheck options or None, got "
                             f"{type(self.sanity).__name__}")
-        self.notes = [self.notes] if isinstance(self.notes, str) else [str(line) for line in self.notes]
-        self.highlight = ([self.highlight] if isinstance(self.highlight, str)
-                          else [str(label) for label in self.highlight])
+        self.notes = _texts(self.notes, "notes")
+        self.highlight = _texts(self.highlight, "highlight")
         for what, entries in (("model", self.models), ("method", self.methods), ("metric", self.metrics)):
             names = [entry.name if what == "model" else entry.label for entry in entries]
             duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -240,6 +268,8 @@ class BenchConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise TypeError(f"{name} must be an integer, got {value!r}")
+        if not isinstance(self.force, bool):
+            raise TypeError(f"force must be true or false, got {self.force!r}")
         if (self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0
                 or self.gallery < 0):
             raise ValueError("batch_size and limit must be positive, num_workers and gallery not negative")
@@ -294,7 +324,11 @@ def read_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a bench config must be a mapping of BenchConfig keys, got {type(data).__name__}")
     if data.get("plugins"):
-        data["plugins"] = [_beside(path, plugin) for plugin in _as_list(data["plugins"], "plugins")]
+        try:
+            plugins = _texts(data["plugins"], "plugins")
+        except TypeError as error:
+            raise TypeError(f"{path}: {error}") from None
+        data["plugins"] = [_beside(path, plugin) for plugin in plugins]
     return data
 
 
@@ -302,6 +336,9 @@ def read_yaml(path: str | Path) -> Any:
     """The content of a YAML file (None when empty); invalid YAML raises one line naming file:line:column."""
     import yaml
 
+    if not Path(path).is_file():
+        raise ValueError(f"config file {path} {'is a folder' if Path(path).is_dir() else 'not found'}; name a YAML "
+                         "file of BenchConfig keys")
     try:
         return yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as error:
@@ -329,8 +366,29 @@ def _check_count(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _check_type(what: str, value: Any, kinds: type | tuple[type, ...], expected: str) -> None:
+    """Refuse a value of a wrong type in one line that names its key: ``WHAT must be EXPECTED, got VALUE``."""
+    if not isinstance(value, kinds):
+        raise TypeError(f"{what} must be {expected}, got {reprlib.repr(value)}")
+
+
+def _texts(value: Any, what: str) -> list[str]:
+    """A key that takes a text or a list of them, as a list (an item YAML read as a number is kept as its text)."""
+    if isinstance(value, (str, os.PathLike)):
+        return [str(value)]
+    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(item, (str, os.PathLike, int, float))
+                                                               for item in value):
+        return [str(item) for item in value]
+    raise TypeError(f"{what} must be a text or a list of texts, got {reprlib.repr(value)}")
+
+
 def _as_list(value: Any, what: str) -> list:
-    items = [value] if isinstance(value, (str, dict, nn.Module, MethodEntry, MetricEntry, ModelEntry)) else list(value)
+    if isinstance(value, (str, dict, nn.Module, MethodEntry, MetricEntry, ModelEntry)):
+        items = [value]
+    elif isinstance(value, Iterable):
+        items = list(value)
+    else:
+        raise TypeError(f"{what} must be a name, a mapping or a list of them, got {reprlib.repr(value)}")
     if not items:
         raise ValueError(f"the bench config names no {what}")
     return items
@@ -339,7 +397,7 @@ def _as_list(value: Any, what: str) -> list:
 def _entries(kind: type, value: Any, what: str, excluded: Any, registered) -> list:
     """The entries of ``value``, its ``all`` expanded to every registered name no other entry names, in
     registry order, but the ``excluded`` ones (which must be registered names)."""
-    excluded = [excluded] if isinstance(excluded, str) else list(excluded)
+    excluded = _texts(excluded, f"exclude_{what}")
     unknown = sorted(set(excluded) - set(registered()))
     if unknown:
         raise ValueError(f"exclude_{what} names {', '.join(map(repr, unknown))}, which are not registered {what}")
@@ -400,11 +458,11 @@ def _check_copies(models: list[ModelEntry], seed: int) -> list[ModelEntry]:
             for entry in models]
 
 
-def _dataset(value: Any) -> DatasetSpec | Dataset:
+def _dataset(value: Any, what: str = "dataset") -> DatasetSpec | Dataset:
     if isinstance(value, (DatasetSpec, Dataset)):
         return value
     if isinstance(value, str):
         return DatasetSpec(value)
     if isinstance(value, dict):
         return _entry(DatasetSpec, value, "dataset")
-    raise TypeError(f"dataset must be a DatasetSpec, a mapping or a torch Dataset, got {type(value).__name__}")
+    raise TypeError(f"{what} must be a dataset name, a mapping or a torch Dataset, got {reprlib.repr(value)}")

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..datasets.base import move, take
+from ..datasets.base import identity_of, knows_identities, move, take
 from .config import DatasetSpec
 
 
@@ -50,7 +50,8 @@ def select_indices(size: int, limit: int | None, seed: int) -> list[int]:
 
 
 class _Guarded(Dataset):
-    """Items of ``dataset`` at ``indices``; an item that cannot be read becomes its error message."""
+    """Items of ``dataset`` at ``indices`` with their identities; an item that cannot be read becomes its error
+    message."""
 
     def __init__(self, dataset: Dataset, indices: list[int]):
         self.dataset = dataset
@@ -59,49 +60,68 @@ class _Guarded(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, position: int) -> tuple[int, Any]:
+    def __getitem__(self, position: int) -> tuple[int, Any, str | None]:
         index = self.indices[position]
         try:
-            return index, self.dataset[index]
+            sample = self.dataset[index]
+            return index, sample, identity_of(self.dataset, index, sample)
         except Exception as error:  # noqa: BLE001 - one unreadable image must not stop the run
-            return index, f"{type(error).__name__}: {error}"
+            return index, f"{type(error).__name__}: {error}", None
 
 
 @dataclass
 class Batch:
     """A batch collated by :func:`vitexplain.datasets.base.collate` (``images``, ``labels``, ``ids``,
-    optional ``masks``, ``boxes``, ``second`` ...), its dataset indices, and the items that failed to load."""
+    optional ``masks``, ``boxes``, ``second`` ...), its dataset indices, the identities of its images (what
+    the cache is keyed by: :func:`vitexplain.datasets.base.identity_of`), and the items that failed to load."""
 
     indices: list[int]
     data: dict[str, Any]
     failed: list[tuple[int, str]]
+    keys: list[str] = field(default_factory=list)
 
     @property
     def ids(self) -> list[str]:
         return [str(image_id) for image_id in self.data.get("ids", [])]
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(self.indices, move(self.data, device), self.failed)
+        return Batch(self.indices, move(self.data, device), self.failed, self.keys)
 
     def take(self, rows: list[int]) -> Batch:
         """The images at ``rows``."""
-        return Batch([self.indices[r] for r in rows], take(self.data, rows), [])
+        return Batch([self.indices[r] for r in rows], take(self.data, rows), [], [self.keys[r] for r in rows])
 
 
-def collate_loaded(items: list[tuple[int, Any]]) -> Batch:
+def collate_loaded(items: list[tuple[int, Any, str | None]]) -> Batch:
     """Collate the samples that loaded; failed items (and samples that cannot be batched together) go to ``failed``."""
     from ..datasets.base import collate
 
-    good = [(index, sample) for index, sample in items if isinstance(sample, dict)]
-    failed = [(index, sample) for index, sample in items if not isinstance(sample, dict)]
+    good = [(index, sample, key) for index, sample, key in items if isinstance(sample, dict)]
+    failed = [(index, sample) for index, sample, _ in items if not isinstance(sample, dict)]
     if not good:
         return Batch([], {}, failed)
-    indices = [index for index, _ in good]
+    indices = [index for index, _, _ in good]
     try:
-        return Batch(indices, collate([sample for _, sample in good]), failed)
+        return Batch(indices, collate([sample for _, sample, _ in good]), failed, [key for _, _, key in good])
     except Exception as error:  # noqa: BLE001 - samples that cannot be batched are reported, not fatal
         message = f"cannot batch these samples: {type(error).__name__}: {error}"
         return Batch([], {}, failed + [(index, message) for index in indices])
+
+
+def identities(dataset: Dataset, indices: list[int], batch_size: int, num_workers: int) -> dict[int, str]:
+    """The identity of each image at ``indices`` that can be read (an unreadable one is left out): asked of the
+    dataset when it tells them without loading, else from the loaded samples' content (one pass over them)."""
+    found: dict[int, str] = {}
+    if knows_identities(dataset):
+        for index in indices:
+            try:
+                found[index] = identity_of(dataset, index)
+            except Exception:  # noqa: BLE001 - an unreadable image is reported when the run loads it
+                continue
+        return found
+    for batch in loader(dataset, indices, batch_size, num_workers):
+        found.update(zip(batch.indices, batch.keys))
+    return found
 
 
 def loader(dataset: Dataset, indices: list[int], batch_size: int, num_workers: int) -> DataLoader:

@@ -22,9 +22,10 @@ from datetime import datetime, timezone
 from .. import viz
 from ..html_page import html_page
 from ..metrics.base import GROUPS
+from ..uncertainty import MIN_IMAGES, TOO_FEW
 from .plots import CurvePlot, cascade_plot, model_styles, png_of
 from .randomisation import VERDICT_RULE
-from .result import BenchResult, Gallery
+from .result import NO_SCORES, BenchResult, Gallery
 from .tables import (
     UNTRUSTED,
     Lead,
@@ -387,11 +388,16 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
                  'mixed into one rank; n = images behind the numbers. Red: flagged by the model-randomisation check. '
                  'Controls as good: a control no leader is better than (the number cannot tell the leaders from a '
                  'map that explains nothing).</p>')
+    scored = result.scored()
     for model in models:
+        if model not in scored:
+            parts += [f"<h3>{_e(model)}</h3>", f'<p class="verdict">{_e(NO_SCORES)}</p>']
+            continue
         parts += [f"<h3>{_e(model)}</h3>", summary_table(result.summary(model), _flagged(result, model))]
         parts += [f'<p class="verdict">{_e(line)}</p>' for line in result.verdict_lines(model)]
-    parts.append('<p class="muted">Tables: methods as rows; every number: value [95 % interval] (images); ↑ / ↓ = '
-                 'higher / lower is better; <b>bold</b> = best, better than every other method at 95 %; '
+    parts.append('<p class="muted">Tables: methods as rows; every number: value [95 % interval] (images), '
+                 f'“{TOO_FEW}” in place of the interval on fewer than {MIN_IMAGES} images (and no best or tied); '
+                 '↑ / ↓ = higher / lower is better; <b>bold</b> = best, better than every other method at 95 %; '
                  '<span style="text-decoration: underline dotted #1a7f37">underlined</span> = tied with the best; '
                  'control rows, in grey, are references and never lead. Red method names were flagged by the '
                  'model-randomisation check. Curves: each point at the share of pixels the step really removed, '
@@ -400,8 +406,11 @@ def render_html(result: BenchResult, plots: list[CurvePlot]) -> str:
     figure = itertools.count()
     for model in models:
         table = result.table(model)
-        parts += [f'<h2 id="{_anchor(model)}">{_e(model)}</h2>', score_table(table, _flagged(result, model)),
-                  trust_table(result.summary(model))]
+        if model not in scored:
+            parts += [f'<h2 id="{_anchor(model)}">{_e(model)}</h2>', f'<p class="verdict">{_e(NO_SCORES)}</p>']
+        else:
+            parts += [f'<h2 id="{_anchor(model)}">{_e(model)}</h2>', score_table(table, _flagged(result, model)),
+                      trust_table(result.summary(model))]
         mine = [plot for plot in plots if plot.model == model]
         if mine:
             parts += ["<h3>Curves</h3>", toggled_figures(f"figures{next(figure)}", mine, model_styles(result, model),

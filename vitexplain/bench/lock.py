@@ -27,7 +27,7 @@ from .store import options_key
 
 LOCK_NAME = "bench.lock"
 #: the config keys that change neither results nor reports (so two runs differing only there are one config)
-NOT_IN_KEY = ("batch_size", "device", "num_workers", "progress", "plugins")
+NOT_IN_KEY = ("batch_size", "device", "num_workers", "progress", "plugins", "force")
 
 
 class FolderInUse(ValueError):

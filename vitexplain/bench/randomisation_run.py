@@ -70,7 +70,7 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
     batch = one_batch(dataset, indices, device)
     if batch is None:
         return {}
-    key = options_key({"images": batch.indices, "seed": seed, "check": repr(check), "record": RECORD})
+    key = options_key({"images": batch.keys, "seed": seed, "check": repr(check), "record": RECORD})
     paths = {label: caches[label].sanity_record(key) for label in labels}
     done = {}
     for label, path in paths.items():

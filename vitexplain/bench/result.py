@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..metrics import get_metric
 from ..registry import METHODS
-from ..uncertainty import CONFIDENCE, RESAMPLES, bootstrap, interval
+from ..uncertainty import CONFIDENCE, MIN_IMAGES, RESAMPLES, TOO_FEW, bootstrap, has_interval, interval
 from .config import DatasetSpec
 from .randomisation import VERDICT_RULE
 from .tables import (
@@ -31,6 +31,9 @@ from .tables import (
     trust_text_lines,
 )
 from .uncertainty import Sample, leaders, paired_difference
+
+#: what the reports say of a model no method has any score on, in place of its tables
+NO_SCORES = "no scores: every method failed on every image (the errors below say why)"
 
 
 @dataclass
@@ -89,7 +92,9 @@ class BenchResult:
         leaders: model -> metric label -> reported number with a direction -> ``methods`` that lead it (one:
             better than every other method at 95 %, paired over the images; more: tied) and ``controls`` no
             leader is better than (:func:`vitexplain.bench.uncertainty.leaders`).
-        errors: one entry per failed item: model, method, metric (None for loading/explaining), image ids, error.
+        errors: one entry per failed item: model, method, metric (None for loading/explaining), image ids, error;
+            a protocol the dataset cannot serve is one entry for the whole run, refused before any work: model and
+            method "", the ids ``#index`` of the images it would have scored.
         settings: what was run: target, seed, limit, the options (and own dataset, limit and group) of
             every method and metric, and the bootstrap's resamples and confidence.
         files: the report files written, by kind.
@@ -181,8 +186,8 @@ class BenchResult:
             row, row_marks = [], []
             for label, number, _ in columns:
                 value = self.scores[model][method].get(label, {}).get(number)
-                interval = self.intervals.get(model, {}).get(method, {}).get(label, {})
-                low, high = interval.get(number, (math.nan, math.nan))
+                interval = self.intervals.get(model, {}).get(method, {}).get(label, {}).get(number)
+                low, high = (math.nan, math.nan) if interval is None or isinstance(interval, str) else interval
                 count = self.images.get(model, {}).get(method, {}).get(label, 0)
                 row.append(None if value is None else Estimate(value, low, high, count))
                 leading = self.leaders.get(model, {}).get(label, {}).get(number, {}).get("methods", [])
@@ -238,9 +243,15 @@ class BenchResult:
         """The model's methods flagged by the model-randomisation check."""
         return [m for m, found in self.sanity.get(model, {}).get("methods", {}).items() if found["flagged"]]
 
+    def scored(self) -> list[str]:
+        """The models with at least one score; on the others every method failed on every image (:attr:`errors`
+        says why), and the reports show :data:`NO_SCORES` in place of their tables."""
+        return [model for model in self.scores if self.columns(model)]
+
     def uncertainty_note(self) -> str:
         return (f"Every number: value [low, high] (images), the {CONFIDENCE:.0%} bootstrap interval over the images "
-                f"({self.settings.get('bootstrap', {}).get('resamples', RESAMPLES)} resamples). Best: better than "
+                f"({self.settings.get('bootstrap', {}).get('resamples', RESAMPLES)} resamples); on fewer than "
+                f"{MIN_IMAGES} images none ({TOO_FEW}) and no best or tied. Best: better than "
                 "every other method at that confidence, paired over the same images; tied: cannot be told apart from "
                 "the best. Controls never lead. Trust, per number and model: does the best method beat the random "
                 "control at that confidence (a number that cannot tell them apart is not counted), how many degraded "
@@ -252,15 +263,19 @@ class BenchResult:
         rows, reported numbers as columns); the randomisation check and the errors."""
         notes = [f"> {note}" for note in self.notes] + ([""] if self.notes else [])
         lines = [f"# Benchmark on {self.dataset}, {self.precision}", ""] + notes
-        if self.scores:
+        scored = self.scored()
+        for model in self.scores:
+            if model not in scored:
+                lines += [f"**{model}**: {NO_SCORES}", ""]
+        if scored:
             lines += ["## Who leads, per kind of protocol", "", self.uncertainty_note() + " Kinds are never mixed: "
                       "each rewards something else.", ""]
-        for model in self.scores:
+        for model in scored:
             lines += [f"### {model}", ""] + summary_markdown(self.summary(model))
             lines += [line for found in self.verdict_lines(model) for line in (found, "")]
             if self.flagged(model):
                 lines += [f"Flagged by the model-randomisation check: {', '.join(self.flagged(model))}.", ""]
-        for model in self.scores:
+        for model in scored:
             lines += [f"## {model}", ""] + score_markdown(self.table(model))
             found = trust_markdown(self.summary(model))
             if found:
@@ -278,10 +293,12 @@ class BenchResult:
         return "\n".join(lines)
 
     def grouped_errors(self) -> Counter:
-        """(model, method, metric or '–', message) -> number of images."""
+        """(model, method, metric or '–', message) -> number of images; a protocol the dataset cannot serve, refused
+        once for the whole run (model and method ""), shows as "every model" / "every method"."""
         grouped = Counter()
         for error in self.errors:
-            grouped[error["model"], error["method"], error["metric"] or "–", error["error"]] += len(error["images"])
+            grouped[error["model"] or "every model", error["method"] or "every method", error["metric"] or "–",
+                    error["error"]] += len(error["images"])
         return grouped
 
     def text(self, width: int = 100) -> str:
@@ -294,9 +311,13 @@ class BenchResult:
 
         took = f" ({self.seconds:.0f} s)" if self.seconds else ""
         lines = say(f"Benchmark on {self.dataset}, {self.precision}{took}") + [""]
-        if self.scores:
-            lines += say(self.uncertainty_note()) + [""]
+        scored = self.scored()
         for model in self.scores:
+            if model not in scored:
+                lines += say(f"{model}: {NO_SCORES}") + [""]
+        if scored:
+            lines += say(self.uncertainty_note()) + [""]
+        for model in scored:
             lines += say(f"{model}: who leads, per kind of protocol (never mixed)")
             lines += summary_text(self.summary(model), width)
             for found in self.verdict_lines(model):
@@ -400,7 +421,8 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                                           "images": [], "error": f"reduce failed: {type(error).__name__}: {error}"})
                     continue
                 result.intervals.setdefault(model.name, {}).setdefault(method.label, {})[entry.label] = {
-                    key: list(interval(replicates)) for key, replicates in samples[method.label].replicates.items()}
+                    key: list(interval(replicates)) if has_interval(count) else TOO_FEW
+                    for key, replicates in samples[method.label].replicates.items()}
                 for key, value in values.items():
                     if value.ndim == 2:
                         curves = result.curves.setdefault(model.name, {}).setdefault(entry.label, {})

@@ -37,11 +37,12 @@ from ..instrumentation.lrp.memory import collecting
 from ..instrumentation.modifying import modifier
 from ..instrumentation.precision import precision_mode
 from ..metrics import EvalBatch, Metric, get_metric
+from ..metrics.base import alternatives, describe_need
 from ..metrics.numerical_stability import noisy_weights
 from ..registry import get_method
 from .cache import MethodCache, model_folder
 from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry
-from .data import Batch, build_dataset, dataset_normalisation, loader, select_indices, take
+from .data import Batch, build_dataset, dataset_normalisation, identities, loader, select_indices, take
 from .distributed import Place, place
 from .findings import Findings, Memory, add_memory, add_seconds, error_entry, record_decisions
 from .gallery import build_gallery
@@ -64,23 +65,35 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
     ``timings``). Errors of single items (an unreadable image, a method or metric
     raising on a batch) are recorded in ``BenchResult.errors`` and the run goes on. While it runs, the
     output folder is locked (:mod:`vitexplain.bench.lock`): a run of the same config waits for it, one
-    of another config raises :class:`~vitexplain.bench.lock.FolderInUse`.
+    of another config raises :class:`~vitexplain.bench.lock.FolderInUse`. Before that the folder is claimed
+    (:mod:`vitexplain.output_folders`): a folder vitexplain did not make that holds a file the bench writes raises
+    :class:`~vitexplain.output_folders.FolderNotOurs`, unless ``config.force`` (then a warning names the files).
     """
+    from ..output_folders import FolderNotOurs, check_folder, mark_folder, unmark_unused
+    from .lock import LOCK_NAME
+    from .writers import OUTPUT_NAMES, WHO, made_by_earlier_bench
+
     started = time.perf_counter()
     if isinstance(config, (str, Path)):
         config = BenchConfig.from_yaml(config)
     elif isinstance(config, dict):
         config = BenchConfig.from_dict(config)
     with place(config.device) as where, contextlib.ExitStack() as held:
-        refusal = None
-        if where.rank == 0:                     # one lock per run, taken by the process that writes the reports
+        refusal, taken = None, []
+        if where.rank == 0:                     # the process that writes the reports claims the folder, then locks it
             try:
+                taken = check_folder(config.output_dir, OUTPUT_NAMES, WHO, config.force, made_by_earlier_bench)
                 held.enter_context(folder_lock(config.output_dir, config_key(config)))
-            except FolderInUse as error:
-                refusal = str(error)
+                if mark_folder(config.output_dir, WHO):    # taken back if the run ends having written nothing
+                    held.callback(unmark_unused, config.output_dir, (LOCK_NAME,))
+            except (FolderInUse, FolderNotOurs) as error:
+                refusal = (isinstance(error, FolderNotOurs), str(error))
         refusal = where.broadcast(refusal)
         if refusal:
-            raise FolderInUse(refusal)
+            raise (FolderNotOurs if refusal[0] else FolderInUse)(refusal[1])
+        if taken:
+            warnings.warn(f"force: replacing {', '.join(taken)} in {config.output_dir}, which vitexplain did not "
+                          "make", stacklevel=2)
         work = Findings(origin=started if where.rank == 0 else None)
         # explain's all-zero notice would repeat for every batch and perturbed call; the report shows the maps
         with precision_mode(config.precision, where.device), warnings.catch_warnings():
@@ -144,13 +157,18 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
         normal = dataset_normalisation(dataset, data_config)
         metrics = [(entry, get_metric(entry.name), _metric_options(entry, config.seed)) for entry in entries]
         wanted = {entry.label: _mine(len(dataset), config.limit_of(entry), config, where) for entry in entries}
+        provides = _provided(dataset, [metric for _, metric, _ in metrics], config)
         for entry, metric, _ in metrics:
-            lacking = _not_provided(metric, dataset)
-            if lacking and wanted[entry.label]:     # refused before any work, once per method
+            lacking = _not_provided(metric, provides)
+            if lacking:     # refused before any method runs: one entry per protocol, for every model and method
                 wanted[entry.label] = []
-                work.errors += [error_entry(model_entry.name, method.label, entry.label, ["all images"],
-                                            f"metric {metric.name!r} needs {', '.join(lacking)}, which dataset "
-                                            f"{_dataset_name(spec)} does not provide") for method in config.methods]
+                refusal = error_entry("", "", entry.label,
+                                      [f"#{i}" for i in select_indices(len(dataset), config.limit_of(entry),
+                                                                       config.seed)],
+                                      f"metric {metric.name!r} needs {', '.join(lacking)}, which dataset "
+                                      f"{_dataset_name(spec)} does not provide")
+                if where.rank == 0 and refusal not in work.errors:
+                    work.errors.append(refusal)
         shown = []
         if group == 0 and where.rank == 0:
             shown = _mine(len(dataset), config.limit, config, where)[:max(config.gallery, _sanity_images(config))]
@@ -158,10 +176,12 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
         if config.precision != "float32":  # float32 keeps the folders of runs made before precisions existed
             base = base / f"precision-{config.precision}"
         caches = {}
+        needed = sorted(set(shown).union(*wanted.values()))
+        keys = identities(dataset, needed, config.batch_size, config.num_workers)
         for method_entry in config.methods:
             run = MethodRun(adapter, model_entry.name, method_entry, _method_options(method_entry, config.seed),
                             metrics, base, normal, config, where, work)
-            work.errors += run.run(dataset, wanted, shown)
+            work.errors += run.run(dataset, wanted, keys, shown)
             work.shares += run.shares(wanted)
             add_seconds(work.seconds, model_entry.name, method_entry.label, run.seconds)
             add_memory(work.memory, model_entry.name, method_entry.label, run.memory)
@@ -181,12 +201,32 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
                                                     caches, config.sanity, config.seed, where.device, work)
 
 
-def _not_provided(metric: Metric, dataset: Dataset) -> list[str]:
-    """The ground truth ``metric`` needs that ``dataset`` declares it does not serve (none when it declares nothing)."""
-    provides = getattr(dataset, "provides", None)
+def _not_provided(metric: Metric, provides: tuple[str, ...] | None) -> list[str]:
+    """The ground truth ``metric`` needs that a dataset serving ``provides`` does not serve, in words ("boxes or
+    masks" for an entry naming alternatives); none when what it serves is unknown (None)."""
     if provides is None:
         return []
-    return [need for need in metric.requires if need not in (*NOT_TRUTH_REQUIREMENTS, *provides)]
+    return [describe_need(need) for need in metric.requires
+            if not any(name in (*NOT_TRUTH_REQUIREMENTS, *provides) for name in alternatives(need))]
+
+
+def _provided(dataset: Dataset, metrics: list[Metric], config: BenchConfig) -> tuple[str, ...] | None:
+    """The ground truth ``dataset`` serves: its ``provides``; for a dataset that declares none (a Dataset object of
+    the user's), the truth its first image's sample carries (every sample has the same keys, or they cannot be
+    batched), looked at only when a metric needs ground truth; None when that image cannot be read."""
+    provides = getattr(dataset, "provides", None)
+    if provides is not None:
+        return tuple(provides)
+    needs = {name for metric in metrics for need in metric.requires for name in alternatives(need)}
+    first = select_indices(len(dataset), config.limit, config.seed)[:1]
+    if not needs - set(NOT_TRUTH_REQUIREMENTS) or not first:
+        return None
+    from .data import one_batch
+
+    batch = one_batch(dataset, first, torch.device("cpu"))
+    if batch is None:
+        return None
+    return tuple(key for key, value in batch.data.items() if key not in NOT_TRUTH and value is not None)
 
 
 def _dataset_name(spec: DatasetSpec | Dataset) -> str:
@@ -245,23 +285,26 @@ class MethodRun:
         self.cache = MethodCache(base, method.name, options, {e.label: (m.name, o) for e, m, o in metrics})
         self.explain = reexplainer(adapter, method.name, options)
         self.wanted: dict[str, set[int]] = {}
+        #: dataset index -> the image's identity (what the cache is keyed by), set by :meth:`run`
+        self.keys: dict[int, str] = {}
         #: seconds spent by this process: "maps" (explaining) and each metric label
         self.seconds: dict[str, float] = {}
         #: the recompute paths its maps took (:attr:`BenchResult.memory`)
         self.memory: dict[str, dict[str, Any]] = {}
 
-    def run(self, dataset: Dataset, wanted: dict[str, list[int]], shown: list[int] = ()) -> list[dict[str, Any]]:
+    def run(self, dataset: Dataset, wanted: dict[str, list[int]], keys: dict[int, str],
+            shown: list[int] = ()) -> list[dict[str, Any]]:
         """Process the images that miss maps or a metric value; returns the errors.
 
-        ``wanted`` gives each metric's images (by label); ``shown`` are images that need maps only
-        (the gallery's and the sanity check's).
+        ``wanted`` gives each metric's images (by label), ``keys`` the identity of every image that could be read
+        (:func:`~vitexplain.bench.data.identities`: what the cache is keyed by; an image without one is loaded,
+        to report why); ``shown`` are images that need maps only (the gallery's and the sanity check's).
         """
         self.cache.scan()
-        maps, values = self.cache.maps, self.cache.values
+        self.keys = keys
         self.wanted = {label: set(indices) for label, indices in wanted.items()}
         needed = sorted(set(shown).union(*self.wanted.values()))
-        todo = [i for i in needed if i not in maps
-                or any(i in self.wanted[label] and i not in store for label, store in values.items())]
+        todo = [i for i in needed if i not in keys or self._missing(i, keys[i])]
         errors: list[dict[str, Any]] = []
         show = self.config.progress and self.where.rank == 0
         with tqdm(total=len(todo), desc=f"{self.model_name} / {self.method.label}", unit="img",
@@ -273,6 +316,11 @@ class MethodRun:
                     errors += self._process(batch)
                 bar.update(len(batch.indices) + len(batch.failed))
         return errors
+
+    def _missing(self, index: int, key: str) -> bool:
+        """Whether the image ``index`` (identity ``key``) misses its maps or a value of a metric that wants it."""
+        return key not in self.cache.maps or any(index in self.wanted[label] and key not in store
+                                                 for label, store in self.cache.values.items())
 
     def _targets(self, images: Tensor, labels: Tensor) -> Tensor:
         if self.config.target == "label":
@@ -290,11 +338,11 @@ class MethodRun:
     def _maps(self, batch: Batch) -> tuple[Tensor, Tensor, list[int]]:
         """Maps and targets of the batch (cached or computed, on the device) and the rows computed now."""
         stored = self.cache.maps
-        cached = [row for row, index in enumerate(batch.indices) if index in stored]
-        fresh = [row for row, index in enumerate(batch.indices) if index not in stored]
+        cached = [row for row, key in enumerate(batch.keys) if key in stored]
+        fresh = [row for row, key in enumerate(batch.keys) if key not in stored]
         parts = []
         if cached:
-            found = stored.read([batch.indices[r] for r in cached], [batch.ids[r] for r in cached], self.where.device)
+            found = stored.read([batch.keys[r] for r in cached], self.where.device)
             parts.append((found["maps"], found["targets"]))
         if fresh:
             images = take(batch.data["images"], fresh)
@@ -336,15 +384,14 @@ class MethodRun:
             evaluated = self._eval_batch(batch, maps, targets)
             self.adapter.check_inputs(evaluated.images)        # once: the protocols' copies of them are trusted
             if fresh:
-                self.cache.maps.write([batch.indices[r] for r in fresh], [batch.ids[r] for r in fresh],
-                                      {"maps": maps[fresh], "targets": targets[fresh]})
+                self.cache.maps.write([batch.keys[r] for r in fresh], {"maps": maps[fresh], "targets": targets[fresh]})
         except Exception as error:  # noqa: BLE001 - a method failing on a batch must not lose the rest
             return errors + [error_entry(self.model_name, self.method.label, None, batch.ids, error)]
         with scoring(self.adapter):
             for entry, metric, options in self.metrics:
                 store = self.cache.values[entry.label]
-                rows = [row for row, index in enumerate(batch.indices)
-                        if index in self.wanted[entry.label] and index not in store]
+                rows = [row for row, (index, key) in enumerate(zip(batch.indices, batch.keys))
+                        if index in self.wanted[entry.label] and key not in store]
                 if not rows:
                     continue
                 part = batch if len(rows) == len(batch.indices) else batch.take(rows)
@@ -352,7 +399,7 @@ class MethodRun:
                     subset = evaluated if part is batch else self._eval_batch(part, maps[rows], targets[rows])
                     with self._timed(entry.label):
                         values = score(metric, subset, options, self.adapter.model)
-                    store.write(part.indices, part.ids, values)
+                    store.write(part.keys, values)
                 except Exception as error:  # noqa: BLE001 - a metric failing on a batch must not lose the rest
                     errors.append(error_entry(self.model_name, self.method.label, entry.label, part.ids, error))
         return errors
@@ -362,7 +409,7 @@ class MethodRun:
         found = []
         for entry, _, _ in self.metrics:
             store = self.cache.values[entry.label]
-            done = [i for i in wanted[entry.label] if i in store]
-            values = store.read(done) if done else {}
+            done = [i for i in wanted[entry.label] if i in self.keys and self.keys[i] in store]
+            values = store.read([self.keys[i] for i in done]) if done else {}
             found.append(Share(self.model_name, self.method.label, entry.label, done, values))
         return found

@@ -1,10 +1,14 @@
 """On-disk results of the bench: per-batch files keyed by image, checksummed, written so a kill never corrupts them.
 
 A :class:`ShardStore` is a folder of safetensors files, one per processed batch. Each file holds
-per-image tensors (explanation maps, targets, metric values) plus, in its header, the dataset index
-and the id of every row and a SHA-256 of all of it. A file appears only complete (written to a
-temporary name, flushed, then renamed over with :func:`os.replace`), so after a ``kill -9`` a folder
-holds exactly the batches that finished, and a rerun skips the images found there.
+per-image tensors (explanation maps, targets, metric values) plus, in its header, the identity of every
+row (the image's id and a digest of its content: :func:`vitexplain.datasets.base.identity_of`) and a
+SHA-256 of all of it. Rows are found by identity, never by position in the dataset, so a stored value
+answers only for the image it was computed on: a changed, added, removed or renamed image is computed
+alone and everything unchanged is reused. A file appears only complete (written to a temporary name,
+flushed, then renamed over with :func:`os.replace`), so after a ``kill -9`` a folder holds exactly the
+batches that finished, and a rerun skips the images found there. Files written before rows carried
+identities are ignored (their images are computed again).
 
 A file that cannot be read, or whose content no longer matches its checksum (a truncated copy, a
 flipped bit on disk), is named in a :class:`CacheWarning` and removed when the folder is scanned, so
@@ -67,9 +71,9 @@ def discard(path: Path, reason: str) -> None:
     Path(path).unlink(missing_ok=True)
 
 
-def shard_checksum(indices: list[int], ids: list[str], tensors: dict[str, Tensor]) -> str:
-    """SHA-256 of a shard's rows (indices and ids) and tensors (name, dtype, shape and bytes of each)."""
-    digest = hashlib.sha256(json.dumps([indices, ids]).encode())
+def shard_checksum(keys: list[str], tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of a shard's rows (their identities) and tensors (name, dtype, shape and bytes of each)."""
+    digest = hashlib.sha256(json.dumps(keys).encode())
     for name in sorted(tensors):
         tensor = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
@@ -77,76 +81,69 @@ def shard_checksum(indices: list[int], ids: list[str], tensors: dict[str, Tensor
     return digest.hexdigest()
 
 
-def _read_shard(path: Path) -> tuple[list[int], list[str]]:
-    """The rows of a shard after checking it whole; raises :class:`CorruptFile` (or the reader's error)."""
+def _read_shard(path: Path) -> list[str] | None:
+    """The rows (identities) of a shard after checking it whole; None for a file written before rows carried
+    identities; raises :class:`CorruptFile` (or the reader's error)."""
     with safe_open(str(path), "pt") as handle:
         header = handle.metadata() or {}
-    indices, ids = json.loads(header["indices"]), json.loads(header["ids"])
-    if not (isinstance(indices, list) and isinstance(ids, list) and len(indices) == len(ids)
-            and all(isinstance(i, int) for i in indices)):
+    if "keys" not in header:
+        return None
+    keys = json.loads(header["keys"])
+    if not (isinstance(keys, list) and all(isinstance(key, str) for key in keys)):
         raise CorruptFile("its header lists no valid rows")
     tensors = load_file(str(path))
-    if any(tensor.shape[0] != len(indices) for tensor in tensors.values()):
+    if any(tensor.shape[0] != len(keys) for tensor in tensors.values()):
         raise CorruptFile("its tensors do not have one row per image")
-    if CHECKSUM in header and shard_checksum(indices, ids, tensors) != header[CHECKSUM]:
+    if shard_checksum(keys, tensors) != header.get(CHECKSUM):
         raise CorruptFile("its content does not match its checksum")
-    return indices, ids
+    return keys
 
 
 class ShardStore:
-    """Per-image tensors of one (model, method[, metric]) stored as one file per batch."""
+    """Per-image tensors of one (model, method[, metric]) stored as one file per batch, found by image identity."""
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self._where: dict[int, tuple[Path, int, str]] = {}
+        self._where: dict[str, tuple[Path, int]] = {}
 
-    def scan(self) -> dict[int, str]:
-        """Find every stored image (also those other processes wrote); returns {dataset index: id}.
+    def scan(self) -> set[str]:
+        """Find every stored image (also those other processes wrote); returns their identities.
 
         Every file is read whole and checked against its checksum; one that fails is discarded (see
-        the module docstring). Files written before checksums existed are checked for readability only.
+        the module docstring).
         """
         self._where = {}
         for path in sorted(self.directory.glob(f"*{SUFFIX}")):
             try:
-                indices, ids = _read_shard(path)
+                keys = _read_shard(path)
             except (SafetensorError, OSError, ValueError, KeyError, TypeError) as error:
                 discard(path, f"unreadable ({type(error).__name__}: {error})")
                 continue
-            for row, (index, image_id) in enumerate(zip(indices, ids)):
-                self._where.setdefault(index, (path, row, str(image_id)))
-        return {index: image_id for index, (_, _, image_id) in self._where.items()}
+            for row, key in enumerate(keys or ()):
+                self._where.setdefault(key, (path, row))
+        return set(self._where)
 
-    def __contains__(self, index: int) -> bool:
-        return index in self._where
+    def __contains__(self, key: str) -> bool:
+        return key in self._where
 
-    def write(self, indices: list[int], ids: list[str], tensors: dict[str, Tensor]) -> None:
-        """Store one batch; every tensor has one row per image."""
+    def write(self, keys: list[str], tensors: dict[str, Tensor]) -> None:
+        """Store one batch: the images ``keys`` (their identities); every tensor has one row per image."""
         for name, tensor in tensors.items():
-            if tensor.shape[0] != len(indices):
-                raise ValueError(f"{name!r} has {tensor.shape[0]} rows for {len(indices)} images")
-        digest = hashlib.sha256(json.dumps(indices).encode()).hexdigest()[:10]
-        path = self.directory / f"{indices[0]:09d}-{digest}{SUFFIX}"
+            if tensor.shape[0] != len(keys):
+                raise ValueError(f"{name!r} has {tensor.shape[0]} rows for {len(keys)} images")
+        digest = hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:16]
+        path = self.directory / f"{digest}{SUFFIX}"
         cpu = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
-        metadata = {"indices": json.dumps(indices), "ids": json.dumps(ids), CHECKSUM: shard_checksum(indices, ids, cpu)}
+        metadata = {"keys": json.dumps(keys), CHECKSUM: shard_checksum(keys, cpu)}
         atomic_write(path, save(cpu, metadata=metadata))
-        for row, (index, image_id) in enumerate(zip(indices, ids)):
-            self._where[index] = (path, row, image_id)
+        for row, key in enumerate(keys):
+            self._where[key] = (path, row)
 
-    def read(self, indices: list[int], ids: list[str] | None = None,
-             device: torch.device | str = "cpu") -> dict[str, Tensor]:
-        """Stored tensors of ``indices`` (all found by :meth:`scan` or written), rows in that order.
-
-        When ``ids`` is given, each must match the stored id: a mismatch means the cache was made
-        with another dataset, which would silently mix results.
-        """
+    def read(self, keys: list[str], device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        """Stored tensors of the images ``keys`` (all found by :meth:`scan` or written), rows in that order."""
         rows_of: dict[Path, list[tuple[int, int]]] = {}
-        for position, index in enumerate(indices):
-            path, row, stored_id = self._where[index]
-            if ids is not None and ids[position] != stored_id:
-                raise RuntimeError(
-                    f"{self.directory} holds image {stored_id!r} at dataset index {index}, but the dataset now "
-                    f"gives {ids[position]!r} there; use a new output_dir for a changed dataset")
+        for position, key in enumerate(keys):
+            path, row = self._where[key]
             rows_of.setdefault(path, []).append((position, row))
         parts: dict[str, list[Tensor]] = {}
         order: list[int] = []

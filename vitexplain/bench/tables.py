@@ -16,6 +16,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from ..metrics.base import GROUPS
+from ..uncertainty import MIN_IMAGES, TOO_FEW, has_interval
 
 #: headers up to this many characters are never broken over lines
 HEADER_WIDTH = 12
@@ -60,9 +61,12 @@ def fixed(value: float, decimals: int) -> str:
 
 def format_estimate(estimate: Estimate, decimals: int | None = None) -> str:
     """``value [low, high] (n)``, all three with ``decimals`` decimals (by default as
-    :func:`column_decimals` gives a column of this number alone)."""
+    :func:`column_decimals` gives a column of this number alone); ``value [too few images for an interval] (n)``
+    when it has no interval because n is below :data:`~vitexplain.uncertainty.MIN_IMAGES`."""
     decimals = column_decimals([estimate]) if decimals is None else decimals
     value, low, high = (fixed(v, decimals) for v in (estimate.value, estimate.low, estimate.high))
+    if not has_interval(estimate.images) and math.isnan(estimate.low) and math.isnan(estimate.high):
+        return f"{value} [{TOO_FEW}] ({estimate.images})"
     return f"{value} [{low}, {high}] ({estimate.images})"
 
 
@@ -105,6 +109,8 @@ class Table:
 
 #: what the summary says of a number that cannot tell the random control from the methods
 UNTRUSTED = "cannot tell the random control from the methods on this model: not counted"
+#: what the summary says of a number on too few images for an interval (no best, no tied, no trust record)
+TOO_FEW_TO_COMPARE = f"too few images to compare the methods (an interval needs {MIN_IMAGES})"
 
 
 @dataclass
@@ -131,7 +137,7 @@ class Lead:
 
     def leaders(self) -> str:
         if not self.methods:
-            return "–"
+            return TOO_FEW_TO_COMPARE if not has_interval(_image_count(self.images)) else "–"
         if not self.counted:
             return UNTRUSTED
         return ("best: " if len(self.methods) == 1 else f"tied ({len(self.methods)}): ") + ", ".join(self.methods)

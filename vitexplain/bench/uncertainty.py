@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..uncertainty import Report, bootstrap, interval
+from ..uncertainty import Report, bootstrap, has_interval, interval
 
 
 @dataclass
@@ -25,11 +25,14 @@ class Sample:
 
 
 def paired_difference(first: Sample, second: Sample, number: str, report: Report, seed: int) -> tuple[float, float]:
-    """The interval of ``first`` minus ``second`` on ``number``, resampling the images both have together."""
+    """The interval of ``first`` minus ``second`` on ``number``, resampling the images both have together; NaN on
+    fewer than :data:`~vitexplain.uncertainty.MIN_IMAGES` of them (too few for an interval)."""
     if first.indices == second.indices:
+        if not has_interval(len(first.indices)):
+            return float("nan"), float("nan")
         return interval(first.replicates[number] - second.replicates[number])
     common = sorted(set(first.indices) & set(second.indices))
-    if len(common) < 2:
+    if not has_interval(len(common)):
         return float("nan"), float("nan")
     replicates = []
     for sample in (first, second):
@@ -45,11 +48,12 @@ def leaders(samples: dict[str, Sample], scores: dict[str, float], higher_is_bett
     more: they are tied); ``controls``: the controls no leader is better than at that confidence.
 
     ``scores`` holds each method's reported value of ``number``; methods without a finite one, or without a
-    sample, are left out.
+    sample, are left out. Nobody leads when the best-valued method has fewer than
+    :data:`~vitexplain.uncertainty.MIN_IMAGES` images: too few for an interval, so too few to compare.
     """
     found = {m: v for m, v in scores.items() if m in samples and np.isfinite(v)}
     methods = sorted((m for m in found if m not in controls), key=lambda m: -found[m] if higher_is_better else found[m])
-    if not methods:
+    if not methods or not has_interval(len(samples[methods[0]].indices)):
         return {"methods": [], "controls": []}
     top = methods[0]
 

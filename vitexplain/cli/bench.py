@@ -48,6 +48,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--target", choices=("predicted", "label"), help="class explained (default: predicted)")
     parser.add_argument("--num-workers", type=int)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    parser.add_argument("--force", action="store_true", default=None,
+                        help="write into an output folder vitexplain did not make even when it holds files the bench "
+                             "writes (results.json, report.html ...): they are replaced (without it: refused)")
     parser.set_defaults(func=run)
 
 
@@ -114,7 +117,7 @@ def config_from_args(args: argparse.Namespace):
             dataset["options"] = {**dataset.get("options", {}), key: value}
         data["dataset"] = dataset
     for key in ("batch_size", "output_dir", "device", "precision", "seed", "limit", "target", "num_workers",
-                "progress"):
+                "progress", "force"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     return BenchConfig.from_dict(data)
@@ -154,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
                         100, subsequent_indent="    ", break_on_hyphens=False, break_long_words=False))
     if result.errors:
         count = sum(len(error["images"]) for error in result.errors)
-        print(f"{len(result.errors)} error(s) on {count} image(s); see Errors above", file=sys.stderr)
+        said = f"{len(result.errors)} error(s) on {count} image(s); see Errors above"
+        if not result.scored():               # nothing to read above but the errors: the first one on this line
+            model, method, metric, message = next(iter(result.grouped_errors()))
+            said = f"error: no scores, every method failed on every image ({model} / {method}: {message}); {said}"
+        print(said, file=sys.stderr)
         return 1
     return 0

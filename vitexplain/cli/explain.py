@@ -245,10 +245,24 @@ def refuse(error: Exception) -> int:
     return 2
 
 
+def _earlier_explorer(folder: Path) -> bool:
+    """Whether the folder's explorer.html is a page vitexplain wrote (before output folders had the marker)."""
+    try:
+        with open(folder / "explorer.html", "rb") as page:
+            return b"<title>vitexplain" in page.read(4096)
+    except OSError:
+        return False
+
+
 def run(args) -> int:
+    from ..output_folders import FolderNotOurs, check_folder
+
     try:
         out = output_folder(args.output)  # checked before torch is imported: in a fraction of a second
-    except ValueError as error:
+        # the per-image names are vitexplain's own (STEM.METHOD.npy ...): only a user's explorer.html could be lost
+        check_folder(out, ["explorer.html"] if args.html else [], "explain --html", recognised=_earlier_explorer,
+                     hint="name another folder (-o), or move that file")
+    except (ValueError, FolderNotOurs) as error:
         return refuse(error)
     from ..models import ModelLoadError
 
@@ -277,7 +291,10 @@ def run(args) -> int:
         bar.update(images)
 
     def write(stem: Path, name: str, shown, maps: dict[str, Any], title: str) -> bool:
-        """One image's outputs; False, reported, when they cannot be written."""
+        """One image's outputs; False, reported, when they cannot be written, or none is left to write (every
+        method failed on it, each reported)."""
+        if not maps:
+            return False
         try:
             save_outputs(stem, shown, maps, title, grid=len(setup.methods) > 1)
         except OSError as error:
@@ -317,6 +334,9 @@ def run(args) -> int:
 
         print(f"wrote {write_explorer(setup.out / 'explorer.html', pages, title=f'vitexplain: {args.model}')}")
     if written:
+        from ..output_folders import mark_folder
+
+        mark_folder(setup.out, "vitexplain explain")   # a folder dataset skips it; its explorer.html is ours
         print(f"wrote {setup.out}/")
     if errors:
         print(f"{len(errors)} error(s); see above", file=sys.stderr)

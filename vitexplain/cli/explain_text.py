@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import html
 import sys
-from pathlib import Path
 
-from .shared import add_method_options, method_options, probability_text
+from .shared import add_method_options, method_options, output_file, positive_int, probability_text
 
 
 def add_parser(subparsers) -> None:
@@ -20,7 +19,7 @@ def add_parser(subparsers) -> None:
                         help="a method that explains text (`vitexplain methods` marks them; default: %(default)s)")
     add_method_options(parser)
     parser.add_argument("--target", type=int, help="class to explain (default: the prediction)")
-    parser.add_argument("--max-length", type=int, default=512,
+    parser.add_argument("--max-length", type=positive_int, default=512,
                         help="word pieces kept, special tokens included (default: %(default)s)")
     parser.add_argument("--html", default="vitexplain-text.html",
                         help="where the HTML snippet goes (default: %(default)s)")
@@ -53,6 +52,7 @@ def run(args) -> int:
     from ..models import load_text_model
 
     try:
+        html_file = output_file(args.html)          # checked before the model is loaded, written at the end
         options = method_options([args.method], args.options)[args.method]
         tokenizer, model = load_text_model(args.model)
     except (OSError, ValueError, TypeError, ImportError) as error:
@@ -80,6 +80,7 @@ def run(args) -> int:
         print(" ".join(f"{token}[{value:+.2f}]" for token, value in zip(tokens, scaled)))
     else:
         print(" ".join(ansi(token, value) for token, value in zip(tokens, scaled)))
-    Path(args.html).write_text(html_snippet(tokens, scaled, raw.tolist()))
+    html_file.parent.mkdir(parents=True, exist_ok=True)
+    html_file.write_text(html_snippet(tokens, scaled, raw.tolist()))
     print(f"wrote {args.html}")
     return 0

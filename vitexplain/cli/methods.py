@@ -44,10 +44,11 @@ def run(args) -> int:
 
 def _metrics() -> int:
     from ..metrics import available_metrics, get_metric
+    from ..metrics.base import describe_need
 
     for name in available_metrics():
         metric = get_metric(name)
-        needs = f"; needs {', '.join(metric.requires)}" if metric.requires else ""
+        needs = f"; needs {', '.join(map(describe_need, metric.requires))}" if metric.requires else ""
         options = ", ".join(f"{key}={value!r}" for key, value in metric.options.items()) or "no options"
         print(f"{name:24s} [{metric.group}{needs}]\n{'':24s} {options}")
     return 0

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from .shared import add_precision_option, output_folder
+from .shared import add_precision_option, output_folder, positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -28,11 +28,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("-o", "--output", dest="output_dir", default="vitexplain-reproduce", help="output folder")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     add_precision_option(parser, default="float32")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--limit", type=int, help="evaluate a random subset of this many images per setting "
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument("--limit", type=positive_int, help="evaluate a random subset of this many images per setting "
                         "(a quick check; the numbers are then not comparable with the paper's)")
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the files of an OUTPUT/bench folder vitexplain did not make")
     parser.set_defaults(func=run)
 
 
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             table = run_recipe(name, data=data, models={k: v for k, v in models.items() if k in recipe.models()},
                                output_dir=args.output_dir, device=args.device, precision=args.precision,
                                batch_size=args.batch_size,
-                               limit=args.limit, num_workers=args.num_workers, progress=args.progress)
+                               limit=args.limit, num_workers=args.num_workers, progress=args.progress,
+                               force=args.force)
             if int(os.environ.get("RANK", "0")) != 0:
                 continue
             print(table.markdown())

@@ -8,10 +8,16 @@ object of a two-object image: ``{"label", "mask", "boxes"}``). :func:`collate` b
 :data:`vitexplain.metrics.base.TRUTH` (``mask`` becomes ``masks``; ``boxes`` stays a list, one
 entry per image; ``second`` becomes ``{"targets", "masks", "boxes"}``); other keys keep their name.
 A dataset declares the ground truth it serves, by those batch names, in ``provides``.
+
+Every sample has an *identity* (:func:`identity_of`): its id and a digest of its content, what a cache of
+results per image is keyed by, so that a stored result never answers for a changed, added or moved image.
+A dataset that can tell it without reading the image (from its files' bytes) defines ``identity(index)``.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,6 +111,59 @@ class DictDataset(Dataset):
     def load(self, item: int) -> dict[str, Any]:
         """The sample of item ``item`` of the full list."""
         raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------- identity
+
+def _digest_value(digest: Any, value: Any) -> None:
+    """Feed ``value`` (a tensor, array, number, text, or a list / dict of them) to ``digest``, type and shape too."""
+    if isinstance(value, Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif hasattr(value, "__array__") and not isinstance(value, (str, bytes)):
+        _digest_value(digest, torch.as_tensor(value))
+    elif isinstance(value, dict):
+        digest.update(f"D{len(value)}".encode())
+        for key in sorted(value, key=str):
+            digest.update(f"K{key}".encode())
+            _digest_value(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"L{len(value)}".encode())
+        for item in value:
+            _digest_value(digest, item)
+    else:
+        digest.update(f"V{json.dumps(value, default=repr)}".encode())
+
+
+def content_digest(*parts: Any) -> str:
+    """A short SHA-256 of ``parts`` (samples, file bytes, labels ...): equal content, equal digest."""
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, bytes):
+            digest.update(b"B" + part)
+        else:
+            _digest_value(digest, part)
+    return digest.hexdigest()[:20]
+
+
+def identity_of(dataset: Dataset, index: int, sample: dict[str, Any] | None = None) -> str | None:
+    """The identity of the dataset's item ``index``: ``"<id>#<content digest>"``.
+
+    The dataset's own ``identity(index)`` when it has one (it reads no image); else the digest of the loaded
+    ``sample`` (every value of it: the preprocessed image and its ground truth), None when no sample is given.
+    """
+    own = getattr(dataset, "identity", None)
+    if callable(own):
+        return own(index)
+    if sample is None:
+        return None
+    return f"{sample.get('id', index)}#{content_digest(sample)}"
+
+
+def knows_identities(dataset: Dataset) -> bool:
+    """Whether ``dataset`` tells an item's identity without loading it."""
+    return callable(getattr(dataset, "identity", None))
 
 
 # ---------------------------------------------------------------------------------------- batching

@@ -13,7 +13,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from ..image_files import load_image
-from .base import DatasetFormatError, DatasetNotFoundError, DictDataset, register_dataset, require
+from ..output_folders import MARKER
+from .base import DatasetFormatError, DatasetNotFoundError, DictDataset, content_digest, register_dataset, require
 from .preprocess import Preprocess, resolve_preprocess
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -51,17 +52,17 @@ def _problem(names: Sequence[str], one: str, many: str) -> list[str]:
 
 
 def _files(folder: Path, skip: Path | None = None) -> list[str]:
-    """Relative POSIX paths of the image files below ``folder`` (none below the folder ``skip``, no part of the
-    path starting with '.'), sorted."""
-    skipped = None
+    """Relative POSIX paths of the image files below ``folder`` (none below the folder ``skip`` or below a folder
+    vitexplain writes its output to, no part of the path starting with '.'), sorted."""
+    skipped = [marker.parent.relative_to(folder).parts for marker in folder.rglob(MARKER)]
     if skip is not None and skip.resolve().is_relative_to(folder.resolve()):
-        skipped = skip.resolve().relative_to(folder.resolve()).parts
+        skipped.append(skip.resolve().relative_to(folder.resolve()).parts)
     found = []
     for path in folder.rglob("*"):
         relative = path.relative_to(folder)
         if any(part.startswith(".") for part in relative.parts) or path.suffix.lower() not in IMAGE_SUFFIXES:
             continue
-        if skipped is not None and relative.parts[:len(skipped)] == skipped:
+        if any(relative.parts[:len(parts)] == parts for parts in skipped):
             continue
         if path.is_file():
             found.append(relative.as_posix())
@@ -398,6 +399,18 @@ class ImageFolderDataset(DictDataset):
         return self.class_to_idx[text]
 
     # ------------------------------------------------------------------------------------ samples
+
+    def identity(self, index: int) -> str:
+        """``"<relative path>#<digest>"`` of served item ``index``, from the bytes of its image and mask files, its
+        label and boxes: what the bench's cache is keyed by (no image decoded)."""
+        item = int(self.indices[index])
+        name = self.files[item]
+        parts = [(self.root / name).read_bytes(), self.labels[item]]
+        if self.masks is not None:
+            parts.append(self.masks[item].read_bytes())
+        if self.boxes is not None:
+            parts.append(self.boxes[item])
+        return f"{name}#{content_digest(*parts)}"
 
     def load(self, item: int) -> dict[str, Any]:
         name = self.files[item]

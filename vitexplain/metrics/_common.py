@@ -1,10 +1,13 @@
 """Helpers shared by the evaluation protocols: option and map checks, upsampling, normalising, ranking."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
+
+from ..maps import check_finite
 
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
@@ -19,11 +22,25 @@ def check_maps(maps: Tensor, batch: int | None = None, what: str = "explanation 
         raise ValueError(f"{what}: expected shape [B, h, w], got {tuple(maps.shape)}")
     if batch is not None and maps.shape[0] != batch:
         raise ValueError(f"{what}: got {maps.shape[0]} maps for {batch} images")
-    bad = ~torch.isfinite(maps.flatten(1)).all(1)
-    if bad.any():
-        names = ", ".join(f"image {i}" for i in bad.nonzero().flatten().tolist())
-        raise ValueError(f"{what} of {names} contains NaN or infinite values")
+    check_finite(maps, [f"image {i}" for i in range(maps.shape[0])], what)
     return maps if maps.is_floating_point() else maps.float()
+
+
+def explain_copy(explain: Callable[..., Tensor], images: Tensor, targets: Tensor, copy: int, **keywords) -> Tensor:
+    """The maps of a stability protocol's ``copy``-th perturbed copy of the images (``copy`` ≥ 1; 0 is the images
+    themselves): ``explain(images, targets, copy=copy, **keywords)``, so that a control unrelated to its image
+    (``random_baseline``) draws afresh for each copy (:attr:`~vitexplain.metrics.base.EvalBatch.explain`); a plain
+    ``(images, targets)`` callable that takes no ``copy`` is called without it."""
+    if _takes_copy(explain):
+        keywords["copy"] = copy
+    return explain(images, targets, **keywords)
+
+
+def _takes_copy(explain: Callable[..., Tensor]) -> bool:
+    try:
+        return "copy" in inspect.signature(explain).parameters
+    except (TypeError, ValueError):      # a callable without a signature Python can read
+        return False
 
 
 def check_image_batch(images: Tensor) -> None:

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
-import torch
 from torch import Tensor, nn
 
+from ..maps import check_finite
 from ..options import check_options, option_defaults
 from ..registry import Registry, registering
 
@@ -41,7 +41,11 @@ class EvalBatch:
         labels: ground-truth class [B] (-1 where unknown).
         explain: re-runs the same method with the same options: (images, targets) -> maps; called as
             (images, targets, seed=s), a randomised method runs with seed s instead of its own (a
-            deterministic method ignores it). None when the maps came from elsewhere: a protocol that
+            deterministic method ignores it); called as (images, targets, copy=k), the images are the k-th
+            perturbed copy (k ≥ 1) that a stability protocol compares with :attr:`maps`, and a control unrelated to
+            its image (``random_baseline``, registered ``fresh_per_copy``) draws afresh for each k, every other
+            method ignores it (a protocol passes ``copy`` through :func:`._common.explain_copy`, which leaves it
+            out for a callable that does not take it). None when the maps came from elsewhere: a protocol that
             re-explains then refuses the batch.
         logits: the model's forward: images -> logits [B, classes], batched, in eval mode, without
             gradients (the bench passes its adapter's :meth:`~vitexplain.instrumentation.ModelAdapter.logits`).
@@ -72,10 +76,7 @@ class EvalBatch:
     modified: Callable[[Callable[[nn.Module], None]], ContextManager[None]] | None = None
 
     def __post_init__(self) -> None:
-        bad = ~torch.isfinite(self.maps.flatten(1)).all(1)
-        if bad.any():
-            names = [self.ids[i] for i in bad.nonzero().flatten().tolist()]
-            raise ValueError(f"explanation map of {', '.join(names)} contains NaN or infinite values")
+        check_finite(self.maps, self.ids)
 
 
 #: the kinds of protocol, each with what it rewards (one line, shown beside its leaders in the reports); a
@@ -85,7 +86,8 @@ GROUPS = {
                     "keeping them keeps it",
     "localisation": "maps that agree with the annotated object (masks, boxes, rationales), whether or not the model "
                     "used it",
-    "robustness": "maps that change little when the image changes a little (a map that never changes wins)",
+    "robustness": "maps that change little when the image changes a little (a map that never changes wins; the "
+                  "random control is drawn afresh for every perturbed copy, the least stable map there is)",
     "randomisation": "maps that change when the model's weights are randomised (a map that does not depend on the "
                      "model fails)",
     "complexity": "peaky maps, relevance on few pixels (a faithful map of a large object can score low)",
@@ -114,6 +116,17 @@ def even_steps(first: int, points: int, steps: int) -> list[float]:
     return [k / steps for k in range(first, first + points)]
 
 
+def alternatives(need: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The names any one of which meets an entry of :attr:`Metric.requires`: ``"masks"`` -> ``("masks",)``,
+    ``("boxes", "masks")`` -> itself."""
+    return (need,) if isinstance(need, str) else tuple(need)
+
+
+def describe_need(need: str | tuple[str, ...], names: Mapping[str, str] | None = None) -> str:
+    """An entry of :attr:`Metric.requires` in words: its names (through ``names`` where it has one) joined by "or"."""
+    return " or ".join((names or {}).get(name, name) for name in alternatives(need))
+
+
 @dataclass(frozen=True)
 class Metric:
     """A registered evaluation protocol.
@@ -127,7 +140,9 @@ class Metric:
         requires: what the images must come with: names of :attr:`EvalBatch.truth` (see :data:`TRUTH`),
             ``"labels"`` for a ground-truth class on every image, ``"explain"`` for a protocol that runs the
             method again (:attr:`EvalBatch.explain`), ``"model"`` for one that changes the model for a while
-            (:attr:`EvalBatch.modified`; with ``"explain"``, to explain the changed model).
+            (:attr:`EvalBatch.modified`; with ``"explain"``, to explain the changed model). An entry that is a
+            tuple of names is met by any one of them: the pointing game's ``("boxes", "masks")`` (see
+            :func:`alternatives`, :func:`describe_need`).
         higher_is_better: for every reported number, whether higher is better (drives the arrows and
             the bold best value of the tables).
         cost: model passes per image given the effective options and the explanation method's own passes
@@ -142,7 +157,7 @@ class Metric:
     name: str
     compute: Callable[..., dict[str, Tensor]]
     reduce: Callable[[dict[str, Tensor]], dict[str, float]]
-    requires: tuple[str, ...] = ()
+    requires: tuple[str | tuple[str, ...], ...] = ()
     higher_is_better: dict[str, bool] = field(default_factory=dict)
     cost: Callable[[dict[str, Any], float], float] = lambda options, method_passes: 0.0
     group: str = "other"
@@ -151,6 +166,12 @@ class Metric:
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
             raise ValueError(f"metric {self.name!r}: group must be one of {', '.join(GROUPS)}, got {self.group!r}")
+        needs = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
+        needs = tuple(need if isinstance(need, str) else tuple(need) for need in needs)
+        if not all(isinstance(need, str) or (need and all(isinstance(name, str) for name in need)) for need in needs):
+            raise ValueError(f"metric {self.name!r}: requires must list names, or tuples of names any one of which "
+                             f"will do, e.g. ('labels', ('boxes', 'masks')); got {self.requires!r}")
+        object.__setattr__(self, "requires", needs)
 
     @property
     def options(self) -> dict[str, Any]:

@@ -20,6 +20,10 @@ reported numbers are means over images (the bench adds bootstrap intervals); a m
 :data:`CHAOTIC_BELOW` on the model in hand is chaotic there (docs/decisions/metrics-mprt.md). The maps are computed
 in float32 (``explain`` scopes its precision); the weights change only within :attr:`EvalBatch.modified` and are
 restored exactly. Buffers are left as they are (they hold indices and fixed tables, not learnt weights).
+
+Each perturbation is a copy (``copy=k``, k = 1 … 4 in the order of :data:`KINDS`, of :attr:`EvalBatch.explain`): the
+random control is drawn afresh for each, so its r is that of two unrelated maps, about 0, not a perfect 1
+(docs/decisions/metric-trust.md); every explanation method ignores it.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from torch import Tensor, nn
 
 from ..options import Range
 from ..seeding import seeded_draw
-from ._common import check_image_batch, check_maps
+from ._common import check_image_batch, check_maps, explain_copy
 from ._randomise import check_explained, modifier_of, pearson
 from .base import EvalBatch, register_metric
 
@@ -73,7 +77,8 @@ def numerical_stability(explain: Callable[..., Tensor], modified, images: Tensor
     """Per image, r of the map under each perturbation to ``maps`` (``r_<kind>``, float64 [B]) and ``r_worst``.
 
     Args:
-        explain: (images, targets) -> maps, the method under test.
+        explain: (images, targets) -> maps, the method under test (given ``copy=k`` for perturbation k when it
+            takes ``copy``: :func:`._common.explain_copy`).
         modified: :attr:`EvalBatch.modified` (the weight perturbations happen within it and are undone).
         images: preprocessed images [B, C, H, W]; maps: the method's maps of them [B, h, w]; targets: classes [B].
         seed: seeds the relative noise (of the weights and of the input).
@@ -85,9 +90,10 @@ def numerical_stability(explain: Callable[..., Tensor], modified, images: Tensor
     found = {}
     for kind, change in (("bf16_weights", round_weights), ("noise_weights", noisy_weights(seed, size))):
         with modified(change):
-            found[kind] = explain(images, targets)
-    found["bf16_input"] = explain(bf16_round(images), targets)
-    found["noise_input"] = explain(images * (1 + size * noise.to(images.dtype)), targets)
+            found[kind] = explain_copy(explain, images, targets, 1 + KINDS.index(kind))
+    found["bf16_input"] = explain_copy(explain, bf16_round(images), targets, 1 + KINDS.index("bf16_input"))
+    found["noise_input"] = explain_copy(explain, images * (1 + size * noise.to(images.dtype)), targets,
+                                        1 + KINDS.index("noise_input"))
     values = {f"r_{kind}": pearson(maps, check_explained(found[kind], maps, f"under {kind.replace('_', ' ')}"))
               for kind in KINDS}
     values["r_worst"] = torch.stack(list(values.values()), 1).min(1).values

@@ -1,4 +1,9 @@
-"""Pointing game (Zhang et al., ECCV 2016) as run by TIS (Englebert et al., ICCVW 2023, Table 3).
+"""Pointing game (Zhang et al., ECCV 2016 / IJCV 2018) as run by TIS (Englebert et al., ICCVW 2023, Table 3).
+
+Zhang et al. count a hit when the map's maximum lies on one of the annotated instances of the cued class, with
+a 15-pixel tolerance; TorchRay's reimplementation of their benchmark (facebookresearch/TorchRay,
+``benchmark/pointing_game.py``) paints VOC's boxes and COCO's segmentation masks alike as one boolean region, so a
+dataset's masks serve as well as its boxes.
 
 TIS Sec. 4.2: "we excluded images where the bounding box covered more than 50% of the image" (2892
 of 5000 excluded). This reproduces ``metrics/pointing_game.py`` of aenglebert/Transformer_Input_Sampling:
@@ -11,6 +16,16 @@ of 5000 excluded). This reproduces ``metrics/pointing_game.py`` of aenglebert/Tr
 * hit = the painted grid at the maximum of the map upsampled bilinearly to the image (first maximum
   in row-major order when several pixels tie).
 
+Masks instead of boxes (a dataset with masks and no boxes; boxes are used when it has both): the mask is the
+painted grid, and everything else is the same (exclusion by its share of the image, an empty mask kept and a
+miss, the first maximum). Quantus's ``PointingGame``, which takes masks only, agrees on the hit (the mask at the
+maximum, no tolerance) but counts a hit when any tied maximum is on the mask and gives an empty mask NaN.
+
+``tolerance`` (pixels of the image the maps are scored at; 0, TIS's and Quantus's, by default) is Zhang et al.'s:
+a hit also when a pixel of the region, box or mask alike, lies at Euclidean distance < ``tolerance`` from the
+maximum (TorchRay's acceptance disc ``du**2 + dv**2 < tolerance**2``); their 15 was in pixels of the original
+VOC / COCO images (about 500 wide), so at 224 pixels it is a wider share of the image.
+
 Per image: ``hit`` (1 / 0) and ``excluded`` (1 / 0). Reported: accuracy over the kept images, and
 how many images were kept and excluded.
 """
@@ -20,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..maps import resize
-from ..options import Share
+from ..options import NonNegative, Share
 from ._common import check_maps
 from .base import EvalBatch, register_metric
 
@@ -44,27 +59,63 @@ def box_masks(boxes: list[Tensor], size: tuple[int, int], device: torch.device) 
     return (union > 0).view(len(boxes), height, width)
 
 
-def pointing_game(maps: Tensor, boxes: list[Tensor], image_size: tuple[int, int], *,
-                  max_coverage: float = 0.5) -> dict[str, Tensor]:
-    """Per-image hits and exclusions.
+def mask_regions(masks: Tensor, size: tuple[int, int], device: torch.device) -> Tensor:
+    """Foreground masks [B, H, W] as the regions the maximum must point at (bool, on ``device``)."""
+    masks = torch.as_tensor(masks)
+    if masks.dim() != 3 or tuple(masks.shape[-2:]) != tuple(size):
+        raise ValueError(f"masks must be [B, H, W] at the image's size {tuple(size)}, got {tuple(masks.shape)}; "
+                         f"resize them as the images were (nearest neighbour)")
+    return masks.to(device).bool()
+
+
+def pointing_game(maps: Tensor, boxes: list[Tensor] | None = None, image_size: tuple[int, int] | None = None, *,
+                  masks: Tensor | None = None, max_coverage: float = 0.5, tolerance: float = 0.0) -> dict[str, Tensor]:
+    """Per-image hits and exclusions, on boxes or on masks.
 
     Args:
         maps: explanation maps [B, h, w].
         boxes: per image, ground-truth boxes [k, 4] as (x0, y0, x1, y1) pixels of the input image.
-        image_size: (H, W) of the input image.
-        max_coverage: images whose boxes cover at least this share of the image are excluded.
+        image_size: (H, W) of the input image (with ``masks``, theirs when not given).
+        masks: instead of ``boxes``, foreground masks [B, H, W] (bool) at the input image's size.
+        max_coverage: images whose boxes (mask) cover at least this share of the image are excluded.
+        tolerance: a hit also when the region lies within this many pixels of the maximum (Zhang et al.'s 15;
+            0, the TIS code's, by default).
 
     Returns:
         ``hit`` and ``excluded``: [B] floats (1 / 0).
     """
-    maps = check_maps(maps, len(boxes))
+    if (boxes is None) == (masks is None):
+        raise ValueError("pointing_game needs either boxes or masks (one of them); give boxes=[...] or masks=...")
+    if masks is not None and image_size is None:
+        image_size = tuple(torch.as_tensor(masks).shape[-2:])
+    if image_size is None:
+        raise ValueError("pointing_game on boxes needs image_size, the (H, W) of the input image")
+    maps = check_maps(maps, len(boxes) if masks is None else len(masks))
     if not 0 < max_coverage <= 1:
         raise ValueError(f"max_coverage must be in (0, 1], got {max_coverage}")
-    covered = box_masks(boxes, image_size, maps.device).flatten(1)
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be a number of pixels >= 0, got {tolerance}")
+    if masks is None:
+        region = box_masks(boxes, image_size, maps.device)
+    else:
+        region = mask_regions(masks, image_size, maps.device)
+    covered = region.flatten(1)
     peak = resize(maps, image_size).flatten(1).argmax(1)
     hit = covered.gather(1, peak[:, None])[:, 0]
+    if tolerance > 0:
+        hit = hit | _within(region, peak, tolerance)
     excluded = covered.float().mean(1) >= max_coverage
     return {"hit": hit.float(), "excluded": excluded.float()}
+
+
+def _within(region: Tensor, peak: Tensor, tolerance: float) -> Tensor:
+    """[B] whether a pixel of ``region`` [B, H, W] lies at distance < ``tolerance`` from the flat index ``peak``."""
+    height, width = region.shape[-2:]
+    row, col = (peak // width).double(), (peak % width).double()
+    rows = torch.arange(height, device=region.device, dtype=torch.float64)
+    cols = torch.arange(width, device=region.device, dtype=torch.float64)
+    distance = (rows[None, :] - row[:, None]).square()[:, :, None] + (cols[None, :] - col[:, None]).square()[:, None]
+    return (region & (distance < float(tolerance) ** 2)).flatten(1).any(1)
 
 
 def reduce_pointing_game(values: dict[str, Tensor]) -> dict[str, float]:
@@ -76,9 +127,14 @@ def reduce_pointing_game(values: dict[str, Tensor]) -> dict[str, float]:
 @register_metric(
     "pointing_game",
     reduce=reduce_pointing_game,
-    requires=("boxes",),
+    requires=(("boxes", "masks"),),
     higher_is_better={"accuracy": True},
     group="localisation",
 )
-def _compute(batch: EvalBatch, *, max_coverage: Share = 0.5) -> dict[str, Tensor]:
-    return pointing_game(batch.maps, batch.truth["boxes"], tuple(batch.images.shape[-2:]), max_coverage=max_coverage)
+def _compute(batch: EvalBatch, *, max_coverage: Share = 0.5, tolerance: NonNegative = 0.0) -> dict[str, Tensor]:
+    size = tuple(batch.images.shape[-2:])
+    boxes = batch.truth.get("boxes")
+    if boxes is not None:                                   # boxes first, as TIS and Zhang et al. (VOC) used them
+        return pointing_game(batch.maps, boxes, size, max_coverage=max_coverage, tolerance=tolerance)
+    return pointing_game(batch.maps, None, size, masks=batch.truth["masks"], max_coverage=max_coverage,
+                         tolerance=tolerance)

@@ -22,6 +22,10 @@ Two options reproduce what the TIS authors' pipeline feeds Captum (docs/decision
   the spread of the method's own randomness. With ``reseed`` each perturbed call s runs the method
   with its own seed, derived from ``seed`` and s (:func:`sample_seeds`), so the run stays reproducible.
 
+Each perturbed call s (1 … n) is the s-th copy of the images (``copy=s`` of :attr:`EvalBatch.explain`): the random
+control is drawn afresh for each, so it scores as a map unrelated to its image, not as a perfectly stable one
+(docs/decisions/metric-trust.md); every explanation method ignores it.
+
 Differences from Captum, both needed by vitexplain's contract: the noise comes from a CPU
 ``torch.Generator`` seeded with ``seed`` (Captum uses the global RNG), and the same n samples are
 added to every image, so an image's result does not depend on its batch. e(x) is the map already
@@ -38,7 +42,7 @@ from torch import Tensor
 from ..maps import min_max
 from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
-from ._common import check_choice, check_image_batch, check_maps
+from ._common import check_choice, check_image_batch, check_maps, explain_copy
 from .base import EvalBatch, register_metric
 
 Normalise = Literal["none", "minmax", "max"]
@@ -86,7 +90,8 @@ def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor
 
     Args:
         explain: (images, targets) -> maps [B, h, w], the method under test; with ``reseed`` it is
-            called as (images, targets, seed=...) and must run the method with that seed.
+            called as (images, targets, seed=...) and must run the method with that seed; when it takes
+            ``copy``, perturbed call s gets ``copy=s`` (:func:`._common.explain_copy`).
         images: preprocessed images [B, C, H, W].
         maps: the method's maps of ``images`` for ``targets`` [B, h, w].
         targets: explained class per image [B].
@@ -109,9 +114,9 @@ def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor
     scale = reference.norm(dim=1)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     changes = []
-    for delta, call_seed in zip(noise, seeds):
+    for copy, (delta, call_seed) in enumerate(zip(noise, seeds), start=1):
         seeded = {} if call_seed is None else {"seed": call_seed}
-        found = explain(images + delta, targets, **seeded)
+        found = explain_copy(explain, images + delta, targets, copy, **seeded)
         perturbed = check_maps(found.to(images.device), images.shape[0], what="explanation map of a perturbed image")
         if perturbed.shape != maps.shape:
             raise ValueError(f"explain returned maps of shape {tuple(perturbed.shape)}, expected {tuple(maps.shape)}")

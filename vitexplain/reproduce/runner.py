@@ -237,7 +237,8 @@ def _cell(recipe: TableRecipe, plans: dict[str, SettingPlan], results: dict[str,
         cell.note = f"binarised at threshold {threshold:g}"
     cell.images = result.images.get(setting.model, {}).get(row, {}).get(column.metric, 0)
     errors = [e for e in result.errors
-              if e["model"] == setting.model and e["method"] == row and e["metric"] in (None, column.metric)]
+              if e["model"] in ("", setting.model) and e["method"] in ("", row)     # "": a protocol refused for all
+              and e["metric"] in (None, column.metric)]
     cell.failed = sum(len(e["images"]) for e in errors)
     if cell.reproduced is None:
         cell.reason = f"failed: {errors[0]['error']}" if errors else f"the metric reported no {column.number!r}"
@@ -249,7 +250,7 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
                batch_size: int = 16,
                limit: int | None = None, method_options: dict[str, dict[str, Any]] | None = None,
                metric_options: dict[str, dict[str, Any]] | None = None, num_workers: int = 0,
-               progress: bool = True) -> ReproducedTable:
+               progress: bool = True, force: bool = False) -> ReproducedTable:
     """Reproduce one published table and write it as Markdown, CSV, HTML and JSON.
 
     Args:
@@ -270,6 +271,8 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
         method_options, metric_options: ``{method or metric name: {option: value}}`` overriding the
             recipe's protocol (quick checks, tests); recorded as deviations.
         num_workers: DataLoader workers; progress: show progress bars.
+        force: let the bench replace the files of a ``<output_dir>/bench`` folder vitexplain did not make (the
+            bench's ``force``).
 
     Raises:
         RecipeInputError: before any computation, listing every missing or unreadable input.
@@ -303,7 +306,7 @@ def run_recipe(name: str, *, data: dict[str, Any] | None = None, models: dict[st
             dataset=bench_dataset(setting.data, root, indices, model.data_config, model.source), batch_size=batch_size,
             output_dir=output_dir / "bench", device=str(device), precision=precision, seed=recipe.seed,
             limit=min(chosen) if chosen else None,
-            target=setting.target, num_workers=num_workers, progress=progress, gallery=0))
+            target=setting.target, num_workers=num_workers, progress=progress, gallery=0, force=force))
         setup.append(_setup_line(plan, model.source, root, results[setting.key]))
 
     by_key = {plan.setting.key: plan for plan in plans}

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..datasets.digits import CANVAS, MEAN, PATCH, STD
+from ..options import similar_names
 
 CLASS_NAMES = [str(digit) for digit in range(10)]
 #: the digits preprocessing, written into every model's timm ``pretrained_cfg`` so that
@@ -125,7 +126,9 @@ def build_model(arch: str, model_kwargs: dict[str, Any] | None = None) -> nn.Mod
     import timm
 
     if not timm.is_model(arch):
-        raise ValueError(f"unknown timm architecture {arch!r}")
+        close = similar_names(arch, timm.list_models())
+        hint = f"; similar names: {', '.join(close)}" if close else ""
+        raise ValueError(f"unknown timm architecture {arch!r}{hint}")
     return timm.create_model(arch, pretrained=False, **digits_model_kwargs(model_kwargs))
 
 

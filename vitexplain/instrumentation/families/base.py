@@ -373,7 +373,11 @@ def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int 
     """A float image batch [B, C, H, W] of the channels (when known) and size the model takes; a clear error
     otherwise."""
     if not isinstance(images, Tensor):
-        raise TypeError(f"images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
+        hint = " (torch.from_numpy converts an array)" if type(images).__module__ == "numpy" else ""
+        raise TypeError(f"images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}{hint}")
+    if images.is_meta:
+        raise ValueError("images are on the meta device, which holds shapes but no values: give them on a real "
+                         "device (cpu, cuda ...)")
     if images.ndim != 4:
         raise ValueError(f"images must have shape [B, C, H, W], got shape {tuple(images.shape)}")
     if not images.dtype.is_floating_point:
@@ -386,6 +390,9 @@ def check_images(images: Any, grid_size: Callable[[Tensor], Any], channels: int 
     if not finite.all():
         bad = ", ".join(str(i) for i in (~finite).nonzero()[:, 0].tolist())
         raise ValueError(f"NaN or infinite values in the batch's image(s) {bad} (counted from 0)")
+    if images.dtype == torch.float64 and bool((images.abs() > torch.finfo(torch.float32).max).any()):
+        raise ValueError("images hold values beyond float32's range (|value| > 3.4e38), in which the model sees "
+                         "them: preprocess them (normalised pixel values)")
     grid_size(images)
     return images
 
