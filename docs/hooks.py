@@ -8,6 +8,8 @@
   - ``protocols`` / ``protocol-kinds``: every registered evaluation protocol and the kinds of protocol,
     from the metric registry (``vitexplain.metrics.base``);
   - ``recipes``: every ``vitexplain reproduce`` recipe, its table, data and models (``vitexplain.reproduce``);
+  - ``modules``: the tree of the package's modules, each with the first sentence of its own docstring
+    (:func:`module_tree`; a module without one fails the build);
 
   and ``<!-- vitexplain: include FILE -->`` the text of a file at the repository's root (CHANGELOG.md,
   LICENSE), so the site shows the one copy (its links into ``docs/`` made relative to the page).
@@ -18,8 +20,10 @@
 """
 from __future__ import annotations
 
+import ast
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,13 +87,89 @@ def recipe_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: a docstring's first sentence ends at a full stop followed by a capital (not "et al. (CVPR", "Sec. 4")
+SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")
+#: Sphinx roles and double back-quotes of a docstring, shown as plain names in the tree
+DOC_ROLE = re.compile(r":\w+:`(?P<tilde>~?)\.*(?P<name>[^`]+)`")
+TREE_WIDTH = 118
+
+
+def _docstring(path: Path) -> str:
+    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+    if not docstring or not docstring.strip():
+        raise ValueError(f"{path} has no opening docstring: say in one line why the module exists")
+    return docstring
+
+
+def summary(path: Path) -> str:
+    """The first sentence of the module's (or, for a package folder, its ``__init__``'s) docstring, as plain text."""
+    path = path / "__init__.py" if path.is_dir() else path
+    paragraph = " ".join(_docstring(path).strip().split("\n\n")[0].split())
+    sentence = SENTENCE_END.split(paragraph, maxsplit=1)[0].rstrip(".")
+    sentence = DOC_ROLE.sub(lambda m: m["name"].rsplit(".", 1)[-1] if m["tilde"] else m["name"], sentence)
+    return sentence.replace("``", "")
+
+
+def registry_packages(package: Path) -> set[Path]:
+    """The folders whose every module a registry imports (``Registry(kind, "dotted.package")``, read from the
+    source): one module per entry, so the tree shows each as one line."""
+    found = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Registry" and len(node.args) > 1
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                dotted = node.args[1].value.split(".")
+                if dotted[0] == package.name:
+                    found.add(package.joinpath(*dotted[1:]))
+    return found
+
+
+def module_tree(package: Path = ROOT / "vitexplain") -> str:
+    """The package's modules as a tree (a fenced block), each line the first sentence of the module's docstring.
+
+    Every module and subpackage has its line, ``_`` helpers too, except inside a folder a registry imports
+    wholesale (methods, metrics, datasets, model families, reproduce tables): that folder is one line, its
+    ``__init__``'s sentence and a count of its modules. Folders without an ``__init__.py`` hold no modules.
+    """
+    collapsed = registry_packages(package)
+    rows: list[tuple[str, str]] = []
+
+    def walk(folder: Path, depth: int) -> None:
+        entries = sorted((path for path in folder.iterdir()
+                          if (path.suffix == ".py" and path.name != "__init__.py")
+                          or (path.is_dir() and (path / "__init__.py").is_file())),
+                         key=lambda path: path.stem)
+        for path in entries:
+            name = "  " * depth + path.name + ("/" if path.is_dir() else "")
+            if path.is_dir() and path in collapsed:
+                modules = sorted(member.stem for member in path.glob("*.py") if member.name != "__init__.py")
+                helpers = sum(module.startswith("_") for module in modules)
+                count = f"{len(modules) - helpers} modules" + (f", {helpers} _ helper" if helpers else "")
+                count += "s" if helpers > 1 else ""
+                rows.append((name, f"{summary(path)} [{count}]"))
+            else:
+                rows.append((name, summary(path)))
+                if path.is_dir():
+                    walk(path, depth + 1)
+
+    rows.append((package.name + "/", summary(package)))
+    walk(package, 1)
+    column = max(len(name) for name, _ in rows) + 2
+    lines = []
+    for name, text in rows:
+        wrapped = textwrap.wrap(text, TREE_WIDTH - column, break_long_words=False, break_on_hyphens=False) or [""]
+        lines.append(name.ljust(column) + wrapped[0])
+        lines.extend(" " * column + rest for rest in wrapped[1:])
+    return "```\n" + "\n".join(lines) + "\n```\n"
+
+
 def _generated(what: str, arg: str | None) -> str:
     if what == "include":  # a root file's links into docs/ are read from the page, which lies in docs/
         return (ROOT / arg).read_text().replace("](docs/", "](")
     from vitexplain.readme_tables import method_table, support_table
 
     tables = {"methods": method_table, "support": support_table, "protocols": protocol_table,
-              "protocol-kinds": protocol_kinds, "recipes": recipe_table}
+              "protocol-kinds": protocol_kinds, "recipes": recipe_table, "modules": module_tree}
     if what not in tables:
         raise ValueError(f"unknown generated section {what!r}; known: include FILE, {', '.join(tables)}")
     return tables[what]()

@@ -61,41 +61,43 @@ def folder(tmp_path):
     return tmp_path
 
 
-def test_an_added_image_is_computed_alone_and_the_scores_are_those_of_a_fresh_run(folder):
+def test_added_changed_and_renamed_images_are_computed_alone_and_the_scores_are_those_of_a_fresh_run(folder):
     out = folder / "out"
     first = run_benchmark(_config(folder, out))
     assert not first.errors and first.images["digits_vit"]["rollout"]["segmentation"] == 4
     before = _rows(out)
     _draw(folder / "images" / "a.png", 99)                     # sorts first: every other image moves one place
+    _draw(folder / "images" / "c.png", 7)                      # other pixels under the same name
+    (folder / "images" / "e.png").rename(folder / "images" / "f.png")
+    (folder / "masks" / "e.png").rename(folder / "masks" / "f.png")
     again = run_benchmark(_config(folder, out))
     fresh = run_benchmark(_config(folder, folder / "fresh"))
     assert not again.errors and not fresh.errors
     assert _numbers(again) == _numbers(fresh)                  # bitwise: == on every float
     assert again.images["digits_vit"]["rollout"]["segmentation"] == 5
     dataset = get_dataset("folder", images=folder / "images", masks=folder / "masks")
-    new = identity_of(dataset, 0)
-    assert new.startswith("a.png#")
+    recomputed = {identity_of(dataset, index) for index in (0, 2, 4)}     # a.png, c.png, f.png
+    assert {key.split("#")[0] for key in recomputed} == {"a.png", "c.png", "f.png"}
     added = {path: keys for path, keys in _rows(out).items() if path not in before}
-    # one shard per store (2 methods x (maps + 2 metrics)), each holding the new image alone
-    assert len(added) == len(METHODS) * (1 + len(METRICS)) and all(keys == {new} for keys in added.values())
+    # one new shard per store (2 methods x (maps + 2 metrics)), each holding those three images alone
+    assert len(added) == len(METHODS) * (1 + len(METRICS)) and all(keys == recomputed for keys in added.values())
     assert [gallery.ids for gallery in again.galleries] == [gallery.ids for gallery in fresh.galleries]
 
 
-def test_a_changed_or_renamed_image_is_computed_again_and_never_read_for_another(folder):
-    out = folder / "out"
-    run_benchmark(_config(folder, out, gallery=0))
-    _draw(folder / "images" / "c.png", 7)                      # other pixels under the same name
-    (folder / "images" / "e.png").rename(folder / "images" / "f.png")
-    (folder / "masks" / "e.png").rename(folder / "masks" / "f.png")
-    before = _rows(out)
-    again = run_benchmark(_config(folder, out, gallery=0))
-    fresh = run_benchmark(_config(folder, folder / "fresh", gallery=0))
-    assert _numbers(again) == _numbers(fresh)
-    added = set().union(*(keys for path, keys in _rows(out).items() if path not in before))
-    assert {key.split("#")[0] for key in added} == {"c.png", "f.png"}
+def test_an_identity_sees_the_image_its_mask_and_its_label_and_a_digest_every_value(folder):
+    def identities(**options):
+        dataset = get_dataset("folder", images=folder / "images", masks=folder / "masks", **options)
+        return [identity_of(dataset, index) for index in range(len(dataset))]
 
-
-def test_a_mask_change_changes_the_identity_and_a_sample_digest_sees_every_value():
+    first = identities()
+    assert [key.split("#")[0] for key in first] == ["b.png", "c.png", "d.png", "e.png"] and identities() == first
+    mask = np.asarray(Image.open(folder / "masks" / "d.png")).copy()
+    mask[0, 0] = 255 - mask[0, 0]
+    Image.fromarray(mask).save(folder / "masks" / "d.png")
+    assert [a == b for a, b in zip(identities(), first)] == [True, True, False, True]
+    (folder / "labels.csv").write_text("file,label\nb,1\nc,2\nd,3\ne,4\n")
+    labelled = identities(labels=folder / "labels.csv")
+    assert all(a != b for a, b in zip(labelled, identities()))
     assert content_digest({"image": np.zeros(3), "label": 1}) != content_digest({"image": np.zeros(3), "label": 2})
     assert content_digest({"image": np.zeros(3)}) != content_digest({"image": np.zeros(3, dtype=np.float32)})
     assert content_digest(b"abc", 1) == content_digest(b"abc", 1) != content_digest(b"abd", 1)
@@ -103,10 +105,10 @@ def test_a_mask_change_changes_the_identity_and_a_sample_digest_sees_every_value
 
 def test_an_output_folder_inside_the_images_folder_is_not_read_as_images(folder):
     out = folder / "images" / "bench-out"
-    first = run_benchmark(_config(folder, out))
+    first = run_benchmark(_config(folder, out, gallery=0))
     assert (out / MARKER).is_file()
     (out / "plots").mkdir(exist_ok=True)                       # as the curve plots of other protocols are
     Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(out / "plots" / "curve.png")
-    again = run_benchmark(_config(folder, out))
+    again = run_benchmark(_config(folder, out, gallery=0))
     assert not again.errors and again.images["digits_vit"]["rollout"]["segmentation"] == 4
     assert _numbers(again) == _numbers(first)

@@ -74,7 +74,6 @@ SUBSTITUTIONS = [
 #: the files every page's folder holds (made once by the ``fixtures`` fixture), and what they are
 FIXTURES = {
     "cat.jpg, dog.jpg": "two 224 x 224 photographs: digits canvases enlarged (any picture would do)",
-    "digit.png": "a digits test canvas (112 x 112), as the shipped models see them",
     "my_images/*.jpg, my_masks/*.png": "four digits canvases and their masks: a user's folder dataset",
     "data/imagenet-seg/gtsegs_ijcv.mat": "three images in ImageNet-Segmentation's MATLAB layout",
     "my_vit.safetensors": "weights of timm's test_vit (what `--arch vit_base_patch16_224` becomes)",
@@ -153,7 +152,6 @@ def _write_fixtures(folder: Path) -> None:
     pictures, masks = _canvases(6)
     for name, picture in zip(("cat.jpg", "dog.jpg"), pictures):
         Image.fromarray(picture).resize((224, 224), Image.BILINEAR).save(folder / name, quality=95)
-    Image.fromarray(pictures[2]).save(folder / "digit.png")
     (folder / "my_images").mkdir()
     (folder / "my_masks").mkdir()
     for i, (picture, mask) in enumerate(zip(pictures[2:], masks[2:])):

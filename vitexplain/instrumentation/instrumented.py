@@ -1,7 +1,8 @@
-"""The instrumented forward (:func:`instrumented_forward`): every Transformer block of a model (and an
-attention-pooling head) computed by the written-out forward of :mod:`.blocks`, with an
-:class:`~.attention.Arithmetic` and handing what it computes to a :class:`~.attention.Sink` — what recording,
-token subsets and LRP rules all run in.
+"""The instrumented forward (:func:`instrumented_forward`) that recording, token subsets and LRP rules all run in.
+
+Every Transformer block of a model (and an attention-pooling head) is computed by the written-out forward of
+:mod:`.blocks`, with an :class:`~.attention.Arithmetic`, and hands what it computes to a
+:class:`~.attention.Sink`.
 
 The blocks' ``forward`` methods are replaced for the length of a ``with`` block (:class:`~.patching.ModelPatch`)
 and given back on exit, also when an exception is raised.

@@ -24,11 +24,12 @@ XYZ_FROM_RGB = ((0.412453, 0.357580, 0.180423), (0.212671, 0.715160, 0.072169), 
 D65 = (0.95047, 1.0, 1.08883)
 
 
-def patch_grid(height: int, width: int, size: int, device: torch.device | str = "cpu") -> tuple[Tensor, int]:
+def pixel_patches(height: int, width: int, size: int, device: torch.device | str = "cpu") -> tuple[Tensor, int]:
     """The ``size`` x ``size`` patch of every pixel, [H, W] (long, row-major patch index), and the patch count.
 
     The grid is centred on the image: when ``size`` does not divide a side, the patches of its first and last
     row (column) are cut, by floor and ceil of half the remainder (the padding Quantus's patch metrics use).
+    Pixels to patches of the image; the model's tokens to its patch grid is ``TokenGeometry.patch_grid``.
     """
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"patch_size must be a positive integer, got {size!r}")

@@ -15,7 +15,7 @@ curve averages the fall of the classifier's score f over the L + 1 levels and th
 (higher is better: a map that finds the evidence makes f fall fast). As implemented:
 
 * regions: the ``patch_size`` x ``patch_size`` patches (9, the paper's 9 x 9 regions) of a grid centred on the image
-  (``_regions.patch_grid``: when the size does not divide a side, the border patches are cut), ranked by the sum of
+  (``_regions.pixel_patches``: when the size does not divide a side, the border patches are cut), ranked by the sum of
   the map (upsampled bilinearly to the image) over each, most relevant first; ties: the lower patch (raster order)
   first. The regions do not overlap, so every pixel is replaced once;
 * g: uniform noise U[0, 1) in every pixel and channel, in pixel units (the paper's images are pixel values and its
@@ -40,7 +40,7 @@ from ..options import PositiveInt, Score
 from ..seeding import seeded_draw
 from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import check_batch_size, mixed_logits, normalisation
-from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
+from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, register_metric
 
 
@@ -74,7 +74,7 @@ def region_perturbation(forward: Callable[[Tensor], Tensor], images: Tensor, map
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     mean, std = normalisation(images, pixel_mean, pixel_std)
-    labels, count = patch_grid(images.shape[-2], images.shape[-1], patch_size, images.device)
+    labels, count = pixel_patches(images.shape[-2], images.shape[-1], patch_size, images.device)
     rank = pixel_rank(region_relevance(upsampled(maps, images), labels[None], count, "sum"), labels[None], True)
     noise = seeded_draw(seed, lambda generator: torch.rand(images.shape[1:], generator=generator), images.device)
     noise = (noise.to(images.dtype)[None] - mean) / std

@@ -11,7 +11,7 @@ it fall fast. The number is the area under the curve (as Quantus reports it), lo
 
 As implemented:
 
-* patches of ``patch_size`` pixels on a grid centred on the image (``_regions.patch_grid``; cut at the borders when
+* patches of ``patch_size`` pixels on a grid centred on the image (``_regions.pixel_patches``; cut at the borders when
   the size does not divide a side), ranked by the sum of the map (upsampled bilinearly) over each, most relevant
   first; ties: the lower patch (raster order) first. The paper's 4 x 4 patches made a 7 x 7 grid of its 28 x 28
   MNIST digits; by default (``patch_size=None``) the patches are ceil(shorter side / 7) pixels, which keeps that
@@ -35,7 +35,7 @@ from torch import Tensor
 from ..options import PositiveInt, Score
 from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, check_batch_size, mixed_logits
-from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
+from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, register_metric
 
 #: patches per side of the paper's grid (4 x 4 patches of 28 x 28 MNIST digits)
@@ -63,7 +63,7 @@ def selectivity(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tenso
     targets = check_targets(targets, images)
     height, width = images.shape[-2:]
     size = math.ceil(min(height, width) / GRID) if patch_size is None else patch_size
-    labels, count = patch_grid(height, width, size, images.device)
+    labels, count = pixel_patches(height, width, size, images.device)
     rank = pixel_rank(region_relevance(upsampled(maps, images), labels[None], count, "sum"), labels[None], True)
     black = black_pixel(images, pixel_mean, pixel_std)
     steps = torch.arange(count + 1)                 # CPU: see mixed_logits

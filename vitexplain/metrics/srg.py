@@ -17,7 +17,7 @@ higher is better (a random map scores 0 in expectation, a constant one 0); its r
 largely the same whatever the fill. As implemented:
 
 * features: the ``patch_size`` x ``patch_size`` patches (16: the 14 x 14 patches the authors flip for a ViT at
-  224 px, their ``vit_patches`` segmentation) of a grid centred on the image (``_regions.patch_grid``), each
+  224 px, their ``vit_patches`` segmentation) of a grid centred on the image (``_regions.pixel_patches``), each
   scored by the mean of the map upsampled bilinearly over its pixels (the authors' superpixel mean); ties: the
   lower patch (raster order) first in both orders, so a constant map removes the same patches in MIF and LIF;
 * curve points: after floor(R k / n) of the R patches are removed, k = 0 ... n (``n_steps``, 15: the authors'
@@ -46,7 +46,7 @@ from torch import Tensor
 from ..options import PositiveInt, Range
 from ._common import check_choice, check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, check_batch_size, mixed_logits
-from ._regions import class_score, patch_grid, pixel_rank, region_relevance, upsampled
+from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, even_steps, register_metric
 from .insertion_deletion import baseline_images
 
@@ -93,7 +93,7 @@ def symmetric_relevance_gain(forward: Callable[[Tensor], Tensor], images: Tensor
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     substitute = fill_images(images, fill, pixel_mean, pixel_std)
-    labels, count = patch_grid(images.shape[-2], images.shape[-1], patch_size, images.device)
+    labels, count = pixel_patches(images.shape[-2], images.shape[-1], patch_size, images.device)
     relevance = region_relevance(upsampled(maps, images), labels[None], count, "mean")
     removed = torch.tensor([count * k // n_steps for k in range(n_steps + 1)])   # CPU: see mixed_logits
 

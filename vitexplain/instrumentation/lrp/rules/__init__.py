@@ -1,9 +1,11 @@
-"""LRP rules as objects, in three parts a reader can take one at a time: :mod:`.core` (the phases of one forward
-and the gradient trick every rule stands on), :mod:`.modules` (rules placed on modules: linear layers, norms,
-activations, convolutions) and :mod:`.operations` (the adds, attention products, scales, gates and dropouts of
-the written-out blocks). Rule sets (:mod:`..composites`) say which rule each part gets; :mod:`..placement` puts
-them on a model. Here the names the rest of the package reads as ``rules.X``; the stabiliser is read where it
-lives, ``rules.core.STABILISER``, so that changing it reaches every rule."""
+"""LRP rules as objects, in three parts a reader can take one at a time.
+
+:mod:`.core` holds the phases of one forward and the gradient trick every rule stands on, :mod:`.modules` the
+rules placed on modules (linear layers, norms, activations, convolutions) and :mod:`.operations` those of the
+adds, attention products, scales, gates and dropouts of the written-out blocks. Rule sets (:mod:`..composites`)
+say which rule each part gets; :mod:`..placement` puts them on a model. Here the names the rest of the package
+reads as ``rules.X``; the stabiliser is read where it lives, ``rules.core.STABILISER``, so that changing it
+reaches every rule."""
 from .core import (
                    Phase,
                    RestoredPhase,
