@@ -226,3 +226,15 @@ def test_seed_methods_localise_digits_far_better_than_the_controls(model_name):
     printed, transposed = seg["gradtoken"]["map"], seg["gradtoken_transposed"]["map"]
     noise = seg["random_baseline"]["map"]
     assert printed < noise < transposed - 20, (printed, noise, transposed)
+
+
+def test_one_image_is_refused_once_for_the_check_not_once_per_method(tmp_path):
+    """With one image the image-to-image floor cannot be formed: one error for the check, before any work."""
+    from vitexplain.bench import BenchConfig, run_benchmark
+
+    result = run_benchmark(BenchConfig(models=["digits_vit"], methods=["gae", "rollout"], metrics=["sparseness"],
+                                       dataset={"name": "digits", "options": {"n": 4}}, limit=1, gallery=0,
+                                       sanity={"images": 8}, output_dir=tmp_path, progress=False, device="cpu"))
+    assert [(e["method"], e["metric"]) for e in result.errors] == [("", "sanity")]
+    assert "needs at least 2 images" in result.errors[0]["error"] and not result.sanity.get("digits_vit")
+    assert result.scores["digits_vit"]["gae"]["sparseness"]                  # the rest of the run went on

@@ -70,6 +70,12 @@ def check_model(model: nn.Module, model_name: str, dataset: Dataset, indices: li
     batch = one_batch(dataset, indices, device)
     if batch is None:
         return {}
+    if len(batch.indices) < 2:      # a deterministic method's floor compares two images: refused once, before work
+        work.errors.append(error_entry(model_name, "", "sanity", batch.ids,
+                                       "the model-randomisation check needs at least 2 images (its noise floor "
+                                       "compares the maps of two images); this run gives it 1: raise --limit or "
+                                       "sanity.images"))
+        return {}
     key = options_key({"images": batch.keys, "seed": seed, "check": repr(check), "record": RECORD})
     paths = {label: caches[label].sanity_record(key) for label in labels}
     done = {}

@@ -197,8 +197,10 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
     if gallery is not None:
         work.galleries.append(gallery)
     if config.sanity is not None:
-        work.sanity[model_entry.name] = check_model(model, model_entry.name, dataset, shown[:config.sanity.images],
-                                                    caches, config.sanity, config.seed, where.device, work)
+        check = check_model(model, model_entry.name, dataset, shown[:config.sanity.images], caches, config.sanity,
+                            config.seed, where.device, work)
+        if check:                                   # nothing to report (no image, no maps): no table
+            work.sanity[model_entry.name] = check
 
 
 def _not_provided(metric: Metric, provides: tuple[str, ...] | None) -> list[str]:
