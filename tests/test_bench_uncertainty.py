@@ -274,3 +274,25 @@ def test_too_few_images_get_no_interval_and_no_leaders_in_the_bench_and_in_evalu
     scores = vitexplain.evaluate(model, images, maps, "sparseness", targets=0)
     low, high = scores.intervals["sparseness"]
     assert low < scores.numbers["sparseness"] < high and TOO_FEW not in str(scores)
+
+
+def test_a_report_declared_a_mean_is_resampled_as_the_report_itself_would_be():
+    """``Means`` skips the probing of :func:`bootstrap`; its replicates equal those of the same report written as a
+    plain function (probed), and the report called on each resample, for values of one and of several entries."""
+    from vitexplain.uncertainty import Means, resampled_positions
+
+    generator = torch.Generator().manual_seed(0)
+    for values in ({"x": torch.rand(30, generator=generator), "y": torch.rand(30, generator=generator)},
+                   {"x": torch.rand(30, 4, generator=generator), "y": torch.rand(30, generator=generator)}):
+        declared = Means(a="x", b="y")
+
+        def plain(found):
+            return {"a": found["x"].to(torch.float64).mean().item(), "b": found["y"].to(torch.float64).mean().item()}
+
+        assert declared(values) == plain(values)
+        found, probed = bootstrap(values, declared, SEED), bootstrap(values, plain, SEED)
+        assert all(np.array_equal(found[key], probed[key]) for key in ("a", "b"))
+        positions = resampled_positions(30, SEED)
+        called = [plain({key: value[positions[r]] for key, value in values.items()}) for r in range(50)]
+        for key in ("a", "b"):
+            np.testing.assert_allclose(found[key][:50], [row[key] for row in called], rtol=1e-12, atol=0)

@@ -203,8 +203,9 @@ def test_memory_follows_the_batch_size_not_the_number_of_files(runs):
     assert few.returncode == 0 and many.returncode == 0, many.stderr
     assert many.stdout.count(" -> ") == 12
     assert few.peak_rss_mb > 100  # measured
-    # all 12 images held at once would add 10 x 36 MB over the 2-image run
-    assert many.peak_rss_mb - few.peak_rss_mb < 100, (few.peak_rss_mb, many.peak_rss_mb)
+    # all 12 images held at once would add 10 x 36 MB over the 2-image run; half of that is the bound (the peak of
+    # one run moves by about 100 MB with the allocator's arenas on a loaded machine: 112 MB once, in CI's run)
+    assert many.peak_rss_mb - few.peak_rss_mb < 180, (few.peak_rss_mb, many.peak_rss_mb)
 
 
 @pytest.mark.parametrize("run, message", [

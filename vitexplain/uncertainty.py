@@ -12,7 +12,8 @@ Most reports are means over the images (of a value, of a curve's area, of a hit)
 number is the mean of the per-image numbers at its positions, which one indexing computes for every
 resample at once; :func:`bootstrap` uses it when the report passes that test on the values themselves
 (the whole set and the first resamples, to a relative 1e-9), and calls the report once per resample
-otherwise (ratios of sums, ranks, anything else).
+otherwise (ratios of sums, ranks, anything else). A report declared a mean (:class:`Means`, the reduction of most
+metrics, written once there) of per-image values is taken as such without that test.
 
 No interval on fewer than :data:`MIN_IMAGES` images (docs/decisions/metric-trust.md, "How many images an interval
 needs"): there the percentile bootstrap of a mean covers far less than its nominal 95 % (one image: every resample
@@ -42,6 +43,29 @@ TOO_FEW = "too few images for an interval"
 Report = Callable[[dict[str, Tensor]], dict[str, float]]
 
 
+class Means:
+    """A metric's report that is, for each number, the float64 mean over the images of one per-image value:
+    ``Means(aopc="probability_drop")`` reports ``aopc`` as ``values["probability_drop"]``'s mean (every element of
+    it: a value of several entries per image, e.g. one per step, is averaged over them too)."""
+
+    def __init__(self, **numbers: str):
+        self.numbers = numbers
+
+    def __call__(self, values: dict[str, Tensor]) -> dict[str, float]:
+        return {number: values[key].to(torch.float64).mean().item() for number, key in self.numbers.items()}
+
+    def per_image(self, values: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """Each number's per-image values [n] (float64), whose mean over any resample is the report on it; None
+        when a value has several entries per image (the mean of row means is not the report's mean bitwise)."""
+        found = {number: values[key] for number, key in self.numbers.items()}
+        if any(value.dim() != 1 for value in found.values()):
+            return None
+        return {number: value.to(torch.float64) for number, value in found.items()}
+
+    def __repr__(self) -> str:
+        return f"Means({', '.join(f'{number}={key!r}' for number, key in self.numbers.items())})"
+
+
 def has_interval(images: int) -> bool:
     """Whether a number over ``images`` images gets a bootstrap interval (at least :data:`MIN_IMAGES`)."""
     return images >= MIN_IMAGES
@@ -59,7 +83,8 @@ def resampled_positions(n: int, seed: int, resamples: int = RESAMPLES) -> Tensor
 def bootstrap(values: dict[str, Tensor], report: Report, seed: int) -> dict[str, np.ndarray]:
     """Per reported number, its value on each resample of the images (rows of ``values``) [resamples]."""
     positions = resampled_positions(next(iter(values.values())).shape[0], seed)
-    means = _as_means(values, report, positions)
+    means = report.per_image(values) if isinstance(report, Means) else None
+    means = means if means is not None else _as_means(values, report, positions)
     if means is not None:
         return {key: per_image[positions].mean(1).numpy() for key, per_image in means.items()}
     resampled = {key: value[positions] for key, value in values.items()}      # [resamples, n, ...] each

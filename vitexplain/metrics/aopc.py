@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Annotated
 
-import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
+from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
 from .base import Curves, EvalBatch, even_steps, register_metric
@@ -56,9 +56,7 @@ def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Ten
     return {"probability_drop": log_p[:, :1].exp() - log_p.exp(), "log_odds": log_p - log_p[:, :1]}
 
 
-def reduce_aopc(values: dict[str, Tensor]) -> dict[str, float]:
-    return {"aopc": values["probability_drop"].to(torch.float64).mean().item(),
-            "log_odds": values["log_odds"].to(torch.float64).mean().item()}
+reduce_aopc = Means(aopc="probability_drop", log_odds="log_odds")
 
 
 @register_metric(

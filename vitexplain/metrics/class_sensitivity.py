@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..maps import min_max, resize
+from ..uncertainty import Means
 from ._common import check_maps
 from .base import EvalBatch, register_metric
 
@@ -60,9 +61,8 @@ def class_sensitivity(first_maps: Tensor, second_maps: Tensor, first_masks: Tens
     return {"first_share": first, "second_share": second, "class_sensitivity": (first + second) / 2}
 
 
-def reduce_class_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
-    return {name: values[name].to(torch.float64).mean().item()
-            for name in ("class_sensitivity", "first_share", "second_share")}
+reduce_class_sensitivity = Means(class_sensitivity="class_sensitivity", first_share="first_share",
+                                 second_share="second_share")
 
 
 @register_metric(

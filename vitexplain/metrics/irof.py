@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
+from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import check_batch_size, mixed_logits
 from ._regions import class_score, pixel_rank, region_relevance, slic, upsampled
@@ -99,8 +100,7 @@ def irof(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     return {"irof": (1 - area / last[:, 0]).float()}
 
 
-def reduce_irof(values: dict[str, Tensor]) -> dict[str, float]:
-    return {"irof": values["irof"].to(torch.float64).mean().item()}
+reduce_irof = Means(irof="irof")
 
 
 @register_metric(

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ..options import PositiveInt, Score
 from ..seeding import seeded_draw
+from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import check_batch_size, mixed_logits, normalisation
 from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
@@ -83,9 +84,8 @@ def region_perturbation(forward: Callable[[Tensor], Tensor], images: Tensor, map
     return {"drop": values[:, :1] - values}
 
 
-def reduce_region_perturbation(values: dict[str, Tensor]) -> dict[str, float]:
-    """AOPC: the mean drop over the L + 1 levels (k = 0 included) and the images."""
-    return {"aopc": values["drop"].to(torch.float64).mean().item()}
+#: AOPC: the mean drop over the L + 1 levels (k = 0 included) and the images
+reduce_region_perturbation = Means(aopc="drop")
 
 
 @register_metric(

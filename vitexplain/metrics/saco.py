@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..maps import resize
 from ..options import PositiveInt, Range
+from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets, removal_rank
 from ._perturb import mixed_logits, removal_counts
 from .base import Curves, EvalBatch, register_metric
@@ -81,8 +82,7 @@ def faithfulness_coefficient(salience: Tensor, drop: Tensor) -> Tensor:
     return torch.where(total > 0, weight.sum((1, 2)) / total, torch.zeros_like(total))
 
 
-def reduce_saco(values: dict[str, Tensor]) -> dict[str, float]:
-    return {"saco": values["saco"].to(torch.float64).mean().item()}
+reduce_saco = Means(saco="saco")
 
 
 @register_metric(

@@ -42,6 +42,7 @@ from torch import Tensor
 from ..maps import min_max
 from ..options import PositiveInt, Range
 from ..seeding import seeded_draw
+from ..uncertainty import Means
 from ._common import check_choice, check_image_batch, check_maps, explain_copy
 from .base import EvalBatch, register_metric
 
@@ -124,8 +125,7 @@ def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor
     return torch.stack(changes).max(0).values
 
 
-def reduce_max_sensitivity(values: dict[str, Tensor]) -> dict[str, float]:
-    return {"max_sensitivity": values["max_sensitivity"].to(torch.float64).mean().item()}
+reduce_max_sensitivity = Means(max_sensitivity="max_sensitivity")
 
 
 @register_metric(

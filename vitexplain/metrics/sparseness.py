@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..maps import resize
+from ..uncertainty import Means
 from ._common import check_choice, check_maps
 from .base import EvalBatch, register_metric
 
@@ -49,8 +50,7 @@ def gini_sparseness(maps: Tensor, image_size: tuple[int, int] | None = None, *, 
     return ((2 * index - n - 1) * values).sum(1) / (n * values.sum(1))
 
 
-def reduce_sparseness(values: dict[str, Tensor]) -> dict[str, float]:
-    return {"sparseness": values["sparseness"].to(torch.float64).mean().item()}
+reduce_sparseness = Means(sparseness="sparseness")
 
 
 @register_metric(

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
+from ..uncertainty import Means
 from ._common import check_choice, check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, check_batch_size, mixed_logits
 from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
@@ -110,8 +111,7 @@ def symmetric_relevance_gain(forward: Callable[[Tensor], Tensor], images: Tensor
             "mif": mif, "lif": lif}
 
 
-def reduce_srg(values: dict[str, Tensor]) -> dict[str, float]:
-    return {key: values[key].to(torch.float64).mean().item() for key in ("srg", "mif_auc", "lif_auc")}
+reduce_srg = Means(srg="srg", mif_auc="mif_auc", lif_auc="lif_auc")
 
 
 @register_metric(
