@@ -13,14 +13,12 @@ reports), :mod:`~.gallery`, :mod:`~.randomisation_run` (the model-randomisation 
 >>> print(result.text())                                              # doctest: +SKIP
 >>> result = run_benchmark(DEFAULT_CONFIG)       # what `vitexplain bench` runs   # doctest: +SKIP
 """
-from pathlib import Path
-
-from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry, SanityCheck
+from .config import SHIPPED_CONFIGS, BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry, SanityCheck
 from .result import BenchResult
 from .runner import run_benchmark
 
 #: the default benchmark (``vitexplain bench`` without arguments): copy it to make your own
-DEFAULT_CONFIG = Path(__file__).parent / "default_digits.yaml"
+DEFAULT_CONFIG = SHIPPED_CONFIGS["default"]
 
 __all__ = ["DEFAULT_CONFIG", "BenchConfig", "BenchResult", "DatasetSpec", "MethodEntry", "MetricEntry", "ModelEntry",
            "SanityCheck", "run_benchmark"]

@@ -201,6 +201,8 @@ class BenchConfig:
         plugins: plug-ins imported before anything else is read: ``.py`` files (in a YAML file, relative
             to its folder) or module names, registering methods, metrics, datasets or model families
             (:mod:`vitexplain.plugins`).
+        ranks: add LATEC's view to the reports: each method's mean rank over the numbers of each kind of protocol, with
+            its bootstrap interval (:mod:`vitexplain.bench.ranks`); changes no score.
         force: write into ``output_dir`` even when vitexplain did not make it and it holds files the bench writes
             (results.json, report.html ...: they are replaced, and a warning names them). Without it such a folder
             is refused; a folder a bench made (its marker file, :mod:`vitexplain.output_folders`), an empty or new
@@ -228,6 +230,7 @@ class BenchConfig:
     highlight: Any = ()
     plugins: Any = ()
     force: bool = False
+    ranks: bool = False
 
     def __post_init__(self) -> None:
         from ..plugins import load_plugins
@@ -268,8 +271,9 @@ class BenchConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise TypeError(f"{name} must be an integer, got {value!r}")
-        if not isinstance(self.force, bool):
-            raise TypeError(f"force must be true or false, got {self.force!r}")
+        for name in ("force", "ranks"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if (self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0
                 or self.gallery < 0):
             raise ValueError("batch_size and limit must be positive, num_workers and gallery not negative")
@@ -316,8 +320,24 @@ class BenchConfig:
             raise type(error)(f"{path}: {error}") from error
 
 
+#: the configs shipped with vitexplain, by the name ``--config`` takes: ``default`` (what ``vitexplain bench`` runs),
+#: ``latec`` (LATEC's methods and protocols on the digits data) ...: ``vitexplain/bench/<name>_digits.yaml``
+SHIPPED_CONFIGS = {path.name.removesuffix("_digits.yaml"): path
+                   for path in sorted(Path(__file__).parent.glob("*_digits.yaml"))}
+
+
+def config_path(name: str | Path) -> Path:
+    """The file a config is read from: a shipped config's name (:data:`SHIPPED_CONFIGS`) unless a file of that name
+    exists, else the path itself."""
+    if isinstance(name, str) and name in SHIPPED_CONFIGS and not Path(name).exists():
+        return SHIPPED_CONFIGS[name]
+    return Path(name)
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
-    """The mapping a bench config file holds (empty for an empty file), its plug-in files as seen from its folder."""
+    """The mapping a bench config file holds (empty for an empty file), its plug-in files as seen from its folder;
+    ``path`` may name a shipped config (:func:`config_path`)."""
+    path = config_path(path)
     data = read_yaml(path)
     if data is None:
         return {}
@@ -338,7 +358,7 @@ def read_yaml(path: str | Path) -> Any:
 
     if not Path(path).is_file():
         raise ValueError(f"config file {path} {'is a folder' if Path(path).is_dir() else 'not found'}; name a YAML "
-                         "file of BenchConfig keys")
+                         f"file of BenchConfig keys, or a shipped config: {', '.join(SHIPPED_CONFIGS)}")
     try:
         return yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as error:

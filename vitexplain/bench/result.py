@@ -17,12 +17,15 @@ from ..registry import METHODS
 from ..uncertainty import CONFIDENCE, MIN_IMAGES, RESAMPLES, TOO_FEW, bootstrap, has_interval, interval
 from .config import DatasetSpec
 from .randomisation import VERDICT_RULE
+from .ranks import Ranked, mean_ranks
 from .tables import (
     Estimate,
     Lead,
     Table,
-    sanity_markdown,
-    sanity_text,
+    cells_markdown,
+    cells_text,
+    ranks_cells,
+    sanity_cells,
     score_markdown,
     score_text,
     summary_markdown,
@@ -32,6 +35,11 @@ from .tables import (
 )
 from .uncertainty import Sample, leaders, paired_difference
 
+#: what the reports say under LATEC's ranks
+RANKS_NOTE = ("Each method's rank on every reported number of the kind (ties share their mean rank), averaged over the "
+              "numbers (their count in brackets in the header), as LATEC ranks (Klein et al., 2024); the interval is "
+              "the 95 % bootstrap interval of the mean rank over resamples of the images. It mixes what the kind's "
+              "numbers measure, which the summary above never does: read it beside the summary, not instead.")
 #: what the reports say of a model no method has any score on, in place of its tables
 NO_SCORES = "no scores: every method failed on every image (the errors below say why)"
 
@@ -121,6 +129,8 @@ class BenchResult:
             ``timings``) and ``start`` / ``end``, seconds from the run's start (not in results.json, which is
             written during its last phase).
         galleries: images and maps for report.html's overlays (not in results.json).
+        ranks: with the config's ``ranks``, LATEC's view: model -> kind of protocol -> each method's mean rank over
+            the kind's numbers with its interval (:func:`vitexplain.bench.ranks.mean_ranks`).
     """
 
     dataset: str
@@ -142,6 +152,7 @@ class BenchResult:
     trust: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list, repr=False)
     galleries: list[Gallery] = field(default_factory=list, repr=False)
+    ranks: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def columns(self, model: str) -> list[tuple[str, str, str]]:
         """(metric label, number, header) of the model's table, metrics in config order."""
@@ -280,9 +291,12 @@ class BenchResult:
             found = trust_markdown(self.summary(model))
             if found:
                 lines += [f"### {model}: how far each number can be trusted", ""] + found
+        for model, ranks in self.ranks.items():
+            lines += [f"## {model}: LATEC's view, mean rank per kind of protocol (1 = best)", "", RANKS_NOTE, ""]
+            lines += cells_markdown(*ranks_cells(ranks))
         for model, check in self.sanity.items():
             lines += [f"## {model}: model randomisation (Spearman correlation with the original maps)", ""]
-            lines += sanity_markdown(check)
+            lines += cells_markdown(*sanity_cells(check))
             lines += [VERDICT_RULE.format(images=check["images"]), ""]
         if self.errors:
             lines += ["## Errors", "", "| model | method | metric | images | error |",
@@ -332,9 +346,12 @@ class BenchResult:
             detail = trust_text_lines(self.summary(model), width)
             if detail:
                 lines += say(f"{model}: how far each number can be trusted") + detail
+        for model, ranks in self.ranks.items():
+            lines += say(f"{model}: LATEC's view, mean rank per kind of protocol (1 = best). {RANKS_NOTE}")
+            lines += cells_text(*ranks_cells(ranks), width) + [""]
         for model, check in self.sanity.items():
             lines += say(f"{model}: model randomisation, Spearman correlation with the original maps")
-            lines += sanity_text(check, width)
+            lines += cells_text(*sanity_cells(check), width)
             lines += say(VERDICT_RULE.format(images=check["images"])) + [""]
         if self.errors:
             lines += say("Errors (model / method / metric: images: error)")
@@ -398,6 +415,7 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
         result.higher_is_better[entry.label] = dict(get_metric(entry.name).higher_is_better)
     kept: dict[tuple[str, str], dict[str, Sample]] = {}     # (model, metric label) -> its methods' samples
     for model in config.models:
+        ranked: dict[str, list[Ranked]] = {}       # kind of protocol -> its numbers, for LATEC's view
         for entry in config.metrics:
             metric = get_metric(entry.name)
             report = metric.reporter(entry.options)
@@ -433,12 +451,16 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                 found = {m: result.scores[model.name][m][entry.label][number] for m in samples
                          if number in result.scores[model.name][m][entry.label]}
                 if found:
+                    ranked.setdefault(metric.group, []).append(Ranked(entry.label, number, higher, found, samples))
                     lead = leaders(samples, found, higher, result.controls(model.name), number, report, config.seed)
                     result.leaders.setdefault(model.name, {}).setdefault(entry.label, {})[number] = lead
                     if lead["methods"]:
                         result.trust.setdefault(model.name, {}).setdefault(entry.label, {})[number] = metric_trust(
                             samples, found, higher, lead["methods"][0], result.controls(model.name),
                             settings["methods"], number, report, config.seed)
+        if config.ranks:
+            controls = result.controls(model.name)
+            result.ranks[model.name] = {group: mean_ranks(numbers, controls) for group, numbers in ranked.items()}
     for copy in config.models:
         if copy.noise_of is None:
             continue

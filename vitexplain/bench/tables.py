@@ -400,10 +400,26 @@ def sanity_cells(check: dict) -> tuple[list[str], dict[str, list[str]]]:
     return header, rows
 
 
-def sanity_text(check: dict, width: int = 100) -> list[str]:
-    header, rows = sanity_cells(check)
+def cells_text(header: list[str], rows: dict[str, list[str]], width: int = 100) -> list[str]:
+    """A text table of ready-made cells: one column per header, one row per method."""
     columns = [TextColumn(title, [cells[k] for cells in rows.values()]) for k, title in enumerate(header)]
     return text_table(list(rows), columns, width)
+
+
+def ranks_cells(ranks: dict[str, dict]) -> tuple[list[str], dict[str, list[str]]]:
+    """LATEC's mean ranks (:func:`vitexplain.bench.ranks.mean_ranks`, per kind of protocol) as a header and a row of
+    cells per method: ``mean [low, high]``, or the mean alone where the kind has no interval."""
+    header = [f"{group} ({len(found['numbers'])})" for group, found in ranks.items()]
+    rows: dict[str, list[str]] = {}
+    for k, found in enumerate(ranks.values()):
+        for method, (mean, low, high) in found["methods"].items():
+            cell = f"{mean:.1f} [{low:.1f}, {high:.1f}]" if found["interval"] is True else f"{mean:.1f}"
+            rows.setdefault(method, ["–"] * len(ranks))[k] = cell
+    return header, rows
+
+
+def cells_markdown(header: list[str], rows: dict[str, list[str]]) -> list[str]:
+    return _markdown_rows(["method", *header], [[method, *cells] for method, cells in rows.items()])
 
 
 def _markdown_rows(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -436,8 +452,3 @@ def trust_markdown(leads: list[Lead]) -> list[str]:
     """The trust detail of every number (:func:`trust_rows`) as a Markdown table, with how to read it."""
     rows = trust_rows(leads)
     return (_markdown_rows(trust_header(rows), rows) + [trust_note(rows), ""]) if rows else []
-
-
-def sanity_markdown(check: dict) -> list[str]:
-    header, rows = sanity_cells(check)
-    return _markdown_rows(["method", *header], [[method, *cells] for method, cells in rows.items()])

@@ -25,7 +25,8 @@ def add_parser(subparsers) -> None:
         description="Flags override the keys of --config (default: the digits benchmark shipped with vitexplain, "
                     "when no --method/--metric/--dataset is given either; --model then replaces its models). "
                     "Results: OUTPUT/report.html, OUTPUT/results.{json,csv,md}, OUTPUT/plots/.")
-    parser.add_argument("--config", help="YAML file with the keys of vitexplain.bench.BenchConfig")
+    parser.add_argument("--config", help="YAML file with the keys of vitexplain.bench.BenchConfig, or the name of a "
+                                          "config shipped with vitexplain (e.g. latec: LATEC's methods and protocols)")
     add_model_arguments(parser, repeatable=True)
     parser.add_argument("--method", action="append", help="explanation method (repeatable)")
     parser.add_argument("--method-option", action="append", default=[], metavar="METHOD.KEY=VALUE",
@@ -51,6 +52,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--force", action="store_true", default=None,
                         help="write into an output folder vitexplain did not make even when it holds files the bench "
                              "writes (results.json, report.html ...): they are replaced (without it: refused)")
+    parser.add_argument("--ranks", action="store_true", default=None,
+                        help="add LATEC's view to the reports: each method's mean rank per kind of protocol, with its "
+                             "bootstrap interval")
     parser.set_defaults(func=run)
 
 
@@ -117,7 +121,7 @@ def config_from_args(args: argparse.Namespace):
             dataset["options"] = {**dataset.get("options", {}), key: value}
         data["dataset"] = dataset
     for key in ("batch_size", "output_dir", "device", "precision", "seed", "limit", "target", "num_workers",
-                "progress", "force"):
+                "progress", "force", "ranks"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     return BenchConfig.from_dict(data)
