@@ -8,6 +8,7 @@ from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Target
 from ..options import Range, block_index
+from ._products import push_rows
 
 #: Depth of ViT-B/16, the model the authors of TAM and Beyond Intuition chose their start layers for.
 REFERENCE_DEPTH = 12
@@ -51,3 +52,16 @@ def integrated_gradient_weights(adapter: ModelAdapter, images: Tensor, target: T
         rows.append(record.geometry.readout_rows(last.mixing(last.grads["attn"])))
     integrated = torch.cat(rows).reshape(n_steps, batch, *rows[0].shape[1:]).mean(0)
     return integrated.clamp(min=0).mean(1)
+
+
+def perception_times_feedback(adapter: ModelAdapter, images: Tensor, record, mixed: list[Tensor], *, n_steps: int,
+                              batch_size: int, absolute: bool = False) -> Tensor:
+    """What the two Beyond Intuition methods share (Chen et al., TMLR 2022): the attention perception
+    P = (I + Â_L) ⋯ (I + Â_start) rolled out from the blocks' mixing matrices ``mixed`` (lowest first), read at the
+    readout's row, times the reasoning feedback (:func:`integrated_gradient_weights`); ``absolute`` takes |P| (the
+    token-wise variant)."""
+    geometry = record.geometry
+    perception = push_rows(geometry.readout_weights(mixed[0]), mixed, stages=geometry.stages)
+    feedback = integrated_gradient_weights(adapter, images, record.target, n_steps=n_steps, batch_size=batch_size)
+    return geometry.patch_map(perception.abs() if absolute else perception) * geometry.patch_map(feedback)
+

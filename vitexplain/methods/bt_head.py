@@ -7,8 +7,7 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..options import PositiveInt
 from ..registry import register_method
-from ._gradients import IntegrationSteps, integrated_gradient_weights, resolve_start_layer
-from ._products import push_rows
+from ._gradients import IntegrationSteps, perception_times_feedback, resolve_start_layer
 
 #: First block of the attention perception in the authors' perturbation runs of "ours" (``start_layer=4``,
 #: which their loop turns into block index 3) for 12-block ViT-B.
@@ -56,7 +55,4 @@ def bt_head(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: 
         # (a block whose attention does not reach the output, e.g. a zero-initialised res-post norm: no weight)
         importance = importance / importance.sum(1, keepdim=True).clamp_min(torch.finfo(importance.dtype).tiny)
         fused.append(block.mixing(torch.einsum("bh,bh...->b...", importance, attn)))
-    geometry = record.geometry
-    perception = push_rows(geometry.readout_weights(fused[0]), fused, stages=geometry.stages)
-    feedback = integrated_gradient_weights(adapter, images, record.target, n_steps=n_steps, batch_size=batch_size)
-    return geometry.patch_map(perception) * geometry.patch_map(feedback)
+    return perception_times_feedback(adapter, images, record, fused, n_steps=n_steps, batch_size=batch_size)

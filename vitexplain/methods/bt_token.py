@@ -7,12 +7,7 @@ from torch import Tensor
 from ..instrumentation import ModelAdapter
 from ..options import PositiveInt
 from ..registry import register_method
-from ._gradients import (
-    IntegrationSteps,
-    integrated_gradient_weights,
-    resolve_start_layer,
-)
-from ._products import push_rows
+from ._gradients import IntegrationSteps, perception_times_feedback, resolve_start_layer
 
 #: First block of the attention perception in the authors' perturbation runs of "ours_c"
 #: (``start_layer=7``, which their loop turns into block index 6) for 12-block ViT-B.
@@ -59,7 +54,5 @@ def bt_token(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer:
         projected = torch.einsum("bhnd,hdc->bnc", block.v, block.head_projection)
         lengths = projected.norm(dim=-1) / block.residual.norm(dim=-1)  # [B, N]
         scaled.append(block.mixing(block.attn.mean(1) * block.per_key(lengths)))
-    geometry = record.geometry
-    perception = push_rows(geometry.readout_weights(scaled[0]), scaled, stages=geometry.stages)
-    feedback = integrated_gradient_weights(adapter, images, record.target, n_steps=n_steps, batch_size=batch_size)
-    return geometry.patch_map(perception.abs()) * geometry.patch_map(feedback)
+    return perception_times_feedback(adapter, images, record, scaled, n_steps=n_steps, batch_size=batch_size,
+                                     absolute=True)
