@@ -18,12 +18,10 @@ from vitexplain.instrumentation.families.base import projection_head
 from vitexplain.methods.rise import grid_masks, random_grids
 from vitexplain.methods.smoothgrad import noise_samples
 
+from quick import method_options
 from test_instrumentation import _assert_same, _snapshot
 from zoo import SIZE, build, images
 
-#: small settings of the sampling methods
-QUICK = {"tis": {"n_masks": 4}, "rise": {"n_masks": 6, "batch_size": 4}, "integrated_gradients": {"n_steps": 3},
-         "smoothgrad": {"n_samples": 2}, "tam": {"n_steps": 2}, "bt_token": {"n_steps": 2}, "bt_head": {"n_steps": 2}}
 OUTPUT_ONLY = [name for name in available_methods("image") if get_method(name).reads == "output"]
 
 
@@ -45,7 +43,9 @@ def _assert_state(before: dict, after: dict) -> None:
 
 
 def test_the_methods_that_read_outputs_are_those_that_need_nothing_inside():
-    assert set(OUTPUT_ONLY) == {"rise", "integrated_gradients", "smoothgrad", "random_baseline", "constant_baseline"}
+    assert set(OUTPUT_ONLY) == {"rise", "integrated_gradients", "smoothgrad", "random_baseline", "constant_baseline",
+                                "saliency", "input_x_gradient", "guided_backprop", "deeplift", "deeplift_shap",
+                                "expected_gradients", "occlusion", "lime", "kernel_shap", "captum"}
 
 
 def test_rise_on_a_resnet_equals_a_plain_loop_over_its_masks():
@@ -93,8 +93,11 @@ def test_every_other_method_is_refused_naming_what_it_reads_and_the_model_is_lef
     before = _state(model)
     for method in available_methods("image"):
         spec = get_method(method)
-        if spec.reads == "output":
-            maps = explain(model, x, method, **QUICK.get(method, {}))
+        if method in ("deeplift", "deeplift_shap"):   # Captum refuses a ResNet block's ReLU called twice
+            with pytest.raises(UnsupportedModelError, match=r"calls ReLU\(inplace=True\) more than once"):
+                explain(model, x, method, **method_options(method))
+        elif spec.reads == "output":
+            maps = explain(model, x, method, **method_options(method))
             assert maps.shape == (2, 32, 32) and maps.isfinite().all()  # the controls' grid is the pixels
         else:
             with pytest.raises(UnsupportedModelError, match=rf"^method '{method}' reads {spec.reads}; ResNet has none "
@@ -115,7 +118,7 @@ def test_a_resnet_is_restored_when_an_error_stops_the_method(method):
     handle = model.layer4.register_forward_hook(explode)
     before = _state(model)
     with pytest.raises(RuntimeError, match="injected"):
-        explain(model, x, method, **QUICK[method])
+        explain(model, x, method, **method_options(method))
     _assert_state(before, _state(model))
     handle.remove()
 
@@ -140,8 +143,8 @@ def test_a_compiled_model_is_explained_through_its_original_module(method):
     model, x = build("vit"), images(2)
     compiled = torch.compile(model)
     before = _state(model)
-    torch.testing.assert_close(explain(compiled, x, method, **QUICK.get(method, {})),
-                               explain(model, x, method, **QUICK.get(method, {})), rtol=0, atol=0)
+    torch.testing.assert_close(explain(compiled, x, method, **method_options(method)),
+                               explain(model, x, method, **method_options(method)), rtol=0, atol=0)
     _assert_state(before, _state(model))
     assert adapter_for(compiled).model is model
 
@@ -233,7 +236,7 @@ def test_a_float_scalar_target_is_refused_as_a_class_that_is_not_an_integer():
 def plain_maps() -> dict:
     """Every image method's maps of the tiny ViT, in an ordinary call (the reference of the two tests below)."""
     model, x = build("vit"), images(2)
-    return {method: explain(model, x, method, **QUICK.get(method, {})) for method in available_methods("image")}
+    return {method: explain(model, x, method, **method_options(method)) for method in available_methods("image")}
 
 
 def test_inside_inference_mode_every_method_gives_the_maps_it_gives_outside(plain_maps):
@@ -241,7 +244,7 @@ def test_inside_inference_mode_every_method_gives_the_maps_it_gives_outside(plai
     with torch.inference_mode():
         inputs, predicted = x.clone(), model(x).argmax(-1)
         for method in available_methods("image"):
-            torch.testing.assert_close(explain(model, inputs, method, **QUICK.get(method, {})), outside[method])
+            torch.testing.assert_close(explain(model, inputs, method, **method_options(method)), outside[method])
         torch.testing.assert_close(explain(model, inputs, "gae", predicted), outside["gae"])
         with pytest.raises(RuntimeError,
                            match=r"weights were made under torch\.inference_mode\(\).*outside inference mode"):
@@ -261,7 +264,7 @@ def test_gradient_checkpointing_is_switched_off_for_the_call_and_on_again_after(
     model.set_grad_checkpointing(True)
     before = _state(model)
     for method in methods:
-        torch.testing.assert_close(explain(model, x, method, **QUICK.get(method, {})), plain[method])
+        torch.testing.assert_close(explain(model, x, method, **method_options(method)), plain[method])
         _assert_state(before, _state(model))
 
 
@@ -326,4 +329,4 @@ def test_tokentm_and_bt_token_name_the_one_cause_that_applies(name, arguments, c
     for method in ("tokentm", "bt_token"):
         with pytest.raises(UnsupportedModelError, match=f"^{method} reads each head's share of the attention branch, "
                                                         f"but {cause}"):
-            explain(model, images(1), method, **QUICK.get(method, {}))
+            explain(model, images(1), method, **method_options(method))

@@ -39,7 +39,7 @@ def test_unknown_method_and_option_list_the_valid_ones(images):
     model = make_vit()
     with pytest.raises(ValueError, match="unknown explanation method 'rolout'.*did you mean 'rollout'.*gae"):
         vitexplain.explain(model, images, "rolout")
-    with pytest.raises(TypeError, match="no option 'start'.*discard_ratio, head_fusion, start_layer"):
+    with pytest.raises(TypeError, match="no option 'start'.*discard_ratio, head_fusion, registers, start_layer"):
         vitexplain.explain(model, images, "rollout", start=1)
     with pytest.raises(ValueError, match="head_fusion"):
         vitexplain.explain(model, images, "rollout", head_fusion="median")

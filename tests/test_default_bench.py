@@ -8,7 +8,7 @@ import torch
 import yaml
 
 import vitexplain
-from vitexplain.bench import DEFAULT_CONFIG, BenchConfig, run_benchmark
+from vitexplain.bench import DEFAULT_CONFIG, SHIPPED_CONFIGS, BenchConfig, run_benchmark
 from vitexplain.cli import bench as bench_cli
 from vitexplain.cli.main import build_parser
 from vitexplain.datasets import get_dataset
@@ -31,18 +31,26 @@ def _library(names, lookup, package: str) -> set[str]:
     return {name for name in names if lookup(name).__module__.startswith(package)}
 
 
-def test_the_default_runs_every_method_and_every_protocol_on_the_shipped_vit():
+def test_every_method_and_protocol_runs_in_a_shipped_config_and_the_default_leaves_latecs_to_its_own():
     config = BenchConfig.from_yaml(DEFAULT_CONFIG)
-    methods = _library(available_methods(), lambda n: get_method(n).fn, "vitexplain.methods")
+    latec = BenchConfig.from_yaml(SHIPPED_CONFIGS["latec"])
+    methods = _library(available_methods("image"), lambda n: get_method(n).fn, "vitexplain.methods")
     metrics = _library(available_metrics(), lambda n: get_metric(n).compute, "vitexplain.metrics")
     assert {"random_baseline", "constant_baseline", "tokentm", "gradtoken", "tis"} <= methods
+    shipped = [BenchConfig.from_yaml(path) for path in SHIPPED_CONFIGS.values()]
+    assert {entry.name for found in shipped for entry in found.methods} >= methods
+    assert {entry.name for found in shipped for entry in found.metrics} >= metrics - set(NOT_FOR_DIGITS)
+    left_to_latec = set(config.exclude_metrics) - set(NOT_FOR_DIGITS)
+    assert set(config.exclude_methods) <= {entry.name for entry in latec.methods}
+    assert left_to_latec <= {entry.name for entry in latec.metrics}
     names = [entry.name for entry in config.methods if entry.name in methods]   # (`all` also takes the tests' fakes)
-    assert sorted(set(names)) == sorted(methods) and len(names) == len(methods) + 3     # GradToken twice, 3 degraded:
+    expected = methods - set(config.exclude_methods)
+    assert sorted(set(names)) == sorted(expected) and len(names) == len(expected) + 3  # GradToken twice, 3 degraded:
     variants = {entry.label: entry.options for entry in config.methods if entry.name == "gradtoken"}
     assert variants == {"gradtoken": {}, "gradtoken(transpose=True)": {"transpose": True}}  # printed and our variant
     configured = sorted(entry.name for entry in config.metrics if entry.name in metrics)
-    assert configured == sorted(metrics - set(NOT_FOR_DIGITS))
-    assert list(config.exclude_metrics) == list(NOT_FOR_DIGITS) and not config.exclude_methods
+    assert configured == sorted(metrics - set(NOT_FOR_DIGITS) - left_to_latec)
+    assert latec.ranks and not config.ranks
     assert [entry.name for entry in config.models] == ["digits_vit"]
     assert config.dataset.name == "digits" and config.sanity is not None and config.gallery > 0
     by_name = {entry.name: entry for entry in config.metrics}
@@ -118,7 +126,9 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     assert list(result.scores) == SHIPPED
     expected = {"segmentation", "pointing_game", "perturbation", "aopc", "insertion_deletion", "sparseness",
                 "max_sensitivity", "class_sensitivity", "road", "saco", "smooth_mprt", "efficient_mprt",
-                "numerical_stability", "srg", "region_perturbation", "irof", "selectivity"}
+                "numerical_stability", "srg", "region_perturbation", "irof", "selectivity", "relevance_mass_accuracy",
+                "relevance_rank_accuracy", "top_k_intersection", "attribution_localisation", "localisation_auc",
+                "complexity", "effective_complexity", "sufficiency", "completeness"}
     for model in SHIPPED:
         assert list(result.scores[model]) == ["tokentm", "gradtoken", "gradtoken(transpose=True)", "random_baseline",
                                               "constant_baseline"]

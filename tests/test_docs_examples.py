@@ -63,6 +63,23 @@ SUBSTITUTIONS = [
      "its place, its pretrained weights downloaded from the stand-in Hub (timm/test_vit.r160_in1k)"),
     (r"(--imagenet-seg data/imagenet-seg --limit 100)", r"\1 --model deit_base=my_deit.pth",
      "the recipe's DeiT-B is replaced by a tiny DeiT checkpoint, with the flag the page itself teaches"),
+    (r"(vitexplain bench --config latec --limit 2 -o latec-bench)",
+     r"\1 --method-option integrated_gradients.n_steps=2 --method-option expected_gradients.n_samples=2 "
+     r"--method-option deeplift_shap.n_samples=2 --metric-option faithfulness_correlation.n_samples=2 "
+     r"--metric-option faithfulness_estimate.patch_size=28 --metric-option monotonicity_correlation.n_samples=1 "
+     r"--metric-option pixel_flipping.n_steps=2 --metric-option irof.n_segments=4 --metric-option road.fractions=[0.5] "
+     r"--metric-option infidelity.n_samples=2 --metric-option naopc.patch_size=56 "
+     r"--metric-option non_sensitivity.patch_size=56 --metric-option local_lipschitz_estimate.n_samples=1 "
+     r"--metric-option max_sensitivity.n_samples=1 --metric-option avg_sensitivity.n_samples=1 "
+     r"--metric-option continuity.n_steps=1 --metric-option relative_input_stability.n_samples=1 "
+     r"--metric-option relative_output_stability.n_samples=1 "
+     r"--metric-option relative_representation_stability.n_samples=1 && "
+     r"""python -c "import json; r = json.load(open('latec-bench/results.json')); assert not r['errors'], """
+     r"""r['errors']; assert all(set(m) == set(r['settings']['metrics']) """
+     r"""for m in r['scores']['digits_vit'].values())" """,
+     "the shipped LATEC config with its sample counts at their least, so that all of its methods and protocols run on "
+     "2 images in the suite's budget; then no pair of them may have failed, and every method has every protocol's "
+     "score"),
     (r'"cuda"', '"cpu"', "no GPU here: the GPU page runs on the CPU"),
     (r"--device cuda\b", "--device cpu", "no GPU here"),
     (r"--nproc_per_node=4\b", "--nproc_per_node=2", "two CPU processes (gloo) stand in for four GPUs"),

@@ -22,13 +22,11 @@ from vitexplain.instrumentation.families.hf_vit import TransformersViT
 from vitexplain.instrumentation.lrp import RULE_SETS
 
 from conftest import make_vit
+from quick import method_options
 from test_instrumentation import _assert_same, _snapshot
 
 HF_TINY = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
                intermediate_size=96, num_labels=10, layer_norm_eps=1e-6, qkv_bias=True)
-CHEAP = {"rise": dict(n_masks=16), "tis": dict(n_masks=8), "smoothgrad": dict(n_samples=3),
-         "integrated_gradients": dict(n_steps=4), "tam": dict(n_steps=3), "bt_head": dict(n_steps=3),
-         "bt_token": dict(n_steps=3)}
 #: (timm distilled?, transformers attention): ViT with eager attention, DeiT with teacher with SDPA.
 VARIANTS = [(False, "eager"), (True, "sdpa")]
 
@@ -115,7 +113,7 @@ def test_every_method_gives_the_maps_of_the_timm_twin(twins, variant, method):
     timm_model, hf_model = twins[variant]
     images = _images()
     target = torch.tensor([3, 7])
-    options = CHEAP.get(method, {})
+    options = method_options(method)
     got = vitexplain.explain(hf_model, images, method, target=target, **options)
     expected = vitexplain.explain(timm_model, images, method, target=target, **options)
     assert got.shape == expected.shape
@@ -176,7 +174,7 @@ def test_model_left_as_found_and_outputs_unchanged(twins, attention):
         expected = model.eval()(pixel_values=images).logits
     model.train()
     for method in ("gae", "tokentm", "tis", "integrated_gradients", "abs_lrp", "transformer_attribution"):
-        vitexplain.explain(model, images, method, **CHEAP.get(method, {}))
+        vitexplain.explain(model, images, method, **method_options(method))
     _assert_same(before, _snapshot(model))
     assert model.config._attn_implementation == attention
 

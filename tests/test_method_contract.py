@@ -15,7 +15,8 @@ default options are refused (hierarchical Swin: docs/decisions/families.md), the
 have a reading. A model whose output is an embedding is explained with its dimensions taken for classes.
 
 Each family costs about 20 s here, so the contract enrols one example per family rather than all of them (the
-support matrix runs every example).
+support matrix runs every example), and runs the methods that read only the model's output on three of them
+(:data:`OUTPUT_FAMILIES`).
 """
 from __future__ import annotations
 
@@ -25,14 +26,17 @@ import torch
 from vitexplain import adapter_for, available_methods, explain, get_method
 from vitexplain.instrumentation import UnsupportedModelError, family_of
 
+from quick import method_options
 from test_instrumentation import _assert_same, _snapshot
 from zoo import enrolled, randomise
 
 #: one example per image family
 FAMILIES = {label: example for label, (family, example) in enrolled().items() if family.modality == "image"}
-#: small settings of the sampling methods, to keep the suite fast
-QUICK = {"tis": {"n_masks": 8}, "rise": {"n_masks": 12, "batch_size": 16}, "integrated_gradients": {"n_steps": 4},
-         "smoothgrad": {"n_samples": 3}, "tam": {"n_steps": 3}, "bt_token": {"n_steps": 3}, "bt_head": {"n_steps": 3}}
+#: the families a method that reads only the model's output (``reads="output"``: the pixel methods, through Captum or
+#: not) keeps the contract on: nothing of a family reaches such a method but its forward, so a plain class-token ViT,
+#: a hierarchical model with softmax modules (Captum's DeepLIFT hooks ``nn.Softmax``) and an image-text model whose
+#: output is an embedding stand for the others; the support matrix (tests/test_support.py) runs them on every example
+OUTPUT_FAMILIES = ("ViT (class token)", "Swin (shifted windows, merging)", "transformers CLIP (image–text)")
 #: options that have a reading where a method's defaults are refused (on hierarchical models)
 FALLBACK = {"tis": {"input_space": True}, "gradtoken": {"aggregation": "rollout"}}
 
@@ -44,7 +48,7 @@ def contract_inputs(model: torch.nn.Module, example_inputs: torch.Tensor) -> tup
     return x, first, second
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module")
 def family(request):
     example = FAMILIES[request.param]
     torch.manual_seed(0)
@@ -71,7 +75,7 @@ def keeps_the_contract(method, model, x, first, second) -> None:
     """``method`` on ``model`` (images ``x``, classes ``first`` and ``second`` per image) keeps the contract, or is
     refused."""
     spec = get_method(method)
-    options = QUICK.get(method, {})
+    options = method_options(method)
     before = _snapshot(model)
     maps = _maps_unless_refused(model, x, method, first, options)
     if maps is None and method in FALLBACK:
@@ -111,6 +115,8 @@ def keeps_the_contract(method, model, x, first, second) -> None:
             handle.remove()
 
 
-@pytest.mark.parametrize("method", available_methods("image"))
+@pytest.mark.parametrize("family,method", [
+    (label, method) for label in FAMILIES for method in available_methods("image")
+    if get_method(method).reads != "output" or label in OUTPUT_FAMILIES], indirect=["family"])
 def test_method_contract(family, method):
     keeps_the_contract(method, *family)

@@ -6,15 +6,15 @@ import torch
 
 import vitexplain
 from vitexplain.instrumentation.modifying import modifier
-from vitexplain.metrics import EvalBatch, get_metric
+from vitexplain.metrics import EvalBatch, available_metrics, get_metric
 
 from conftest import make_vit
+from quick import metric_options
 
-CHEAP = {"insertion_deletion": {"n_steps": 6}, "max_sensitivity": {"n_samples": 3}, "road": {"fractions": [0.2, 0.7]},
-         "srg": {"patch_size": 8, "n_steps": 4}, "region_perturbation": {"patch_size": 8, "n_regions": 5},
-         "selectivity": {"patch_size": 16}, "irof": {"n_segments": 6}}
-PROTOCOLS = ["segmentation", "perturbation", "aopc", "insertion_deletion", "pointing_game", "max_sensitivity",
-             "sparseness", "class_sensitivity", "road", "saco", "srg", "region_perturbation", "selectivity", "irof"]
+#: every built-in protocol an image batch can serve (the text one reads words), found in the registry
+PROTOCOLS = [name for name in available_metrics()
+             if get_metric(name).compute.__module__.startswith("vitexplain.metrics")
+             and not {"word_index", "rationale_spans"} & set(get_metric(name).requires)]
 
 
 def make_batch(model, method, rows=slice(None)):
@@ -30,7 +30,8 @@ def make_batch(model, method, rows=slice(None)):
         return vitexplain.explain(model, imgs, method, targets)
 
     return EvalBatch(images=images, maps=explain(images, labels), targets=labels, labels=labels, explain=explain,
-                     logits=vitexplain.adapter_for(model).logits, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+                     logits=vitexplain.adapter_for(model).logits, features=vitexplain.adapter_for(model).features,
+                     mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
                      modified=modifier(model),
                      ids=[f"img{i}" for i in range(4)][rows],
                      truth={"masks": masks, "boxes": boxes, "second": {"targets": torch.tensor([3, 3, 0, 9])[rows],
@@ -45,7 +46,7 @@ def model():
 @pytest.mark.parametrize("name", PROTOCOLS)
 def test_per_image_values_reduce_the_same_whatever_the_batching(model, name):
     metric = get_metric(name)
-    options = {**metric.options, **CHEAP.get(name, {})}
+    options = {**metric.options, **metric_options(name)}
     whole = metric.compute(make_batch(model, "gae"), **options)
     for value in whole.values():
         assert value.shape[0] == 4 and value.dim() <= 2
@@ -74,7 +75,7 @@ def test_eval_batch_names_the_image_with_a_nan_map():
                   targets=torch.zeros(2), labels=torch.zeros(2), explain=None, logits=None, ids=["img0", "img1"])
 
 
-@pytest.mark.parametrize("name", PROTOCOLS + ["rationale_f1"])
+@pytest.mark.parametrize("name", available_metrics())
 def test_a_protocol_gets_the_batch_and_its_options_only(name):
     """No model object: what a protocol needs of the model comes in the batch (logits, explain, mean / std)."""
     parameters = list(inspect.signature(get_metric(name).compute).parameters.values())

@@ -15,6 +15,7 @@ from vitexplain.metrics._perturb import black_pixel
 from vitexplain.metrics.aopc import aopc_log_odds, reduce_aopc
 from vitexplain.metrics.insertion_deletion import baseline_images, insertion_deletion, reduce_insertion_deletion
 from vitexplain.metrics.perturbation import perturbation_test, reduce_perturbation
+from vitexplain.options import InvalidOption
 
 PLAIN = dict(pixel_mean=(0.0, 0.0, 0.0), pixel_std=(1.0, 1.0, 1.0))     # black pixel = 0
 CHEFER_STEPS = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -140,8 +141,10 @@ def test_perturbation_errors():
     model = linear_model(4)
     with pytest.raises(ValueError, match="image 0"):
         perturbation_test(model, ONES, torch.full((1, 2, 2), float("inf")), torch.tensor([0]), **PLAIN)
-    with pytest.raises(ValueError, match="direction"):
-        perturbation_test(model, ONES, MAP_4321, torch.tensor([0]), direction="up", **PLAIN)
+    # options are refused at the registry's edge, a direct compute call included, before the batch is read
+    with pytest.raises(InvalidOption, match=r"^option direction of metric 'perturbation' must be one of 'both', "
+                                            r"'positive', 'negative', got 'up'$"):
+        get_metric("perturbation").compute(None, direction="up")
     with pytest.raises(ValueError, match="label"):
         perturbation_test(model, ONES, MAP_4321, torch.tensor([-1]), **PLAIN)
 
@@ -201,8 +204,9 @@ def test_baselines():
     assert noise.shape == (1, 3, 16, 16) and noise.min() >= 0 and noise.max() < 1
     assert torch.equal(noise, baseline_images(images[:1], "random", seed=7))
     assert not torch.equal(noise, baseline_images(images, "random", seed=8))
-    with pytest.raises(ValueError, match="baseline"):
-        baseline_images(images, "white")
+    with pytest.raises(InvalidOption, match=r"^option baseline of metric 'insertion_deletion' must be one of 'blur', "
+                                            r"'black', 'mean', 'random', got 'white'$"):
+        get_metric("insertion_deletion").compute(None, baseline="white")
 
 
 @pytest.mark.parametrize("baseline", ["blur", "mean", "random"])
@@ -234,7 +238,10 @@ def test_insertion_deletion_errors():
     model = linear_model(4)
     with pytest.raises(ValueError, match="image 0"):
         insertion_deletion(model, ONES, torch.full((1, 2, 2), float("nan")), torch.tensor([0]), n_steps=4)
-    with pytest.raises(ValueError, match="n_steps"):
-        insertion_deletion(model, ONES, MAP_4321, torch.tensor([0]), n_steps=1)
-    with pytest.raises(ValueError, match="batch_size"):
-        insertion_deletion(model, ONES, MAP_4321, torch.tensor([0]), n_steps=4, batch_size=0)
+    metric = get_metric("insertion_deletion")
+    with pytest.raises(InvalidOption, match=r"^option n_steps of metric 'insertion_deletion' must be an integer >= 2, "
+                                            r"got 1$"):
+        metric.compute(None, n_steps=1)
+    with pytest.raises(InvalidOption, match=r"^option batch_size of metric 'insertion_deletion' must be an integer "
+                                            r">= 1, got 0$"):
+        metric.compute(None, n_steps=4, batch_size=0)

@@ -5,7 +5,9 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 
+from vitexplain.metrics import get_metric
 from vitexplain.metrics.segmentation import THRESHOLD_GRID, average_precision, reduce_segmentation, segmentation
+from vitexplain.options import InvalidOption
 
 HAND_MAP = torch.tensor([[[0.0, 1.0], [3.0, 4.0]]])       # normalised: 0, .25, .75, 1; mean .5
 
@@ -155,8 +157,13 @@ def test_errors():
     masks = torch.ones(2, 4, 4, dtype=torch.bool)
     with pytest.raises(ValueError, match="image 1"):
         segmentation(torch.tensor([[[0.0]], [[float("nan")]]]), masks)
-    with pytest.raises(ValueError, match="threshold"):
-        segmentation(torch.rand(2, 2, 2), masks, threshold="otsu")
+    metric = get_metric("segmentation")
+    message = (r"^option threshold of metric 'segmentation' must be one of 'mean', 'best', 'best_per_metric', "
+               r"got 'otsu'$")
+    with pytest.raises(InvalidOption, match=message):
+        metric.compute(None, threshold="otsu")
+    with pytest.raises(InvalidOption, match=message):                   # reduce takes it too: checked as well
+        metric.report({}, {"threshold": "otsu"})
     with pytest.raises(ValueError, match="3 maps for 2 images"):
         segmentation(torch.rand(3, 2, 2), masks)
 

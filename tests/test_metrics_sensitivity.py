@@ -3,7 +3,9 @@ import pytest
 import torch
 from captum.metrics import sensitivity_max
 
+from vitexplain.metrics import get_metric
 from vitexplain.metrics.sensitivity import max_sensitivity, sample_seeds, sensitivity_noise
+from vitexplain.options import InvalidOption
 
 
 def nonlinear_explain(images, target=None):
@@ -60,8 +62,9 @@ def test_errors():
         max_sensitivity(lambda x, t: x[:, 0], images, torch.tensor([[[0.0]], [[float("nan")]]]), torch.zeros(2))
     with pytest.raises(ValueError, match="perturbed image"):
         max_sensitivity(lambda x, t: x[:, 0] / 0 - x[:, 0] / 0, images, images[:, 0], torch.zeros(2))
-    with pytest.raises(ValueError, match="n_samples"):
-        max_sensitivity(lambda x, t: x[:, 0], images, images[:, 0], torch.zeros(2), n_samples=0)
+    with pytest.raises(InvalidOption, match=r"^option n_samples of metric 'max_sensitivity' must be an integer >= 1, "
+                                            r"got 0$"):
+        get_metric("max_sensitivity").compute(None, n_samples=0)
 
 
 def tis_wrapper_minmax(maps):
@@ -142,9 +145,12 @@ def test_reseed_gives_every_perturbed_call_its_own_reproducible_seed():
 
 def test_option_errors():
     images = torch.rand(2, 3, 4, 4)
-    with pytest.raises(ValueError, match="normalise"):
-        max_sensitivity(lambda x, t: x[:, 0], images, images[:, 0], torch.zeros(2), normalise="l2")
-    with pytest.raises(TypeError, match="reseed"):
-        max_sensitivity(lambda x, t: x[:, 0], images, images[:, 0], torch.zeros(2), reseed="yes")
+    metric = get_metric("max_sensitivity")
+    with pytest.raises(InvalidOption, match=r"^option normalise of metric 'max_sensitivity' must be one of 'none', "
+                                            r"'minmax', 'max', 'maxabs', got 'l2'$"):
+        metric.compute(None, normalise="l2")
+    with pytest.raises(TypeError, match=r"^option reseed of metric 'max_sensitivity' must be True or False, "
+                                        r"got 'yes'$"):
+        metric.compute(None, reseed="yes")
     with pytest.raises(ValueError, match="non-negative integer seed"):
         max_sensitivity(lambda x, t, seed=None: x[:, 0], images, images[:, 0], torch.zeros(2), seed=-1, reseed=True)

@@ -4,7 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vitexplain.metrics import get_metric
 from vitexplain.metrics.sparseness import gini_sparseness
+from vitexplain.options import InvalidOption
 
 
 def gini_reference(values, always_shift):
@@ -50,5 +52,6 @@ def test_upsampled_to_the_image_before_the_index():
 def test_errors():
     with pytest.raises(ValueError, match="image 1"):
         gini_sparseness(torch.tensor([[[0.0]], [[np.nan]]]))
-    with pytest.raises(ValueError, match="shift"):
-        gini_sparseness(torch.rand(1, 2, 2), shift="sometimes")
+    with pytest.raises(InvalidOption, match=r"^option shift of metric 'sparseness' must be one of 'always', "
+                                            r"'negative', got 'sometimes'$"):
+        get_metric("sparseness").compute(None, shift="sometimes")

@@ -19,7 +19,8 @@ from test_lrp import images_like, randomise_biases
 
 #: every method with the switch, with the options that reach each of its code paths
 SWITCHED = [("transformer_attribution", {}), ("transformer_attribution", {"start_layer": 1}), ("abs_lrp", {}),
-            ("lrp", {}), ("conservative_lrp", {}), ("attnlrp", {}), ("attnlrp", {"at": "patches"}), ("cp_lrp", {})]
+            ("lrp", {}), ("conservative_lrp", {}), ("attnlrp", {}), ("attnlrp", {"at": "patches"}), ("cp_lrp", {}),
+            ("pa_lrp", {})]
 
 
 @pytest.fixture(scope="module")

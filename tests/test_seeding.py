@@ -20,16 +20,16 @@ from torch.overrides import TorchFunctionMode
 
 import vitexplain
 from vitexplain import available_methods, get_method
+from vitexplain.methods._captum import with_captum_draws
 from vitexplain.metrics import available_metrics, get_metric
 from vitexplain.seeding import seeded_draw
 
 from conftest import make_vit
+from quick import method_options, metric_options
 from test_metrics_contract import make_batch
 
-#: small options of the seeded methods and metrics (a new one runs with its defaults)
-SMALL_METHODS = {"rise": dict(n_masks=8), "smoothgrad": dict(n_samples=2), "tis": dict(n_masks=8)}
-SMALL_METRICS = {"insertion_deletion": dict(n_steps=4, baseline="random"), "max_sensitivity": dict(n_samples=2),
-                 "road": dict(fractions=[0.3]), "smooth_mprt": dict(n_samples=2, cascade=False)}
+#: options under which a protocol draws random numbers at all (its small settings: tests/quick.py)
+DRAWING = {"insertion_deletion": dict(baseline="random")}
 SEEDED_METHODS = [name for name in available_methods("image") if get_method(name).randomised]
 SEEDED_METRICS = [name for name in available_metrics() if "seed" in get_metric(name).options]
 #: the functions and tensor methods that draw random numbers
@@ -38,9 +38,9 @@ RANDOM_CALLS = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like
                 "cauchy_", "log_normal_", "geometric_", "bernoulli_"}
 
 
-def called_from_seeded_draw(frame) -> bool:
+def called_from(frame, function) -> bool:
     while frame is not None:
-        if frame.f_code is seeded_draw.__code__:
+        if frame.f_code is function.__code__:
             return True
         frame = frame.f_back
     return False
@@ -61,7 +61,8 @@ class RandomCalls(TorchFunctionMode):
             generator = kwargs.get("generator")
             self.calls.append({"call": func.__name__, "generator": generator and generator.device.type,
                                "drawn_on": result.device.type,
-                               "in_seeded_draw": called_from_seeded_draw(sys._getframe(1))})
+                               "in_seeded_draw": called_from(sys._getframe(1), seeded_draw),
+                               "in_captum_draws": called_from(sys._getframe(1), with_captum_draws)})
         return result
 
 
@@ -92,8 +93,10 @@ def global_rng_states() -> list[torch.Tensor]:
 
 def assert_drawn_on_the_cpu_by_seeded_draw(calls: list[dict], made: list[dict], what: str) -> None:
     assert calls, f"{what} takes a seed but drew nothing"
-    for call in calls:
-        assert call == {**call, "generator": "cpu", "drawn_on": "cpu", "in_seeded_draw": True}, \
+    for call in calls:       # Captum draws from the global CPU generator, which with_captum_draws seeds and restores
+        seeded = {"generator": None, "in_captum_draws": True} if call["in_captum_draws"] else \
+            {"generator": "cpu", "in_seeded_draw": True}
+        assert call == {**call, **seeded, "drawn_on": "cpu"}, \
             f"{what}: a random call not drawn on the CPU by seeded_draw: {call}"
     for generator in made:
         assert generator == {"device": "cpu", "by_seeded_draw": True}, \
@@ -123,14 +126,14 @@ def test_the_registries_have_seeded_methods_and_metrics():
 
 @pytest.mark.parametrize("method", SEEDED_METHODS)
 def test_seeded_method_draws_on_the_cpu_through_seeded_draw(model, images, recorded, method):
-    vitexplain.explain(model, images, method, seed=3, **SMALL_METHODS.get(method, {}))
+    vitexplain.explain(model, images, method, seed=3, **method_options(method))
     assert_drawn_on_the_cpu_by_seeded_draw(*recorded, method)
 
 
 @pytest.mark.parametrize("name", SEEDED_METRICS)
 def test_seeded_metric_draws_on_the_cpu_through_seeded_draw(batch, recorded, name):
     metric = get_metric(name)
-    metric.compute(batch, **{**metric.options, **SMALL_METRICS.get(name, {}), "seed": 3})
+    metric.compute(batch, **{**metric.options, **metric_options(name), **DRAWING.get(name, {}), "seed": 3})
     assert_drawn_on_the_cpu_by_seeded_draw(*recorded, name)
 
 
@@ -138,7 +141,7 @@ def test_seeded_metric_draws_on_the_cpu_through_seeded_draw(batch, recorded, nam
 def test_seeded_metric_same_seed_same_values_other_seed_other_values(batch, name):
     """(The methods' counterpart is in test_method_contract.py.)"""
     metric = get_metric(name)
-    options = {**metric.options, **SMALL_METRICS.get(name, {})}
+    options = {**metric.options, **metric_options(name), **DRAWING.get(name, {})}
     first, again, other = (metric.compute(batch, **{**options, "seed": seed}) for seed in (3, 3, 4))
     assert all(torch.equal(first[key], again[key]) for key in first)
     assert any(not torch.equal(first[key], other[key]) for key in first)

@@ -73,7 +73,7 @@ def test_methods_that_explain_classes_only_say_so():
     model, x = build("vit", num_classes=0), images(1)
     only_classes = [name for name in available_methods("image") if not get_method(name).score_targets]
     assert set(only_classes) == {"lrp", "partial_lrp", "conservative_lrp", "abs_lrp", "attnlrp", "cp_lrp",
-                                 "transformer_attribution"}
+                                 "pa_lrp", "transformer_attribution"}
     for method in only_classes:
         with pytest.raises(ValueError, match="explains classes only"):
             explain(model, x, method, torch.ones(48))

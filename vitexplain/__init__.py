@@ -17,6 +17,8 @@ _EXPORTS = {
     "explain_files_with_texts": "file_explanations",
     "UnsupportedModelError": "instrumentation",
     "adapter_for": "instrumentation",
+    "find_register_neurons": "instrumentation.test_time_registers",
+    "test_time_registers": "instrumentation.test_time_registers",
     "available_methods": "registry",
     "get_method": "registry",
     "register_method": "registry",
@@ -32,8 +34,9 @@ _EXPORTS = {
 }
 
 __all__ = ["ExplorerPage", "Scores", "UnsupportedModelError", "adapter_for", "available_methods", "evaluate", "explain",
-           "explain_files", "explain_files_with_texts", "explain_texts", "explorer_items", "get_method", "load_model",
-           "load_plugin", "plot", "register_method", "text_embeddings", "__version__"]
+           "explain_files", "explain_files_with_texts", "explain_texts", "explorer_items", "find_register_neurons",
+           "get_method", "load_model", "load_plugin", "plot", "register_method", "test_time_registers",
+           "text_embeddings", "__version__"]
 
 if TYPE_CHECKING:
     from .api import explain
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from .explorer import ExplorerPage, explorer_items
     from .file_explanations import explain_files, explain_files_with_texts
     from .instrumentation import UnsupportedModelError, adapter_for
+    from .instrumentation.test_time_registers import find_register_neurons, test_time_registers
     from .models import load_model
     from .plugins import load_plugin
     from .registry import available_methods, get_method, register_method

@@ -8,6 +8,7 @@ too, so a number from Python and the bench's stored per-image value are the same
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,14 +33,15 @@ from .uncertainty import CONFIDENCE, TOO_FEW, bootstrap, has_interval, interval
 #: change for a while (:attr:`EvalBatch.modified`)
 NOT_TRUTH_REQUIREMENTS = {"labels": "a ground-truth class on every image (labels=)",
                           "explain": "the method, to explain the images again (method=)",
-                          "model": "the model, to change its weights for a while and restore them (model=)"}
+                          "model": "the model, to change its weights for a while and restore them (model=)",
+                          "features": "the representation the model's classifier reads (model=)"}
 
 
 def missing_requirements(metric: Metric, batch: EvalBatch) -> list[str | tuple[str, ...]]:
     """What of ``metric.requires`` the batch lacks: ground truth by name, labels, a method to re-run, or the model
     (an entry naming alternatives, such as the pointing game's ``("boxes", "masks")``, when it has none of them)."""
     provided = {"labels": bool((batch.labels >= 0).all()), "explain": batch.explain is not None,
-                "model": batch.modified is not None}
+                "model": batch.modified is not None, "features": batch.features is not None}
     return [need for need in metric.requires
             if not any(provided.get(name, batch.truth.get(name) is not None) for name in alternatives(need))]
 
@@ -98,6 +100,48 @@ def reexplainer(adapter: ModelAdapter, method: str, options: Mapping[str, Any]) 
         return explain(adapter, images, method, target=targets, **chosen)
 
     return again
+
+
+class RepeatedExplanations:
+    """One batch's :attr:`EvalBatch.explain` and :attr:`EvalBatch.modified`, where an explanation asked for again
+    (the same images, targets, seed and copy, on the unchanged model) is computed once: the stability protocols draw
+    the same seeded copies (the three relative stabilities; max- and avg-sensitivity at one radius and seed) and would
+    each explain them anew. While a protocol has the model changed (``modified``: randomised layers, shifted inputs)
+    nothing is answered from or added to what is kept, which is released with the batch."""
+
+    def __init__(self, explain: Callable[..., Tensor] | None, modify: Callable[..., Any] | None):
+        self._explain, self._modify = explain, modify
+        self._known: dict[tuple, Tensor] = {}
+        self._changed = 0
+
+    def explain(self, images: Tensor, targets: Tensor, seed: int | None = None, copy: int | None = None) -> Tensor:
+        keywords = {name: value for name, value in (("seed", seed), ("copy", copy)) if value is not None}
+        if self._changed:
+            return self._explain(images, targets, **keywords)
+        key = (_digest(images), _digest(targets), seed, copy)
+        if key not in self._known:
+            self._known[key] = self._explain(images, targets, **keywords)
+        return self._known[key].clone()
+
+    @contextlib.contextmanager
+    def modified(self, change: Callable[[nn.Module], None]) -> Iterator[None]:
+        self._changed += 1
+        try:
+            with self._modify(change):
+                yield
+        finally:
+            self._changed -= 1
+
+    def batch_fields(self) -> dict[str, Any]:
+        """``explain`` and ``modified`` for an :class:`EvalBatch` (None where the caller has none)."""
+        return {"explain": None if self._explain is None else self.explain,
+                "modified": None if self._modify is None else self.modified}
+
+
+def _digest(tensor: Tensor) -> tuple:
+    """What a tensor holds, as a key: its dtype, shape and a hash of its bytes."""
+    data = tensor.detach().contiguous().cpu()
+    return str(data.dtype), tuple(data.shape), hashlib.blake2b(data.view(torch.uint8).numpy().tobytes()).digest()
 
 
 @dataclass
@@ -197,8 +241,9 @@ def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric
     for start in tqdm(range(0, count, batch_size), desc="evaluate", unit="batch", disable=not progress):
         rows = list(range(start, min(start + batch_size, count)))
         batch = EvalBatch(images=take(images, rows), maps=take(maps, rows), targets=take(targets, rows),
-                          labels=take(labels, rows), explain=again, logits=adapter.logits, ids=take(ids, rows),
-                          truth=take(truth, rows), mean=mean, std=std, modified=modify)
+                          labels=take(labels, rows), logits=adapter.logits, ids=take(ids, rows),
+                          truth=take(truth, rows), mean=mean, std=std, features=adapter.features,
+                          **RepeatedExplanations(again, modify).batch_fields())
         adapter.check_inputs(batch.images)
         with scoring(adapter):
             for entry in metrics:

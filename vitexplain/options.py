@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections.abc
 import difflib
+import functools
 import inspect
 import math
 import types
@@ -51,6 +52,10 @@ class Range:
 
 #: An integer >= 1 (counts: masks, samples, steps, batch sizes).
 PositiveInt = Annotated[int, Range(low=1)]
+#: An integer >= 2 (steps of a curve with both ends, samples of a correlation, groups of a partition).
+AtLeastTwo = Annotated[int, Range(low=2)]
+#: A number > 0 (radii, noise levels and tolerances that must not vanish).
+Positive = Annotated[float, Range(low=0, low_open=True)]
 #: A number >= 0 (noise levels, distances).
 NonNegative = Annotated[float, Range(low=0)]
 #: A share of something in (0, 1].
@@ -164,16 +169,41 @@ def _refuse_unknown(owner: str, types_: dict[str, Any], names) -> None:
         raise TypeError(f"{owner} has no option {', '.join(map(repr, unknown))}; its options are: {valid}")
 
 
+def _refuse(owner: str, types_: dict[str, Any], options: dict[str, Any]) -> None:
+    _refuse_unknown(owner, types_, options)
+    for name, value in options.items():
+        if not conforms(value, types_[name]):
+            raise InvalidOption(f"option {name} of {owner} must be {describe(types_[name])}, got {value!r}")
+
+
 def check_options(owner: str, fn: Callable, options: dict[str, Any]) -> None:
     """Refuse unknown option names (listing the valid ones) and values outside their annotated type.
 
     ``owner`` names what the options belong to in messages, e.g. ``"method 'tis'"``.
     """
-    types_ = option_types(fn)
-    _refuse_unknown(owner, types_, options)
-    for name, value in options.items():
-        if not conforms(value, types_[name]):
-            raise InvalidOption(f"option {name} of {owner} must be {describe(types_[name])}, got {value!r}")
+    _refuse(owner, option_types(fn), options)
+
+
+def checking(owner: str, fn: Callable) -> Callable:
+    """``fn`` checking, on every call, the options it is given by keyword (:func:`check_options`), so that a call
+    that bypasses the registry's door (``metric.compute(batch, **options)``) is refused as the door refuses it and
+    ``fn`` itself checks none. Its signature, annotations and docstring stay ``fn``'s (``functools.wraps``); the
+    annotations are read once, at the first call. ``fn`` already checking is returned as it is."""
+    if getattr(fn, "__checked_options__", False):
+        return fn
+    types_: dict[str, Any] = {}
+    positional: set[str] = set()
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **keywords: Any) -> Any:
+        if not types_ and not positional:
+            types_.update(option_types(fn))
+            positional.update(name for name in inspect.signature(fn).parameters if name not in types_)
+        _refuse(owner, types_, {key: value for key, value in keywords.items() if key not in positional})
+        return fn(*args, **keywords)
+
+    checked.__checked_options__ = True  # type: ignore[attr-defined]
+    return checked
 
 
 def parse_option(owner: str, fn: Callable, text: str) -> tuple[str, Any]:

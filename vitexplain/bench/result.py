@@ -442,7 +442,7 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                     key: list(interval(replicates)) if has_interval(count) else TOO_FEW
                     for key, replicates in samples[method.label].replicates.items()}
                 for key, value in values.items():
-                    if value.ndim == 2:
+                    if value.ndim == 2 and key not in metric.carried:
                         curves = result.curves.setdefault(model.name, {}).setdefault(entry.label, {})
                         curves.setdefault(key, {})[method.label] = value.double().mean(0).tolist()
                         axes = curve_axes(metric, entry.options, key, value.shape[1])

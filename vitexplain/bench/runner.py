@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..api import AllZeroMapWarning
 from ..datasets.base import NOT_TRUTH
-from ..evaluation import NOT_TRUTH_REQUIREMENTS, reexplainer, score, scoring
+from ..evaluation import NOT_TRUTH_REQUIREMENTS, RepeatedExplanations, reexplainer, score, scoring
 from ..instrumentation import ModelAdapter, adapter_for
 from ..instrumentation.lrp.memory import collecting
 from ..instrumentation.modifying import modifier
@@ -333,9 +333,10 @@ class MethodRun:
         data = batch.data
         mean, std = self.normalisation or (None, None)
         truth = {key: value for key, value in data.items() if key not in NOT_TRUTH}
-        return EvalBatch(images=data["images"], maps=maps, targets=targets, labels=data["labels"], explain=self.explain,
+        return EvalBatch(images=data["images"], maps=maps, targets=targets, labels=data["labels"],
                          logits=self.adapter.logits, ids=batch.ids, truth=truth, mean=mean, std=std,
-                         modified=modifier(self.adapter.model))
+                         features=self.adapter.features,
+                         **RepeatedExplanations(self.explain, modifier(self.adapter.model)).batch_fields())
 
     def _maps(self, batch: Batch) -> tuple[Tensor, Tensor, list[int]]:
         """Maps and targets of the batch (cached or computed, on the device) and the rows computed now."""

@@ -219,6 +219,28 @@ class ModelAdapter:
         with torch.no_grad(), evaluation_mode(self.model), caller_precision():
             return self.forward(self._received(inputs)).float()
 
+    def features(self, inputs: Any) -> Tensor:
+        """Float32 [B, D]: the representation the model's classifier reads, the input of the linear layer whose
+        output is the model's output (the pre-logits), from a plain forward as :meth:`logits` computes it. Refused,
+        in one line, when the last linear layer the forward runs does not compute the output from a [B, D] input
+        (two heads averaged, a scaled similarity, an embedding model's output)."""
+        last: list[tuple[Tensor, Tensor]] = []
+
+        def keep(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+            last[:] = [(args[0], output)]
+
+        hooks = [module.register_forward_hook(keep) for module in self.model.modules() if isinstance(module, nn.Linear)]
+        try:
+            with torch.no_grad(), evaluation_mode(self.model), caller_precision():
+                outputs = self.forward(self._received(inputs))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if not last or last[0][1] is not outputs or last[0][0].dim() != 2:
+            raise UnsupportedModelError(f"no linear classifier of this {self.model_name} computes its outputs from a "
+                                        "[B, D] representation, so the representation its classifier reads is unknown")
+        return last[0][0].float()
+
     @contextlib.contextmanager
     def differentiable_forward(self) -> Iterator[Callable[[Tensor], Tensor]]:
         """Yield ``inputs -> outputs`` with gradients enabled and the model in eval mode (restored on exit),

@@ -1,13 +1,11 @@
 """Helpers shared by the gradient-weighted attention baselines (TAM, Beyond Intuition, AttCAT, ...)."""
 from __future__ import annotations
 
-from typing import Annotated
-
 import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter, Target
-from ..options import Range, block_index
+from ..options import AtLeastTwo, block_index
 from ._products import push_rows
 
 #: Depth of ViT-B/16, the model the authors of TAM and Beyond Intuition chose their start layers for.
@@ -15,7 +13,7 @@ REFERENCE_DEPTH = 12
 
 
 #: Integration steps of the path-integrated attention gradients (both path ends included, so at least two).
-IntegrationSteps = Annotated[int, Range(low=2)]
+IntegrationSteps = AtLeastTwo
 
 
 def resolve_start_layer(start_layer: int | None, authors_value: int, num_blocks: int) -> int:

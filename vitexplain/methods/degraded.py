@@ -77,10 +77,9 @@ def degrade(maps: Tensor, kind: str, strength: float, seed: int) -> Tensor:
         return maps + strength * spread.nan_to_num(0.0) * noise
     if kind == "blur":
         return blur(maps, strength)
-    if kind == "shuffle":
-        order = seeded_draw(seed, lambda generator: torch.randperm(height * width, generator=generator), maps.device)
-        return maps.flatten(1)[:, order].reshape(maps.shape)
-    raise ValueError(f"degraded: kind must be one of 'noise', 'blur', 'shuffle', got {kind!r}")
+    # "shuffle" (the registry has checked ``kind`` against its annotation)
+    order = seeded_draw(seed, lambda generator: torch.randperm(height * width, generator=generator), maps.device)
+    return maps.flatten(1)[:, order].reshape(maps.shape)
 
 
 def _cost(options: dict[str, Any]) -> float:

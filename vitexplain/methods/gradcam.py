@@ -4,8 +4,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..options import block_index
 from ..registry import register_method
+from ._cam import feature_map
 
 
 @register_method(modalities=("image", "text"), reads="tokens",
@@ -21,17 +21,12 @@ def gradcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, layer: int = 
     Applied to ViTs as pytorch-grad-cam (jacobgil/pytorch-grad-cam, its ViT tutorial) does: the
     target layer is ``blocks[-1].norm1``, i.e. the tokens the last attention sublayer reads; the
     prefix tokens (class, distillation, register) are dropped and the patch tokens reshaped to the
-    grid, channels = embedding dimensions. The map stays on the patch grid and unnormalised; the
-    library's min-max scaling and resizing are left to visualisation.
+    grid, channels = embedding dimensions (``_cam.py``, shared with Grad-CAM++ and Score-CAM). The
+    map stays on the patch grid and unnormalised; the library's min-max scaling and resizing are
+    left to visualisation.
 
     Options:
         layer: the block whose ``norm1`` output is the feature map (0-based, negative counts from the end).
     """
-    chosen_index = block_index("layer", layer, adapter.num_blocks)
-    record = adapter.record(inputs, target, fields=("attn_input",), blocks=(chosen_index,),
-                            grads={"attn_input": (chosen_index,)})
-    chosen = record.blocks[chosen_index]
-    prefix = record.geometry.num_prefix_tokens
-    features = chosen.attn_input[:, prefix:]  # [B, patches, C]
-    weights = chosen.grads["attn_input"][:, prefix:].mean(1, keepdim=True)  # [B, 1, C]
-    return record.geometry.patch_grid((features * weights).sum(-1).clamp(min=0))
+    cam = feature_map(adapter, inputs, target, layer, gradients=True)
+    return cam.weighted_map(cam.gradients.mean(1, keepdim=True))  # α_c: the gradient's mean over the grid

@@ -6,18 +6,17 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..instrumentation import ModelAdapter, Target
+from ..instrumentation import ModelAdapter
 from ..options import PositiveInt
 from ..registry import register_method
-from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction, chunks
+from ._captum import captum_attributions
+from ._pixel import CHANNEL_REDUCTIONS, ChannelReduction
 
 Quadrature = Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]
 
 
 def integration_baselines(baseline: float | Tensor, images: Tensor) -> Tensor:
     """The baseline x' as a tensor shaped like ``images``: a constant, or a tensor that broadcasts to them."""
-    if isinstance(baseline, bool) or not isinstance(baseline, (int, float, Tensor)):
-        raise TypeError(f"baseline must be a number or a tensor, got {type(baseline).__name__}")
     baseline = torch.as_tensor(baseline, dtype=images.dtype, device=images.device)
     try:
         return baseline.expand_as(images)
@@ -26,22 +25,11 @@ def integration_baselines(baseline: float | Tensor, images: Tensor) -> Tensor:
                          f"shape {tuple(images.shape)}") from None
 
 
-class _PathScore:
-    """The target score of path points, for Captum. Captum's batches hold whole steps of the path, each
-    step all the images in order, so a point's image is its row modulo the number of images."""
-
-    def __init__(self, forward, target: Target, images: int):
-        self.forward, self.target, self.images = forward, target, images
-
-    def __call__(self, points: Tensor) -> Tensor:
-        image = torch.arange(points.shape[0], device=points.device) % self.images
-        return self.target.select(image).score(self.forward(points))
-
-
 @register_method(resolution="pixel", cost=lambda o: 3 * o["n_steps"], reads="output")
 def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, n_steps: PositiveInt = 50,
                          quadrature: Quadrature = "gausslegendre", baseline: float | Tensor = 0.0,
-                         channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 64) -> Tensor:
+                         channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 64,
+                         libragrad: bool = False) -> Tensor:
     """Integrated Gradients of the target logit, summed over colour channels.
 
     Sundararajan, Taly & Yan, "Axiomatic Attribution for Deep Networks", ICML 2017:
@@ -58,21 +46,17 @@ def integrated_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, 
         baseline: x', a constant or a tensor that broadcasts to the images (e.g. [3, 1, 1]).
         channel_reduction: ``sum`` (signed, as the TIS authors' wrapper), ``abs_sum`` or ``max_abs``.
         batch_size: path points (images × steps) per forward/backward; bounds memory.
+        libragrad: the path's gradients through LibraGrad's rebalanced backward (Mehri, Baghshah & Pilehvar,
+            "LibraGrad: Balancing Gradient Flow for Universally Better Vision Transformer Attributions", CVPR 2025;
+            docs/decisions/libragrad.md).
+
+    Run through the Captum bridge (``_captum.py``): a target that is not a class (an embedding direction, a score
+    function) is scored by the bridge's forward for each path point's own image.
     """
-    reduce = CHANNEL_REDUCTIONS[channel_reduction]
-    from captum.attr import IntegratedGradients  # a dependency; imported here to keep `import vitexplain` light
     resolved = adapter.target(images, target)
     baselines = integration_baselines(baseline, images)
-    with adapter.differentiable_forward() as forward:
-        attributions = []
-        for part in chunks(images.shape[0], batch_size):
-            rows = torch.arange(images.shape[0], device=images.device)[part]
-            if resolved.is_class:  # Captum picks the target logit, as the TIS benchmark ran it
-                attribute, given = IntegratedGradients(forward).attribute, {"target": resolved.classes[part]}
-            else:  # any other score: Captum integrates the score itself, repeated along the path
-                scores = _PathScore(forward, resolved.select(rows), len(rows))
-                attribute, given = IntegratedGradients(scores).attribute, {}
-            attributions.append(attribute(images[part], baselines=baselines[part], n_steps=n_steps, method=quadrature,
-                                          internal_batch_size=batch_size, **given))
-        attributions = torch.cat(attributions)
-    return reduce(attributions)
+    attributions = captum_attributions(
+        adapter, images, resolved, "IntegratedGradients", batch_size=batch_size,
+        attribute=lambda part: {"baselines": baselines[part], "n_steps": n_steps, "method": quadrature,
+                                "internal_batch_size": batch_size}, libragrad=libragrad)
+    return CHANNEL_REDUCTIONS[channel_reduction](attributions)

@@ -6,6 +6,7 @@ from typing import Literal
 from torch import Tensor
 
 from ..instrumentation import LayerScores, ModelAdapter
+from ..instrumentation.test_time_registers import Registers, test_time_registers
 from ..instrumentation.windows import mix_rows, tokens_in
 from ..maps import min_max
 from ..options import Score, block_index
@@ -15,7 +16,7 @@ from ..registry import register_method
 @register_method
 def legrad(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = -2,
            layer_readout: Literal["released", "model"] = "released", normalise: bool = True,
-           score: Score = "logit") -> Tensor:
+           score: Score = "logit", registers: Registers | None = None) -> Tensor:
     """LeGrad: every layer's sensitivity of the output it would form to its own attention map.
 
     Bousselham, Boggust, Chaybouti, Strobelt & Kuehne, "LeGrad: An Explainability Method for Vision
@@ -43,15 +44,18 @@ def legrad(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: i
         normalise: min-max each map to [0, 1] (the authors'); False returns Σ_l E^l.
         score: ``"logit"`` | ``"probability"`` | ``"log_probability"`` for class targets (an embedding
             direction is scored by its cosine similarity, as the authors score text prompts).
+        registers: register neurons, (block, unit) pairs (``find_register_neurons``): the map is read with
+            test-time registers (Jiang et al. 2025, docs/decisions/test-time-registers.md); None: the model as is.
     """
     lowest = block_index("start_layer", start_layer, adapter.num_blocks)
     layers = range(lowest, adapter.num_blocks)
     probe = adapter.readout == "map"
     field = "probe_attn" if probe else "attn"
     released = layer_readout == "released"
-    record = adapter.record(images, target, fields=(), grads={field: layers}, score=score,
-                            layer_scores=LayerScores(layers, mean_token=released and not probe,
-                                                     final_norm=not (released and probe)))
+    with test_time_registers(adapter, registers):
+        record = adapter.record(images, target, fields=(), grads={field: layers}, score=score,
+                                layer_scores=LayerScores(layers, mean_token=released and not probe,
+                                                         final_norm=not (released and probe)))
     total = 0
     for block in record.blocks[lowest:]:
         sensitivity = block.grads[field].clamp(min=0).mean(1)  # [B, queries, keys] (per window when windowed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
+from ..instrumentation.test_time_registers import Registers, test_time_registers
 from ..options import OpenShare, block_index
 from ..registry import register_method
 from ._fusion import HeadFusion, fuse
@@ -32,7 +33,8 @@ def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
 
 @register_method(class_specific=False, modalities=("image", "text"), cost=1)
 def rollout(adapter: ModelAdapter, inputs: Tensor, target=None, *, start_layer: int = 0,
-            head_fusion: HeadFusion = "mean", discard_ratio: OpenShare = 0.0) -> Tensor:
+            head_fusion: HeadFusion = "mean", discard_ratio: OpenShare = 0.0,
+            registers: Registers | None = None) -> Tensor:
     """Attention rollout: the product of residual-augmented, row-normalised attention over blocks.
 
     Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020, Sec. 3:
@@ -45,9 +47,12 @@ def rollout(adapter: ModelAdapter, inputs: Tensor, target=None, *, start_layer: 
         head_fusion: how heads are combined, ``mean`` (the paper) | ``max`` | ``min``.
         discard_ratio: share of the smallest fused attention weights set to zero in every block
             before the identity is added (vit-explain's option; 0 = the paper).
+        registers: register neurons, (block, unit) pairs (``find_register_neurons``): the map is read with
+            test-time registers (Jiang et al. 2025, docs/decisions/test-time-registers.md); None: the model as is.
     """
     start = block_index("start_layer", start_layer, adapter.num_blocks)
-    record = adapter.record(inputs, target, fields=("attn",), blocks=range(start, adapter.num_blocks))
+    with test_time_registers(adapter, registers):
+        record = adapter.record(inputs, target, fields=("attn",), blocks=range(start, adapter.num_blocks))
     keep = adapter.class_token_index if adapter.class_token_index is not None else -1
     layers = [block.mixing(discard_lowest(fuse(block.attn, 1, head_fusion), discard_ratio, keep))
               for block in record.blocks[start:]]

@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
+from ..instrumentation.libragrad import libragrad_if
 from ..options import NonNegative, PositiveInt
 from ..registry import register_method
 from ..seeding import seeded_draw
@@ -20,7 +21,8 @@ def noise_samples(n_samples: int, image_shape: tuple[int, ...], seed: int, devic
 @register_method(resolution="pixel", cost=lambda o: 3 * o["n_samples"], reads="output")
 def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, n_samples: PositiveInt = 50,
                stdev: NonNegative = 1.0, relative_to_range: bool = False, absolute: bool = True,
-               channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 32, seed: int = 0) -> Tensor:
+               channel_reduction: ChannelReduction = "sum", batch_size: PositiveInt = 32, seed: int = 0,
+               libragrad: bool = False) -> Tensor:
     """SmoothGrad: the input gradient of the target logit, averaged over noisy copies of the image.
 
     Smilkov et al., "SmoothGrad: removing noise by adding noise", arXiv 1706.03825, 2017, Sec. 3:
@@ -41,6 +43,9 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, n_samples:
         channel_reduction: ``sum`` (as the TIS authors' wrapper), ``abs_sum`` or ``max_abs``.
         batch_size: noisy images per forward/backward; bounds memory.
         seed: seeds the noise.
+        libragrad: each sample's gradient through LibraGrad's rebalanced backward (Mehri, Baghshah & Pilehvar,
+            "LibraGrad: Balancing Gradient Flow for Universally Better Vision Transformer Attributions", CVPR 2025;
+            docs/decisions/libragrad.md).
     """
     reduce = CHANNEL_REDUCTIONS[channel_reduction]
     resolved = adapter.target(images, target)
@@ -50,7 +55,8 @@ def smoothgrad(adapter: ModelAdapter, images: Tensor, target=None, *, n_samples:
         sigma = sigma * (images.flatten(1).amax(1) - images.flatten(1).amin(1))
     total = torch.zeros(images.shape, device=images.device)
     image_idx, sample_idx = mask_major_pairs(torch.full((images.shape[0],), n_samples, device=images.device))
-    with adapter.differentiable_forward() as forward:  # the model's own forward: any differentiable model
+    # the model's own forward (any differentiable model); under LibraGrad, its blocks' rebalanced backward
+    with adapter.differentiable_forward() as forward, libragrad_if(adapter, libragrad):
         for part in chunks(len(image_idx), batch_size):
             img, smp = image_idx[part], sample_idx[part]
             noisy = (images[img] + sigma[img, None, None, None] * noise[smp]).detach().requires_grad_(True)

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..instrumentation import BlockRecord, ModelAdapter, Recording, UnsupportedModelError
+from ..instrumentation.test_time_registers import Registers, test_time_registers
 from ..options import block_index
 from ..registry import register_method
 from ._products import readout_map
@@ -62,7 +63,7 @@ def attention_update(block: BlockRecord, weights: Tensor):
 def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: bool = True,
             use_necc: bool = True, aggregate: bool = True, end_layer: int | None = None,
             reference: Literal["residual", "normalised"] = "residual", per_head: bool = True,
-            score: Literal["probability", "logit"] = "probability") -> Tensor:
+            score: Literal["probability", "logit"] = "probability", registers: Registers | None = None) -> Tensor:
     """TokenTM: attention and token transformation effects aggregated over every sublayer.
 
     Wu, Duan, Kang, Tang & Yan, "Token Transformation Matters: Towards Faithful Post-hoc Explanation
@@ -87,6 +88,8 @@ def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: b
             output it transforms): the tensor E.
         per_head: per-head Ẽ_h = v_h W^H_h, else one Ẽ = Σ_h Ẽ_h for all heads.
         score: ``"probability"`` | ``"logit"``, what ∇_A differentiates.
+        registers: register neurons, (block, unit) pairs (``find_register_neurons``): the map is read with
+            test-time registers (Jiang et al. 2025, docs/decisions/test-time-registers.md); None: the model as is.
     """
     num_blocks = adapter.num_blocks
     if end_layer is not None and not aggregate:
@@ -110,7 +113,8 @@ def tokentm(adapter: ModelAdapter, inputs: Tensor, target=None, *, use_length: b
         return attention_update(block, attention_weights(block, block.attn_input if normalised else block.residual,
                                                          **switches))
 
-    record = adapter.record(inputs, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
+    with test_time_registers(adapter, registers):
+        record = adapter.record(inputs, target, fields=fields, grads={"attn": chosen}, score=score, reduce=update)
     if not aggregate:
         return readout_map(record.geometry, [record.blocks[0].reduced])
 

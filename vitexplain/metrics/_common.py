@@ -2,18 +2,12 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from ..maps import check_finite
-
-
-def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    """Refuse an option value that is not one of ``choices``, listing the valid ones."""
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
 
 
 def check_maps(maps: Tensor, batch: int | None = None, what: str = "explanation map") -> Tensor:

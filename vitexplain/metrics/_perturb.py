@@ -59,8 +59,6 @@ def black_pixel(images: Tensor, pixel_mean: Sequence[float] | None, pixel_std: S
 def removal_counts(pixels: int, steps: int) -> Tensor:
     """``int(pixels * k / steps)`` for k = 0 ... steps - 1, the pixel counts of Chefer et al.'s steps (on the CPU,
     as :func:`mixed_logits` keeps them)."""
-    if not isinstance(steps, int) or steps < 2:
-        raise ValueError(f"n_steps must be an integer >= 2, got {steps!r}")
     return torch.tensor([int(pixels * (k / steps)) for k in range(steps)])
 
 
@@ -68,11 +66,6 @@ def ranked_by_relevance(maps: Tensor, images: Tensor, most_relevant_first: bool)
     """Removal rank [B, H*W] of the pixels of the upsampled, min-max normalised maps."""
     relevance = min_max(resize(maps, images.shape[-2:]), constant=0.0)
     return removal_rank(relevance, most_relevant_first)
-
-
-def check_batch_size(batch_size: int) -> None:
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
 def mixed_logits(forward: Callable[[Tensor], Tensor], first: Tensor, second: Tensor | Replacement, rank: Tensor,
@@ -94,7 +87,6 @@ def mixed_logits(forward: Callable[[Tensor], Tensor], first: Tensor, second: Ten
 
         ``counts`` and ``starts`` are kept on the CPU (given there, they cost no wait for the device).
     """
-    check_batch_size(batch_size)
     counts = counts.cpu()
     starts = torch.zeros_like(counts) if starts is None else starts.cpu()
     mix = _Mix(forward, first, second, rank, counts, starts, batch_size)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..maps import resize
-from ._common import check_choice, removal_rank
+from ._common import removal_rank
 
 #: sRGB (linear) -> CIE XYZ, and the D65 white (2 degree observer): scikit-image's ``rgb2lab`` constants
 XYZ_FROM_RGB = ((0.412453, 0.357580, 0.180423), (0.212671, 0.715160, 0.072169), (0.019334, 0.119193, 0.950227))
@@ -31,8 +31,6 @@ def pixel_patches(height: int, width: int, size: int, device: torch.device | str
     row (column) are cut, by floor and ceil of half the remainder (the padding Quantus's patch metrics use).
     Pixels to patches of the image; the model's tokens to its patch grid is ``TokenGeometry.patch_grid``.
     """
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"patch_size must be a positive integer, got {size!r}")
     if size > min(height, width):
         raise ValueError(f"patch_size {size} exceeds the image ({height} x {width} px)")
     pad_y, pad_x = (-height) % size, (-width) % size
@@ -196,7 +194,6 @@ def _renumbered(labels: Tensor, pixels: int) -> tuple[Tensor, Tensor]:
 def class_score(logits: Tensor, targets: Tensor, score: str = "probability") -> Tensor:
     """The explained class's ``"logit"``, softmax ``"probability"`` or ``"log_probability"`` (``options.Score``) at
     every step, [B, S], in float32, from logits [B, S, classes] and targets [B]."""
-    check_choice("score", score, ("logit", "probability", "log_probability"))
     logits = logits.float()
     if score == "probability":
         logits = logits.softmax(-1)

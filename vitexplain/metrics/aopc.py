@@ -22,11 +22,10 @@ Both are fractions (probabilities / natural-log odds), as in TokenTM's Table 5.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated
 
 from torch import Tensor
 
-from ..options import PositiveInt, Range
+from ..options import AtLeastTwo, PositiveInt
 from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
@@ -51,8 +50,25 @@ def aopc_log_odds(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Ten
     targets = check_targets(targets, images)
     counts = removal_counts(images.shape[-2] * images.shape[-1], n_steps)
     rank = ranked_by_relevance(maps, images, most_relevant_first=True)
+    return drops_along(forward, images, rank, counts, targets, pixel_mean=pixel_mean, pixel_std=pixel_std,
+                       batch_size=batch_size)
+
+
+def drops_along(forward: Callable[[Tensor], Tensor], images: Tensor, rank: Tensor, counts: Tensor, targets: Tensor, *,
+                pixel_mean: Sequence[float], pixel_std: Sequence[float], batch_size: int = 128) -> dict[str, Tensor]:
+    """The explained class's probability drops and log-odds along a removal order (AOPC's arithmetic, shared with
+    :mod:`vitexplain.metrics.naopc`, which ranks patches instead of pixels).
+
+    Args:
+        rank: removal rank of every pixel [B, H*W] (``_common.removal_rank``; a patch's pixels may share one).
+        counts: at level k the pixels of rank below ``counts[k]`` are black [K] (long, CPU); ``counts[0]`` = 0.
+        forward, images, targets, pixel_mean, pixel_std, batch_size: as in :func:`aopc_log_odds`.
+
+    Returns:
+        ``probability_drop`` p_c(x) - p_c(x^(k)) and ``log_odds`` log(p_c(x^(k)) / p_c(x)), [B, K].
+    """
     logits = mixed_logits(forward, images, black_pixel(images, pixel_mean, pixel_std), rank, counts, batch_size)
-    log_p = logits.float().log_softmax(-1).gather(2, targets[:, None, None].expand(-1, n_steps, 1))[..., 0]
+    log_p = logits.float().log_softmax(-1).gather(2, targets[:, None, None].expand(-1, counts.shape[0], 1))[..., 0]
     return {"probability_drop": log_p[:, :1].exp() - log_p.exp(), "log_odds": log_p - log_p[:, :1]}
 
 
@@ -70,7 +86,7 @@ reduce_aopc = Means(aopc="probability_drop", log_odds="log_odds")
                   {"probability_drop": "drop of the explained class's probability",
                    "log_odds": "log(p / p of the image itself), explained class"}),
 )
-def _compute(batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 10,
+def _compute(batch: EvalBatch, *, n_steps: AtLeastTwo = 10,
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return aopc_log_odds(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
                          pixel_std=batch.std, n_steps=n_steps, batch_size=batch_size)

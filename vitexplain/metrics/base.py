@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager
 from torch import Tensor, nn
 
 from ..maps import check_finite
-from ..options import check_options, option_defaults
+from ..options import check_options, checking, option_defaults
 from ..registry import Registry, registering
 
 #: the ground truth the built-in protocols read, by the name a dataset gives it in
@@ -61,6 +61,10 @@ class EvalBatch:
             (:func:`vitexplain.instrumentation.modifying.modified`). ``change`` gets the model object; the
             protocol itself never holds it. None when no model is at hand: a protocol that requires
             ``"model"`` then refuses the batch.
+        features: images -> the representation the model's classifier reads [B, D] (float32, eval mode, no gradients:
+            :meth:`~vitexplain.instrumentation.ModelAdapter.features`), for a protocol that compares representations
+            (relative representation stability); None when not at hand: a protocol that requires ``"features"`` then
+            refuses the batch.
     """
 
     images: Tensor
@@ -74,6 +78,7 @@ class EvalBatch:
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
     modified: Callable[[Callable[[nn.Module], None]], ContextManager[None]] | None = None
+    features: Callable[[Tensor], Tensor] | None = None
 
     def __post_init__(self) -> None:
         check_finite(self.maps, self.ids)
@@ -134,13 +139,15 @@ class Metric:
     Attributes:
         name: registry name, e.g. ``"insertion_deletion"``.
         compute: ``(batch, **options) -> dict[str, Tensor]`` of per-image values ([B] or [B, S]); its
-            keyword-only parameters are the metric's options.
+            keyword-only parameters are the metric's options, checked against their annotations on every call
+            (:func:`~vitexplain.options.checking`), so the function registered checks none by hand.
         reduce: per-image values of the whole dataset (concatenated) -> reported numbers; it may take
             some of the options as keywords (segmentation's ``threshold``), see :meth:`report`.
         requires: what the images must come with: names of :attr:`EvalBatch.truth` (see :data:`TRUTH`),
             ``"labels"`` for a ground-truth class on every image, ``"explain"`` for a protocol that runs the
             method again (:attr:`EvalBatch.explain`), ``"model"`` for one that changes the model for a while
-            (:attr:`EvalBatch.modified`; with ``"explain"``, to explain the changed model). An entry that is a
+            (:attr:`EvalBatch.modified`; with ``"explain"``, to explain the changed model), ``"features"`` for one that
+            reads the model's representation (:attr:`EvalBatch.features`). An entry that is a
             tuple of names is met by any one of them: the pointing game's ``("boxes", "masks")`` (see
             :func:`alternatives`, :func:`describe_need`).
         higher_is_better: for every reported number, whether higher is better (drives the arrows and
@@ -152,6 +159,8 @@ class Metric:
             a group, never across).
         curves: what its per-image curves plot (:class:`Curves`; None: it has none, or the reports draw
             them over their step numbers).
+        carried: per-image values that only ``reduce`` reads and that are neither numbers nor curves (sufficiency
+            carries each image's map, to compare it with the other images' maps); the reports never draw them.
     """
 
     name: str
@@ -162,6 +171,7 @@ class Metric:
     cost: Callable[[dict[str, Any], float], float] = lambda options, method_passes: 0.0
     group: str = "other"
     curves: Curves | None = None
+    carried: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
@@ -172,6 +182,9 @@ class Metric:
             raise ValueError(f"metric {self.name!r}: requires must list names, or tuples of names any one of which "
                              f"will do, e.g. ('labels', ('boxes', 'masks')); got {self.requires!r}")
         object.__setattr__(self, "requires", needs)
+        # the one place a metric's options are checked, whichever way it is called: evaluate and the bench check
+        # them at their door (check_options), a direct compute(batch, **options) here; no module checks its own
+        object.__setattr__(self, "compute", checking(f"metric {self.name!r}", self.compute))
 
     @property
     def options(self) -> dict[str, Any]:
@@ -188,7 +201,9 @@ class Metric:
         return self.reporter(options)(values)
 
     def reporter(self, options: dict[str, Any] | None = None) -> Callable[[dict[str, Tensor]], dict[str, float]]:
-        """:meth:`report` with ``options`` resolved once, for a bootstrap that reduces a thousand resamples."""
+        """:meth:`report` with ``options`` resolved once, for a bootstrap that reduces a thousand resamples; ``options``
+        are checked as :meth:`check_options` checks them (``reduce`` checks none by hand)."""
+        self.check_options(dict(options or {}))
         accepted = inspect.signature(self.reduce).parameters
         chosen = {key: value for key, value in {**self.options, **(options or {})}.items() if key in accepted}
         return functools.partial(self.reduce, **chosen)

@@ -24,20 +24,19 @@ docs/decisions/metrics-mprt.md.
 """
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from ..maps import resize
 from ..options import PositiveInt
-from ._common import check_choice, check_image_batch, check_maps
+from ._common import check_image_batch, check_maps
 from ._randomise import Randomisation, check_explained, modifier_of
 from .base import Curves, EvalBatch, register_metric
 from .smooth_mprt import NOMINAL_LEVELS
 
 Resolution = Literal["image", "map"]
-RESOLUTIONS = get_args(Resolution)
 
 
 def histogram_entropy(maps: Tensor, n_bins: int = 100) -> Tensor:
@@ -86,7 +85,6 @@ def efficient_mprt(explain, modified, images: Tensor, maps: Tensor, targets: Ten
             given: maps of the input's shape); ``"map"``: of the map's own values (a token map's 196 values).
     """
     check_image_batch(images)
-    check_choice("resolution", resolution, RESOLUTIONS)
     maps = check_maps(maps.to(images.device), images.shape[0])
     size = tuple(images.shape[-2:]) if resolution == "image" else tuple(maps.shape[-2:])
     trained = histogram_entropy(resize(maps, size), n_bins)

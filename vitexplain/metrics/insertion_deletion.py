@@ -26,26 +26,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Annotated, Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
 from torchvision.transforms.functional import gaussian_blur
 
 from ..maps import resize
-from ..options import PositiveInt, Range
+from ..options import AtLeastTwo, PositiveInt
 from ..seeding import seeded_draw
-from ._common import check_choice, check_image_batch, check_maps, check_targets, removal_rank
-from ._perturb import check_batch_size, mixed_logits
+from ._common import check_image_batch, check_maps, check_targets, removal_rank
+from ._perturb import mixed_logits
 from .base import Curves, EvalBatch, even_steps, register_metric
 
 Baseline = Literal["blur", "black", "mean", "random"]
-BASELINES = get_args(Baseline)
 
 
 def baseline_images(images: Tensor, baseline: str, seed: int = 0) -> Tensor:
     """The replacement image of each image [B or 1, C, H, W] (see the module docstring)."""
-    check_choice("baseline", baseline, BASELINES)
     if baseline == "blur":
         return gaussian_blur(images, kernel_size=[11, 11], sigma=[5.0, 5.0])
     if baseline == "black":
@@ -75,25 +73,34 @@ def insertion_deletion(forward: Callable[[Tensor], Tensor], images: Tensor, maps
     Returns:
         ``insertion`` and ``deletion``: [B, n_steps] target probabilities.
     """
-    check_choice("baseline", baseline, BASELINES)
     check_image_batch(images)
-    if not isinstance(n_steps, int) or n_steps < 2:
-        raise ValueError(f"n_steps must be an integer >= 2, got {n_steps!r}")
-    check_batch_size(batch_size)
+    return replacement_curves(forward, images, maps, targets, lambda checked: baseline_images(checked, baseline, seed),
+                              n_steps=n_steps, batch_size=batch_size)
+
+
+def replacement_curves(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targets: Tensor,
+                       substitute: Callable[[Tensor], Tensor], *, n_steps: int, batch_size: int,
+                       orders: tuple[str, ...] = ("insertion", "deletion")) -> dict[str, Tensor]:
+    """The softmax probability of the explained class as ``ceil(H * W / n_steps)`` more pixels of the map's ranking
+    are replaced at each of the n_steps steps, [B, n_steps] per order: ``"deletion"`` takes them from the
+    replacement into the images, ``"insertion"`` from the images into the replacement, which ``substitute`` makes of
+    the images once the inputs are checked ([B or 1, C or 1, H or 1, W or 1]). TIS's arithmetic, shared with pixel
+    flipping (:mod:`vitexplain.metrics.pixel_flipping`)."""
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     pixels = images.shape[-2] * images.shape[-1]
     per_step = math.ceil(pixels / n_steps)
     counts = (torch.arange(1, n_steps + 1) * per_step).clamp(max=pixels)     # CPU: see mixed_logits
     rank = removal_rank(resize(maps, images.shape[-2:]), most_relevant_first=True)
-    substitute = baseline_images(images, baseline, seed)
+    replacement = substitute(images)
     index = targets[:, None, None].expand(-1, n_steps, 1)
 
     def target_probability(first: Tensor, second: Tensor) -> Tensor:
         logits = mixed_logits(forward, first, second, rank, counts, batch_size)
         return logits.float().softmax(-1).gather(2, index)[..., 0]
 
-    return {"insertion": target_probability(substitute, images), "deletion": target_probability(images, substitute)}
+    sources = {"insertion": (replacement, images), "deletion": (images, replacement)}
+    return {order: target_probability(*sources[order]) for order in orders}
 
 
 def curve_auc(curves: Tensor) -> Tensor:
@@ -119,7 +126,7 @@ def reduce_insertion_deletion(values: dict[str, Tensor]) -> dict[str, float]:
                   {"insertion": "probability of the explained class, pixels inserted into the baseline",
                    "deletion": "probability of the explained class, pixels replaced by the baseline"}),
 )
-def _compute(batch: EvalBatch, *, n_steps: Annotated[int, Range(low=2)] = 224,
+def _compute(batch: EvalBatch, *, n_steps: AtLeastTwo = 224,
              baseline: Baseline = "blur", batch_size: PositiveInt = 128,
              seed: int = 0) -> dict[str, Tensor]:
     return insertion_deletion(batch.logits, batch.images, batch.maps, batch.targets, n_steps=n_steps, baseline=baseline,

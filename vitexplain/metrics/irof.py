@@ -31,15 +31,14 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from ..options import PositiveInt, Range
+from ..options import AtLeastTwo, Positive, PositiveInt
 from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets
-from ._perturb import check_batch_size, mixed_logits
+from ._perturb import mixed_logits
 from ._regions import class_score, pixel_rank, region_relevance, slic, upsampled
 from .base import EvalBatch, register_metric
 from .insertion_deletion import baseline_images
@@ -80,11 +79,6 @@ def irof(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
         ``irof``: [B], 1 - the area under p^(l) / p^(0) over l / L, l = 0 ... L superpixels removed.
     """
     check_image_batch(images)
-    check_batch_size(batch_size)
-    if not isinstance(n_segments, int) or n_segments < 2:
-        raise ValueError(f"n_segments must be an integer >= 2, got {n_segments!r}")
-    if not compactness > 0:
-        raise ValueError(f"compactness must be positive, got {compactness!r}")
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     labels, counts = superpixels(images, n_segments, compactness)
@@ -110,8 +104,8 @@ reduce_irof = Means(irof="irof")
     cost=lambda options, method: options["n_segments"] + 1,    # about: SLIC keeps most of its seeds
     group="faithfulness",
 )
-def _compute(batch: EvalBatch, *, n_segments: Annotated[int, Range(low=2)] = 100,
-             compactness: Annotated[float, Range(low=0, low_open=True)] = 10.0,
+def _compute(batch: EvalBatch, *, n_segments: AtLeastTwo = 100,
+             compactness: Positive = 10.0,
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return irof(batch.logits, batch.images, batch.maps, batch.targets, n_segments=n_segments,
                 compactness=compactness, batch_size=batch_size)

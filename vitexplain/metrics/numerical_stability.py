@@ -28,12 +28,11 @@ random control is drawn afresh for each, so its r is that of two unrelated maps,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
 
 import torch
 from torch import Tensor, nn
 
-from ..options import Range
+from ..options import Positive
 from ..seeding import seeded_draw
 from ._common import check_image_batch, check_maps, explain_copy
 from ._randomise import check_explained, modifier_of, pearson
@@ -113,6 +112,6 @@ def reduce_numerical_stability(values: dict[str, Tensor]) -> dict[str, float]:
     group="robustness",
 )
 def _compute(batch: EvalBatch, *, seed: int = 0,
-             size: Annotated[float, Range(low=0, low_open=True)] = ROUNDING) -> dict[str, Tensor]:
+             size: Positive = ROUNDING) -> dict[str, Tensor]:
     return numerical_stability(batch.explain, modifier_of(batch, "numerical_stability"), batch.images, batch.maps,
                                batch.targets, seed=seed, size=size)

@@ -22,18 +22,17 @@ Ties in the map are removed in raster order (lower row-major index first), in bo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..options import PositiveInt, Range
-from ._common import check_choice, check_image_batch, check_maps, check_targets
+from ..options import AtLeastTwo, PositiveInt
+from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits, ranked_by_relevance, removal_counts
 from .base import Curves, EvalBatch, even_steps, register_metric
 
 Direction = Literal["both", "positive", "negative"]
-DIRECTIONS = get_args(Direction)
 
 
 def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, labels: Tensor, *,
@@ -57,7 +56,6 @@ def perturbation_test(forward: Callable[[Tensor], Tensor], images: Tensor, maps:
     Returns:
         ``positive`` and / or ``negative``: [B, n_steps] 1.0 where the top-1 class is the label.
     """
-    check_choice("direction", direction, DIRECTIONS)
     check_image_batch(images)
     maps = check_maps(maps.to(images.device), images.shape[0])
     labels = check_targets(labels, images, "labels")
@@ -97,6 +95,6 @@ def reduce_perturbation(values: dict[str, Tensor]) -> dict[str, float]:
                    "negative": "top-1 accuracy, least relevant pixels removed first"}),
 )
 def _compute(batch: EvalBatch, *, direction: Direction = "both",
-             n_steps: Annotated[int, Range(low=2)] = 10, batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+             n_steps: AtLeastTwo = 10, batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return perturbation_test(batch.logits, batch.images, batch.maps, batch.labels, pixel_mean=batch.mean,
                              pixel_std=batch.std, direction=direction, n_steps=n_steps, batch_size=batch_size)

@@ -91,10 +91,6 @@ def pointing_game(maps: Tensor, boxes: list[Tensor] | None = None, image_size: t
     if image_size is None:
         raise ValueError("pointing_game on boxes needs image_size, the (H, W) of the input image")
     maps = check_maps(maps, len(boxes) if masks is None else len(masks))
-    if not 0 < max_coverage <= 1:
-        raise ValueError(f"max_coverage must be in (0, 1], got {max_coverage}")
-    if not tolerance >= 0:
-        raise ValueError(f"tolerance must be a number of pixels >= 0, got {tolerance}")
     if masks is None:
         region = box_masks(boxes, image_size, maps.device)
     else:

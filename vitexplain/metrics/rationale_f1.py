@@ -79,8 +79,6 @@ def rationale_f1(maps: Tensor, word_numbers: Tensor, spans: list[Tensor],
         raise ValueError("word numbers must be non-negative integers (0: no word)")
     if len(spans) != maps.shape[0]:
         raise ValueError(f"got rationale spans of {len(spans)} reviews for {maps.shape[0]} maps")
-    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
-        raise ValueError(f"ks must be a non-empty list of positive integers, got {ks!r}")
     if not torch.isfinite(maps).all():
         raise ValueError("explanation maps contain NaN or infinite values")
     scores = word_scores(maps, word_numbers.long())

@@ -40,7 +40,7 @@ from ..options import PositiveInt, Score
 from ..seeding import seeded_draw
 from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets
-from ._perturb import check_batch_size, mixed_logits, normalisation
+from ._perturb import mixed_logits, normalisation
 from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, register_metric
 
@@ -69,9 +69,6 @@ def region_perturbation(forward: Callable[[Tensor], Tensor], images: Tensor, map
         ``drop``: [B, L + 1], f(x) - f(x^(k)) for k = 0 ... L regions replaced.
     """
     check_image_batch(images)
-    check_batch_size(batch_size)
-    if not isinstance(n_regions, int) or n_regions < 1:
-        raise ValueError(f"n_regions must be a positive integer, got {n_regions!r}")
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     mean, std = normalisation(images, pixel_mean, pixel_std)

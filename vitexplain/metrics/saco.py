@@ -25,13 +25,12 @@ authors' code raises). Ties are ranked in raster order, as in every protocol her
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
 
 import torch
 from torch import Tensor
 
 from ..maps import resize
-from ..options import PositiveInt, Range
+from ..options import AtLeastTwo, PositiveInt
 from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets, removal_rank
 from ._perturb import mixed_logits, removal_counts
@@ -55,7 +54,7 @@ def saco(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor, targ
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     pixels = images.shape[-2] * images.shape[-1]
-    if not isinstance(n_groups, int) or not 2 <= n_groups <= pixels:
+    if n_groups > pixels:
         raise ValueError(f"n_groups must be an integer from 2 to the number of pixels ({pixels}), got {n_groups!r}")
     # on the CPU: see mixed_logits
     bounds = torch.cat([removal_counts(pixels, n_groups), torch.tensor([pixels])])
@@ -95,6 +94,6 @@ reduce_saco = Means(saco="saco")
                   "salience group, at its middle as a share of the pixels ranked most salient first",
                   {"group_drop": "probability drop when that group alone is replaced by the image's mean"}),
 )
-def _compute(batch: EvalBatch, *, n_groups: Annotated[int, Range(low=2)] = 10,
+def _compute(batch: EvalBatch, *, n_groups: AtLeastTwo = 10,
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return saco(batch.logits, batch.images, batch.maps, batch.targets, n_groups=n_groups, batch_size=batch_size)

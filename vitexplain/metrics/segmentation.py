@@ -38,18 +38,17 @@ Numbers are reported in percent, as in both papers' tables.
 """
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..maps import min_max, resize
-from ._common import check_choice, check_maps
+from ._common import check_maps
 from .base import EvalBatch, register_metric
 
 Threshold = Literal["mean", "best", "best_per_metric"]
-THRESHOLDS = get_args(Threshold)
 #: the thresholds GradToken searches
 THRESHOLD_GRID = tuple(i / 10 for i in range(10))
 _EPS = float(np.spacing(1))
@@ -93,7 +92,6 @@ def segmentation(maps: Tensor, masks: Tensor, *, threshold: str = "mean",
         ``union_foreground``: pixel counts, [B] for "mean", [B, 10] (one per threshold) otherwise;
         ``labeled``: [B] pixels counted per image; ``ap``: [B] average precision.
     """
-    check_choice("threshold", threshold, THRESHOLDS)
     if masks.dim() != 3:
         raise ValueError(f"masks must have shape [B, H, W], got {tuple(masks.shape)}")
     if ignore is not None and ignore.shape != masks.shape:
@@ -135,7 +133,6 @@ def reduce_segmentation(values: dict[str, Tensor], *, threshold: str = "best") -
     at the threshold(s) ``threshold`` chooses: ``"best"``, the one with the highest mIoU for both
     numbers, or ``"best_per_metric"``, each number's own best (see the module docstring).
     """
-    check_choice("threshold", threshold, THRESHOLDS)
 
     def total(name: str) -> Tensor:
         return values[name].to(torch.float64).sum(0)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..options import PositiveInt, Score
 from ._common import check_image_batch, check_maps, check_targets
-from ._perturb import black_pixel, check_batch_size, mixed_logits
+from ._perturb import black_pixel, mixed_logits
 from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, register_metric
 
@@ -58,7 +58,6 @@ def selectivity(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tenso
         ``score``: [B, K + 1], f(x^(k)) for k = 0 ... K patches black.
     """
     check_image_batch(images)
-    check_batch_size(batch_size)
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     height, width = images.shape[-2:]

@@ -30,34 +30,33 @@ Differences from Captum, both needed by vitexplain's contract: the noise comes f
 ``torch.Generator`` seeded with ``seed`` (Captum uses the global RNG), and the same n samples are
 added to every image, so an image's result does not depend on its batch. e(x) is the map already
 computed for the batch (``batch.maps``), which is what Captum recomputes for deterministic methods.
+
+Avg-sensitivity (``avg_sensitivity.py``) is the mean over the same samples of the same ratios
+(:func:`sensitivity_changes`).
 """
 from __future__ import annotations
 
-from typing import Annotated, Callable, Literal, get_args
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..maps import min_max
-from ..options import PositiveInt, Range
+from ..options import Positive, PositiveInt
 from ..seeding import seeded_draw
 from ..uncertainty import Means
-from ._common import check_choice, check_image_batch, check_maps, explain_copy
+from ._common import check_image_batch, check_maps
+from ._robustness import Normalise, explained_copies, normalise_maps
 from .base import EvalBatch, register_metric
 
-Normalise = Literal["none", "minmax", "max"]
-NORMALISATIONS = get_args(Normalise)
+__all__ = ["Normalise", "max_sensitivity", "normalise_maps", "sample_seeds", "sensitivity_changes",
+           "sensitivity_noise"]
 
 
 def sensitivity_noise(n_samples: int, shape: tuple[int, ...], radius: float, seed: int,
                       device: torch.device | str = "cpu") -> Tensor:
     """The n perturbations [n, *shape], uniform in [-radius, radius], drawn on the CPU from ``seed``
     (the same on every device) and moved to ``device``."""
-    if not isinstance(n_samples, int) or n_samples < 1:
-        raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}")
-    if radius <= 0:
-        raise ValueError(f"radius must be positive, got {radius}")
     def draw(generator: torch.Generator) -> Tensor:
         return torch.empty((n_samples, *shape)).uniform_(-radius, radius, generator=generator)
 
@@ -70,18 +69,6 @@ def sample_seeds(seed: int, n_samples: int) -> list[int]:
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"reseed needs a non-negative integer seed, got {seed!r}")
     return [int(np.random.SeedSequence((seed, sample)).generate_state(1)[0]) for sample in range(n_samples)]
-
-
-def normalise_maps(maps: Tensor, normalise: str) -> Tensor:
-    """Maps [B, h, w] rescaled per image: ``"minmax"`` (m - min) / (max - min), 0 for a constant map;
-    ``"max"`` m / max, unchanged where the maximum is 0; ``"none"`` as they are."""
-    check_choice("normalise", normalise, NORMALISATIONS)
-    if normalise == "none":
-        return maps
-    if normalise == "minmax":
-        return min_max(maps, constant=0.0)
-    high = maps.flatten(1).max(1).values.view(-1, 1, 1)
-    return maps / torch.where(high == 0, torch.ones_like(high), high)
 
 
 def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
@@ -100,29 +87,30 @@ def max_sensitivity(explain: Callable[..., Tensor], images: Tensor, maps: Tensor
         radius: L-infinity radius of the perturbations (TIS: 0.02).
         seed: seed of the perturbations, and base of the per-call seeds under ``reseed``.
         normalise: ``"none"`` (Captum's definition), ``"minmax"`` or ``"max"``: every map rescaled
-            per image before the norms, as the wrapper of the method in the TIS authors' pipeline does.
+            per image before the norms, as the wrapper of the method in the TIS authors' pipeline does
+            (``"maxabs"``, m / max |m|, is Quantus's rescaling: :func:`._robustness.normalise_maps`).
         reseed: give perturbed call s its own method seed, :func:`sample_seeds` (seed, s)
             (randomised methods, as the TIS authors' pipeline draws fresh randomness per call).
     """
+    return sensitivity_changes(explain, images, maps, targets, n_samples=n_samples, radius=radius, seed=seed,
+                               normalise=normalise, reseed=reseed).max(0).values
+
+
+def sensitivity_changes(explain: Callable[..., Tensor], images: Tensor, maps: Tensor, targets: Tensor, *,
+                        n_samples: int = 10, radius: float = 0.02, seed: int = 0, normalise: str = "none",
+                        reseed: bool = False) -> Tensor:
+    """Per perturbed copy s and image, ``‖e(x) - e(x + d_s)‖_2 / ‖e(x)‖_2`` [n_samples, B] (float32): what max- and
+    avg-sensitivity reduce, the max and the mean over s. The arguments are :func:`max_sensitivity`'s."""
     check_image_batch(images)
-    check_choice("normalise", normalise, NORMALISATIONS)
-    if not isinstance(reseed, bool):
-        raise TypeError(f"reseed must be a bool, got {reseed!r}")
     maps = check_maps(maps.to(images.device), images.shape[0])
     noise = sensitivity_noise(n_samples, tuple(images.shape[1:]), radius, seed, images.device).to(images.dtype)
-    seeds = sample_seeds(seed, n_samples) if reseed else [None] * n_samples
+    seeds = sample_seeds(seed, n_samples) if reseed else None
     reference = normalise_maps(maps, normalise).flatten(1)
     scale = reference.norm(dim=1)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    changes = []
-    for copy, (delta, call_seed) in enumerate(zip(noise, seeds), start=1):
-        seeded = {} if call_seed is None else {"seed": call_seed}
-        found = explain_copy(explain, images + delta, targets, copy, **seeded)
-        perturbed = check_maps(found.to(images.device), images.shape[0], what="explanation map of a perturbed image")
-        if perturbed.shape != maps.shape:
-            raise ValueError(f"explain returned maps of shape {tuple(perturbed.shape)}, expected {tuple(maps.shape)}")
-        changes.append((reference - normalise_maps(perturbed, normalise).flatten(1)).norm(dim=1) / scale)
-    return torch.stack(changes).max(0).values
+    changes = [(reference - normalise_maps(perturbed, normalise).flatten(1)).norm(dim=1) / scale
+               for perturbed in explained_copies(explain, (images + delta for delta in noise), targets, maps, seeds)]
+    return torch.stack(changes)
 
 
 reduce_max_sensitivity = Means(max_sensitivity="max_sensitivity")
@@ -137,7 +125,7 @@ reduce_max_sensitivity = Means(max_sensitivity="max_sensitivity")
     group="robustness",
 )
 def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 10,
-             radius: Annotated[float, Range(low=0, low_open=True)] = 0.02, seed: int = 0,
+             radius: Positive = 0.02, seed: int = 0,
              normalise: Normalise = "none", reseed: bool = False) -> dict[str, Tensor]:
     return {"max_sensitivity": max_sensitivity(batch.explain, batch.images, batch.maps, batch.targets,
                                                n_samples=n_samples, radius=radius, seed=seed, normalise=normalise,

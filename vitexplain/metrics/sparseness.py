@@ -21,23 +21,21 @@ rather than a ranking.
 """
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from ..maps import resize
 from ..uncertainty import Means
-from ._common import check_choice, check_maps
+from ._common import check_maps
 from .base import EvalBatch, register_metric
 
 Shift = Literal["always", "negative"]
-SHIFTS = get_args(Shift)
 
 
 def gini_sparseness(maps: Tensor, image_size: tuple[int, int] | None = None, *, shift: str = "always") -> Tensor:
     """Gini index of each map [B], after bilinear upsampling to ``image_size`` when given."""
-    check_choice("shift", shift, SHIFTS)
     maps = check_maps(maps)
     if image_size is not None:
         maps = resize(maps, image_size)

@@ -38,27 +38,25 @@ of ``srg`` (higher is better), ``mif_auc`` (lower is better) and ``lif_auc`` (hi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..options import PositiveInt, Range
+from ..options import AtLeastTwo, PositiveInt
 from ..uncertainty import Means
-from ._common import check_choice, check_image_batch, check_maps, check_targets
-from ._perturb import black_pixel, check_batch_size, mixed_logits
+from ._common import check_image_batch, check_maps, check_targets
+from ._perturb import black_pixel, mixed_logits
 from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
 from .base import Curves, EvalBatch, even_steps, register_metric
 from .insertion_deletion import baseline_images
 
 Fill = Literal["zero", "black", "mean", "blur"]
-FILLS = get_args(Fill)
 
 
 def fill_images(images: Tensor, fill: str, pixel_mean: Sequence[float] | None = None,
                 pixel_std: Sequence[float] | None = None) -> Tensor:
     """What replaces the removed patches [B or 1, C or 1, H or 1, W or 1] (see the module docstring)."""
-    check_choice("fill", fill, FILLS)
     if fill == "zero":
         return baseline_images(images, "black")                    # TIS's "black": zeros of the preprocessed tensor
     if fill == "black":
@@ -88,9 +86,6 @@ def symmetric_relevance_gain(forward: Callable[[Tensor], Tensor], images: Tensor
         ``srg``, ``mif_auc``, ``lif_auc`` [B] and ``mif``, ``lif`` [B, n_steps + 1] (probabilities).
     """
     check_image_batch(images)
-    check_batch_size(batch_size)
-    if not isinstance(n_steps, int) or n_steps < 2:
-        raise ValueError(f"n_steps must be an integer >= 2, got {n_steps!r}")
     maps = check_maps(maps.to(images.device), images.shape[0])
     targets = check_targets(targets, images)
     substitute = fill_images(images, fill, pixel_mean, pixel_std)
@@ -126,7 +121,7 @@ reduce_srg = Means(srg="srg", mif_auc="mif_auc", lif_auc="lif_auc")
                   {"mif": "probability of the explained class, most relevant patches removed first (MIF)",
                    "lif": "probability of the explained class, least relevant patches removed first (LIF)"}),
 )
-def _compute(batch: EvalBatch, *, patch_size: PositiveInt = 16, n_steps: Annotated[int, Range(low=2)] = 15,
+def _compute(batch: EvalBatch, *, patch_size: PositiveInt = 16, n_steps: AtLeastTwo = 15,
              fill: Fill = "zero",
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return symmetric_relevance_gain(batch.logits, batch.images, batch.maps, batch.targets, patch_size=patch_size,

@@ -229,8 +229,9 @@ def _place(adapter: ModelAdapter, rules: RuleSet, trace: Trace, patch: ModelPatc
         _keep_patches, trace, embedding.channels_first)))
     if rules.position is not None and embedding.position_module is not None:
         prefix = adapter.num_prefix_tokens
-        patch.hook(embedding.position_module.register_forward_pre_hook(
-            lambda module, args: (r.normalise_relevance(args[0]),)))
+        if getattr(rules.position, "renormalises_input", True):  # the absolute rule's (abslrp), not PA-LRP's reading
+            patch.hook(embedding.position_module.register_forward_pre_hook(
+                lambda module, args: (r.normalise_relevance(args[0]),)))
         patch.hook(embedding.position_module.register_forward_hook(
             lambda module, args, output: rules.position(output, trace.patches, prefix)))
     last = family.blocks[-1].module

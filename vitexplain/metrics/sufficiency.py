@@ -1,0 +1,87 @@
+"""Sufficiency (Dasgupta, Frost & Moshkovitz, "Framework for Evaluating Faithfulness of Local Explanations", ICML
+2022, Sec. 3): how often the points an explanation applies to get the same prediction as the point it explains.
+
+The paper's local sufficiency of x is Pr_{x'}[f(x') = f(x) | x' ∈ C_{e(x)}], C_e the points explanation e applies to,
+and global sufficiency its expectation over x. It defines C_e for rules and highlighted features, not for saliency
+maps; Quantus (``Sufficiency``) and LATEC, which this number is compared with, take "e(x) applies to x'" as "the maps
+of x and x' are close", which is what is implemented:
+
+* each map at the method's own resolution (**ours**: the bilinear upsampling of the other protocols would only
+  interpolate, at 256 times the cost of the distances), its absolute value divided by its largest value (Quantus's
+  ``abs=True`` and ``normalise_by_max``; a zero map stays 0);
+* the standardised Euclidean distance between every two maps of the **dataset** (SciPy's ``seuclidean``: each
+  entry's difference divided by that entry's variance over the maps, ddof = 1; an entry constant over the maps
+  counts 0), the distances divided by the largest one (Quantus's ``normalise_by_max`` of the distance matrix);
+* x' is a neighbour of x when that distance is at most ``threshold`` (0.6, Quantus's default), x' ≠ x;
+* local sufficiency = the share of x's neighbours whose predicted class (argmax of the logits) is x's; 0 when x has
+  none (Quantus's 0 / inf).
+
+Quantus does all this within each batch it is given, so an image's value depends on its batch; here ``compute``
+keeps each image's normalised map and prediction and ``reduce`` does the rest over the whole dataset, so the number
+does not depend on batching (the bootstrap resamples whole images, duplicates included, and recomputes it; O(n^2 F) per
+resample). Reported: ``sufficiency`` (↑, the mean local sufficiency) and ``covered``, the share of images with at
+least one neighbour (no direction). This measures consistency of similar maps (the paper's consistency is
+Pr[f(x') = f(x) | e(x') = e(x)]) as much as sufficiency; docs/decisions/metrics-latec-faithfulness-2.md.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+import torch
+from torch import Tensor
+
+from ..options import PositiveInt, Range
+from ._common import check_image_batch, check_maps
+from ._perturb import mixed_logits
+from .base import EvalBatch, register_metric
+
+
+def sufficiency_inputs(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor,
+                       batch_size: int = 128) -> dict[str, Tensor]:
+    """What :func:`reduce_sufficiency` needs of each image: ``explanation`` [B, h*w], |map| / max |map| (float32),
+    and ``prediction`` [B], the predicted class (as float)."""
+    check_image_batch(images)
+    maps = check_maps(maps.to(images.device), images.shape[0]).flatten(1).float().abs()
+    high = maps.max(1, keepdim=True).values
+    explanation = maps / torch.where(high > 0, high, torch.ones_like(high))
+    untouched = torch.zeros(images.shape[0], images.shape[-2] * images.shape[-1], dtype=torch.long,
+                            device=images.device)
+    logits = mixed_logits(forward, images, images, untouched, torch.tensor([0]), batch_size)[:, 0]
+    return {"explanation": explanation, "prediction": logits.argmax(-1).float()}
+
+
+def local_sufficiency(explanation: Tensor, prediction: Tensor, threshold: float = 0.6) -> tuple[Tensor, Tensor]:
+    """Per image of a whole set, its local sufficiency [n] and whether it has a neighbour [n] (float64), from
+    :func:`sufficiency_inputs`' values."""
+    maps = explanation.to(torch.float64)
+    count = maps.shape[0]
+    variance = maps.var(0) if count > 1 else torch.zeros_like(maps[0])
+    scaled = maps[:, variance > 0] / variance[variance > 0].sqrt()
+    distance = torch.cdist(scaled, scaled) if scaled.shape[1] else maps.new_zeros(count, count)
+    high = distance.max() if count else distance.new_zeros(())
+    distance = distance / high if high > 0 else distance
+    near = (distance <= threshold) & ~torch.eye(count, dtype=torch.bool, device=maps.device)
+    same = prediction[:, None] == prediction[None, :]
+    neighbours = near.sum(1).to(torch.float64)
+    agreeing = (near & same).sum(1).to(torch.float64)
+    return torch.where(neighbours > 0, agreeing / neighbours.clamp(min=1), 0.0), (neighbours > 0).to(torch.float64)
+
+
+def reduce_sufficiency(values: dict[str, Tensor], threshold: float = 0.6) -> dict[str, float]:
+    local, covered = local_sufficiency(values["explanation"], values["prediction"], threshold)
+    return {"sufficiency": local.mean().item(), "covered": covered.mean().item()}
+
+
+@register_metric(
+    "sufficiency",
+    reduce=reduce_sufficiency,
+    higher_is_better={"sufficiency": True},
+    cost=lambda options, method: 1,
+    group="faithfulness",
+    carried=("explanation",),
+)
+def _compute(batch: EvalBatch, *, threshold: Annotated[float, Range(low=0)] = 0.6,
+             batch_size: PositiveInt = 128) -> dict[str, Tensor]:
+    # threshold is read by reduce_sufficiency (Metric.report hands it the option), over the whole dataset
+    return sufficiency_inputs(batch.logits, batch.images, batch.maps, batch_size)
