@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -12,7 +13,9 @@ import torch
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# one thread per pytest-xdist worker (scripts/test.sh runs two on the 2-core machine: more threads than cores only
+# wait for each other); two in a single process
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, mlp_ratio=2.0, num_classes=10)
 
