@@ -329,7 +329,8 @@ def test_every_registry_takes_one_decorator_shape_whose_name_defaults_to_the_dec
         register_method("shape_named", cost=2)(shape_bare)
         assert METHODS.get("shape_named").fn is shape_bare and METHODS.get("shape_named").passes() == 2
         assert register_metric(reduce=dict, group="other")(compute) is compute
-        assert METRICS.get("compute").compute is compute and METRICS.get("compute").reduce is dict
+        # registered compute functions are checked on every call (options.checking): the function itself, wrapped
+        assert METRICS.get("compute").compute.__wrapped__ is compute and METRICS.get("compute").reduce is dict
         register_metric("shape_metric", reduce=dict)(compute)
         ready = Metric("shape_ready", compute, dict)
         assert register_metric(ready) is ready and METRICS.get("shape_ready") is ready

@@ -152,7 +152,8 @@ def test_a_generator_made_on_the_images_device_is_caught(recorded):
     images = torch.zeros(1, 3, 4, 4)
     torch.rand(2, generator=torch.Generator(device=images.device).manual_seed(0))
     calls, made = recorded
-    assert calls == [{"call": "rand", "generator": "cpu", "drawn_on": "cpu", "in_seeded_draw": False}]
+    assert calls == [{"call": "rand", "generator": "cpu", "drawn_on": "cpu", "in_seeded_draw": False,
+                      "in_captum_draws": False}]
     assert made == [{"device": "cpu", "by_seeded_draw": False}]
     with pytest.raises(AssertionError, match="not drawn on the CPU by seeded_draw"):
         assert_drawn_on_the_cpu_by_seeded_draw(calls, made, "a regression")

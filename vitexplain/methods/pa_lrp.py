@@ -53,7 +53,7 @@ def pa_lrp(adapter: ModelAdapter, images: Tensor, target=None, *, gamma: Gammas 
                          f"got {len(gamma)}")
     share = PositionShare()
     rules = _position_aware(gamma, conv_gamma, share)
-    recompute = choose_recompute("attnlrp", recompute, adapter, images)
+    recompute = choose_recompute("pa_lrp", recompute, adapter, images)
     found = relevance(adapter, images, target, rules, at=(at,), recompute=recompute)
     grid = found.geometry.grid
     per_patch = share.relevance.sum(-1)
