@@ -16,8 +16,9 @@ from conftest import make_vit
 from test_bench_fakes import RandomImages
 
 
-def _number(label: str, higher: bool, per_image: dict[str, list[float]], indices=None) -> Ranked:
-    """A number reported as the mean of per-image values, with each method's bootstrap as the bench makes it."""
+def _number(label: str, higher: bool, per_image: dict[str, list[float]], indices=None, mean_only=False) -> Ranked:
+    """A number reported as the mean of per-image values, with each method's bootstrap as the bench makes it; LATEC
+    ranks their median (``mean_only``: a number that is not such a mean, ranked as reported)."""
     report = Means(value="value")
     samples, scores = {}, {}
     for method, values in per_image.items():
@@ -25,7 +26,8 @@ def _number(label: str, higher: bool, per_image: dict[str, list[float]], indices
         rows = list(range(len(values))) if indices is None else indices[method]
         samples[method] = Sample(rows, found, bootstrap(found, report, seed=0))
         scores[method] = float(np.mean(values))
-    return Ranked(label, "value", higher, scores, samples)
+    values = None if mean_only else {m: torch.tensor(v, dtype=torch.float64) for m, v in per_image.items()}
+    return Ranked(label, "value", higher, scores, samples, values, seed=0)
 
 
 def _plain_rank(scores: dict[str, float], higher: bool) -> dict[str, float]:
@@ -38,20 +40,30 @@ def _plain_rank(scores: dict[str, float], higher: bool) -> dict[str, float]:
     return ranks
 
 
-def test_mean_ranks_are_the_mean_over_numbers_of_each_numbers_ranks():
+def test_mean_ranks_are_the_mean_over_numbers_of_the_ranks_of_each_methods_median():
     rng = np.random.default_rng(0)
     numbers = [_number(f"m{k}", higher, {m: list(rng.normal(size=12) + shift) for m, shift in
                                          zip("abcd", rng.normal(size=4))})
                for k, higher in enumerate([True, False, True])]
     numbers.append(_number("tie", True, {"a": [1.0] * 12, "b": [1.0] * 12, "c": [0.0] * 12, "d": [2.0] * 12}))
+    numbers.append(_number("mean", True, {m: list(rng.normal(size=12)) for m in "abcd"}, mean_only=True))
     found = mean_ranks(numbers, controls=set())
-    plain = {m: np.mean([_plain_rank(n.scores, n.higher)[m] for n in numbers]) for m in "abcd"}
+    medians = [{m: n.scores[m] if n.per_image is None else float(np.median(n.per_image[m])) for m in "abcd"}
+               for n in numbers]
+    plain = {m: np.mean([_plain_rank(score, n.higher)[m] for score, n in zip(medians, numbers)]) for m in "abcd"}
     assert found["methods"].keys() == plain.keys()
     for method, (mean, low, high) in found["methods"].items():
         assert mean == pytest.approx(plain[method])
         assert 1 <= low <= high <= 4
     assert list(found["methods"]) == sorted(plain, key=plain.get)     # best first
-    assert found["numbers"] == ["m0/value", "m1/value", "m2/value", "tie/value"] and found["interval"] is True
+    assert found["numbers"] == ["m0/value", "m1/value", "m2/value", "tie/value", "mean/value"]
+    assert found["interval"] is True
+
+
+def test_the_median_not_the_mean_decides_as_latec_ranks():
+    """One outlier image makes a's mean the higher, b's median is the higher: LATEC's rank follows the median."""
+    found = mean_ranks([_number("x", True, {"a": [0.0] * 11 + [100.0], "b": [1.0] * 12})], controls=set())
+    assert found["methods"]["b"][0] == 1.0 and found["methods"]["a"][0] == 2.0
 
 
 def test_a_method_best_on_every_image_of_every_number_has_rank_one_without_doubt():
@@ -104,3 +116,14 @@ def test_a_shipped_config_is_found_by_its_name_and_an_unknown_name_lists_them():
     assert read_config("default") == read_config(SHIPPED_CONFIGS["default"])
     with pytest.raises(ValueError, match="shipped config: default"):
         read_config("no-such-config")
+
+
+def test_the_ranks_flag_and_a_shipped_config_name_reach_the_config():
+    from vitexplain.cli import bench as bench_cli
+    from vitexplain.cli.main import build_parser
+
+    parse = build_parser().parse_args
+    assert bench_cli.config_from_args(parse(["bench", "--ranks"])).ranks is True
+    assert bench_cli.config_from_args(parse(["bench"])).ranks is False
+    latec = bench_cli.config_from_args(parse(["bench", "--config", "latec", "--limit", "2"]))
+    assert latec.ranks is True and latec.limit == 2 and "lime" in {entry.name for entry in latec.methods}

@@ -7,8 +7,9 @@ method, per kind of metric (faithfulness, robustness, complexity), the mean of i
 summary never mixes numbers this way: it names who leads each number, paired over the images. With ``ranks: true``
 in a bench config (``--ranks``) the reports add LATEC's view beside it, for every kind of protocol, where:
 
-* a method's score on a number is the number as the bench reports it (most are means over the images; LATEC takes
-  medians), so the ranks agree with the bench's own table;
+* a method's score on a number is, as LATEC's, the **median over the images** of its per-image values where the number
+  is their mean (:class:`~vitexplain.uncertainty.Means`: most protocols); where it is not (an area under a mean
+  curve, a correlation over the dataset), it is the number as the bench reports it;
 * ties share the average of their ranks (LATEC's ``argsort`` breaks them by position in its method list);
 * the mean rank is not rounded, and carries the 95 % interval of the mean rank over the bootstrap resamples of the
   images: each resample ranks the methods on the same images (:class:`~vitexplain.bench.uncertainty.Sample`'s
@@ -25,20 +26,38 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import rankdata
+from torch import Tensor
 
-from ..uncertainty import TOO_FEW, has_interval, interval
+from ..uncertainty import TOO_FEW, has_interval, interval, resampled_positions
 from .uncertainty import Sample
 
 
 @dataclass(frozen=True)
 class Ranked:
-    """One reported number of one protocol, as ranking reads it: every method's score and bootstrap sample."""
+    """One reported number of one protocol, as ranking reads it: every method's score and bootstrap sample, and, where
+    the number is the mean of per-image values, those values (``per_image``: method -> [n] float64; their median is
+    ranked) with the bootstrap's ``seed``."""
 
     label: str
     number: str
     higher: bool
     scores: dict[str, float]
     samples: dict[str, Sample]
+    per_image: dict[str, Tensor] | None = None
+    seed: int = 0
+
+    def score(self, method: str) -> float:
+        """What LATEC ranks: the median over the images, else the reported number."""
+        if self.per_image is None:
+            return self.scores[method]
+        return float(np.median(self.per_image[method].numpy()))
+
+    def replicates(self, method: str) -> np.ndarray:
+        """:meth:`score` on each of the bench's bootstrap resamples of the images [resamples]."""
+        if self.per_image is None:
+            return self.samples[method].replicates[self.number]
+        values = self.per_image[method].numpy()
+        return np.median(values[resampled_positions(len(values), self.seed).numpy()], axis=1)
 
 
 def mean_ranks(numbers: list[Ranked], controls: set[str]) -> dict[str, object]:
@@ -49,11 +68,11 @@ def mean_ranks(numbers: list[Ranked], controls: set[str]) -> dict[str, object]:
     methods = sorted(m for m in everyone if all(m in found.scores for found in numbers))
     if not methods or not numbers:
         return {"methods": {}, "numbers": [], "interval": TOO_FEW, "left_out": sorted(everyone)}
-    points = np.stack([_ranks(np.array([[found.scores[m]] for m in methods]), found.higher)[:, 0]
+    points = np.stack([_ranks(np.array([[found.score(m)] for m in methods]), found.higher)[:, 0]
                        for found in numbers]).mean(0)
     paired = all(_paired(found, methods) for found in numbers)
     if paired:
-        resampled = np.stack([_ranks(np.stack([found.samples[m].replicates[found.number] for m in methods]),
+        resampled = np.stack([_ranks(np.stack([found.replicates(m) for m in methods]),
                                      found.higher) for found in numbers]).mean(0)
         bounds = [interval(row) for row in resampled]
     else:

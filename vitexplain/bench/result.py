@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..metrics import get_metric
 from ..registry import METHODS
-from ..uncertainty import CONFIDENCE, MIN_IMAGES, RESAMPLES, TOO_FEW, bootstrap, has_interval, interval
+from ..uncertainty import CONFIDENCE, MIN_IMAGES, RESAMPLES, TOO_FEW, Means, bootstrap, has_interval, interval
 from .config import DatasetSpec
 from .randomisation import VERDICT_RULE
 from .ranks import Ranked, mean_ranks
@@ -36,8 +36,9 @@ from .tables import (
 from .uncertainty import Sample, leaders, paired_difference
 
 #: what the reports say under LATEC's ranks
-RANKS_NOTE = ("Each method's rank on every reported number of the kind (ties share their mean rank), averaged over the "
-              "numbers (their count in brackets in the header), as LATEC ranks (Klein et al., 2024); the interval is "
+RANKS_NOTE = ("Each method's rank on every reported number of the kind (by its median over the images where the number "
+              "is a mean of per-image values; ties share their mean rank), averaged over the numbers (their count in "
+              "brackets in the header), as LATEC ranks (Klein et al., 2024); the interval is "
               "the 95 % bootstrap interval of the mean rank over resamples of the images. It mixes what the kind's "
               "numbers measure, which the summary above never does: read it beside the summary, not instead.")
 #: what the reports say of a model no method has any score on, in place of its tables
@@ -451,7 +452,9 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                 found = {m: result.scores[model.name][m][entry.label][number] for m in samples
                          if number in result.scores[model.name][m][entry.label]}
                 if found:
-                    ranked.setdefault(metric.group, []).append(Ranked(entry.label, number, higher, found, samples))
+                    ranked.setdefault(metric.group, []).append(
+                        Ranked(entry.label, number, higher, found, samples, per_image(metric, samples, number),
+                               config.seed))
                     lead = leaders(samples, found, higher, result.controls(model.name), number, report, config.seed)
                     result.leaders.setdefault(model.name, {}).setdefault(entry.label, {})[number] = lead
                     if lead["methods"]:
@@ -477,6 +480,16 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                     trust["noise_resilience"] = {"copy": copy.name, "weight_noise": copy.weight_noise,
                                                  "seed": copy.seed, **found}
     return result
+
+
+def per_image(metric, samples: dict[str, Sample], number: str) -> dict[str, Tensor] | None:
+    """Each method's per-image values of ``number`` where the metric reports it as their mean (LATEC ranks their
+    median), else None."""
+    if not isinstance(metric.reduce, Means):
+        return None
+    found = {method: metric.reduce.per_image(sample.values) for method, sample in samples.items()}
+    return None if any(values is None for values in found.values()) else \
+        {method: values[number] for method, values in found.items()}
 
 
 #: the control a metric must tell the methods from (``random_baseline``'s registry name)
