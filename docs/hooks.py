@@ -7,6 +7,9 @@
   - ``support``: the support matrix (``vitexplain.readme_tables.support_table``, as in README.md),
   - ``protocols`` / ``protocol-kinds``: every registered evaluation protocol and the kinds of protocol,
     from the metric registry (``vitexplain.metrics.base``);
+  - ``method-departures`` / ``protocol-departures``: for every method / protocol that LATEC or Quantus also
+    implements (its ``reference``), where vitexplain departs from them (its ``departures``), and the names of
+    those neither has (:func:`departures_table`);
   - ``recipes``: every ``vitexplain reproduce`` recipe, its table, data and models (``vitexplain.reproduce``);
   - ``modules``: the tree of the package's modules, each with the first sentence of its own docstring
     (:func:`module_tree`; a module without one fails the build);
@@ -40,12 +43,25 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def protocol_cost(metric) -> str:
+    """A protocol's model passes per image at its default options as ``a + b·m``, m the method's own passes (what it
+    costs to explain one image; a backward counts 2): ``b`` is how many times it runs the method again."""
+    passes = [metric.passes({}, float(m)) for m in (0, 1, 2)]
+    fixed, per_method = passes[0], passes[1] - passes[0]
+    if abs(passes[2] - fixed - 2 * per_method) > 1e-9 * max(1.0, abs(passes[2])):
+        return f"{passes[0]:g} at m = 0, {passes[1]:g} at m = 1"     # not linear in m: say what it is at both
+    terms = ([f"{fixed:g}"] if fixed else []) + ([("" if per_method == 1 else f"{per_method:g}·") + "m"]
+                                                  if per_method else [])
+    return " + ".join(terms) or "0"
+
+
 def protocol_table() -> str:
-    """Every registered evaluation protocol: its paper, kind, what it needs and what it reports."""
+    """Every registered evaluation protocol: its paper, kind, what it needs, what it reports and what it costs."""
     from vitexplain.metrics.base import GROUPS, METRICS, alternatives
 
     lines = ["| protocol | what it is (paper) | kind | needs, beyond the model, images and maps "
-             "| reports (↑ higher is better, ↓ lower) |", "| --- | --- | --- | --- | --- |"]
+             "| reports (↑ higher is better, ↓ lower) | model passes per image (m: the method's) |",
+             "| --- | --- | --- | --- | --- | ---: |"]
     for name in METRICS.names():
         metric = METRICS.get(name)
         module = sys.modules[metric.compute.__module__]
@@ -54,7 +70,7 @@ def protocol_table() -> str:
                           for need in metric.requires) or "nothing more"
         reports = ", ".join(f"`{key}` {'↑' if up else '↓'}" for key, up in metric.higher_is_better.items())
         group = metric.group if metric.group in GROUPS else "other"
-        lines.append(f"| `{name}` | {_cell(paper)} | {group} | {needs} | {reports} |")
+        lines.append(f"| `{name}` | {_cell(paper)} | {group} | {needs} | {reports} | {protocol_cost(metric)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -67,6 +83,28 @@ def protocol_kinds() -> str:
         members = [name for name in METRICS.names() if METRICS.get(name).group == group]
         if members:
             lines.append(f"| {group} | {_cell(rewards)} | {', '.join(f'`{name}`' for name in members)} |")
+    return "\n".join(lines) + "\n"
+
+
+def departures_table(kind: str) -> str:
+    """For every built-in ``"method"`` or every registered ``"protocol"`` that LATEC or Quantus also implements (the
+    entry's ``reference``), where vitexplain's departs from theirs (its ``departures``, from the entry's own module);
+    then, in one line, the entries neither implements (an empty ``reference``)."""
+    from vitexplain.metrics.base import METRICS
+    from vitexplain.registry import METHODS, REFERENCES
+
+    if kind == "method":
+        names = [name for name in METHODS.names() if METHODS.get(name).fn.__module__.startswith("vitexplain.methods.")
+                 and not METHODS.get(name).control]
+        entries = {name: METHODS.get(name) for name in names}
+    else:
+        entries = {name: METRICS.get(name) for name in METRICS.names()}
+    lines = [f"| {kind} | also in | where vitexplain departs from it |", "| --- | --- | --- |"]
+    lines += [f"| `{name}` | {', '.join(REFERENCES[ref] for ref in entry.reference)} | {_cell(entry.departures)} |"
+              for name, entry in entries.items() if entry.reference]
+    neither = [f"`{name}`" for name, entry in entries.items() if not entry.reference]
+    if neither:
+        lines += ["", f"In neither LATEC nor Quantus: {', '.join(neither)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +207,9 @@ def _generated(what: str, arg: str | None) -> str:
     from vitexplain.readme_tables import method_table, support_table
 
     tables = {"methods": method_table, "support": support_table, "protocols": protocol_table,
-              "protocol-kinds": protocol_kinds, "recipes": recipe_table, "modules": module_tree}
+              "protocol-kinds": protocol_kinds, "recipes": recipe_table, "modules": module_tree,
+              "method-departures": lambda: departures_table("method"),
+              "protocol-departures": lambda: departures_table("protocol")}
     if what not in tables:
         raise ValueError(f"unknown generated section {what!r}; known: include FILE, {', '.join(tables)}")
     return tables[what]()

@@ -19,5 +19,6 @@ site_dir="$(mktemp -d)"
 trap 'rm -rf "$site_dir"' EXIT
 NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet --site-dir "$site_dir"
 # two workers, each test file whole in one of them (its module fixtures built once): the suite's files are
-# independent, and on the 2-core CI machine this halves the wall time (docs/decisions/performance.md)
-python3 -m pytest -n "${VITEXPLAIN_TEST_WORKERS:-2}" --dist loadfile "$@"
+# independent, and on the 2-core CI machine this halves the wall time; the files in the order tests/conftest.py
+# gives them (the longest first), not re-sorted by their number of tests (docs/decisions/performance.md)
+python3 -m pytest -n "${VITEXPLAIN_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny timm Vision Transformers built in the tests (nothing is downloaded)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import os
@@ -14,8 +15,18 @@ from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
 # one thread per pytest-xdist worker (scripts/test.sh runs two on the 2-core machine: more threads than cores only
-# wait for each other); two in a single process
+# wait for each other), and in the commands a worker starts (the CLI runs, the docs' bash blocks, the installed
+# wheel's bench: torch reads OMP_NUM_THREADS when it starts); two in a single process
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: the test files that take longest (a module fixture running many commands, a bench, a wheel built and installed:
+#: the durations printed at the end of a run), longest first. scripts/test.sh hands whole files to two workers in
+#: collection order (``--dist loadfile --no-loadscope-reorder``); these go first, the others after them by their
+#: number of tests, so that no long file starts last and ends the run alone (docs/decisions/performance.md)
+LONG_FILES = ("test_docs_examples.py", "test_wheel.py", "test_cli_explain.py", "test_method_contract.py",
+              "test_default_bench.py", "test_plugins.py", "test_bench_cache.py", "test_devices.py", "test_support.py")
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, mlp_ratio=2.0, num_classes=10)
 
@@ -69,3 +80,15 @@ def module_from_source(folder: Path, name: str, source: str):
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop(name, None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The files of :data:`LONG_FILES` first, in its order, then the others by their number of tests, most first (as
+    pytest-xdist orders them by default); the tests of a file keep their order."""
+    missing = [name for name in LONG_FILES if not (Path(__file__).parent / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py: LONG_FILES names test files that do not exist: {missing}")
+    count = collections.Counter(item.path.name for item in items)
+    first = {name: index for index, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: (first.get(item.path.name, len(first)), -count[item.path.name]))

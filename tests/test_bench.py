@@ -240,7 +240,9 @@ def test_config_from_yaml_and_its_checks(tmp_path):
     assert [m.label for m in config.methods] == ["rollout", "TIS", "rollout(start_layer=1)"]
     assert (config.dataset.name, config.dataset.root, config.dataset.options) == ("imagenet", "/data", {"split": "val"})
     assert (config.batch_size, config.limit, config.target) == (8, 100, "label")
-    base = dict(models=["m"], methods=["rollout"], metrics=["x"], dataset="d")
+    base = dict(models=["m"], methods=["rollout"], metrics=["sparseness"], dataset="d")
+    with pytest.raises(ValueError, match="unknown metric 'sparsenes'.*sparseness"):     # resolved at the door
+        BenchConfig(**{**base, "metrics": ["sparsenes"]})
     with pytest.raises(ValueError, match="unknown bench config key.*batchsize"):
         BenchConfig.from_dict({**base, "batchsize": 3})
     with pytest.raises(ValueError, match="target must be one of"):

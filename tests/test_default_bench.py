@@ -39,7 +39,9 @@ def test_every_method_and_protocol_runs_in_a_shipped_config_and_the_default_leav
     assert {"random_baseline", "constant_baseline", "tokentm", "gradtoken", "tis"} <= methods
     shipped = [BenchConfig.from_yaml(path) for path in SHIPPED_CONFIGS.values()]
     assert {entry.name for found in shipped for entry in found.methods} >= methods
-    assert {entry.name for found in shipped for entry in found.metrics} >= metrics - set(NOT_FOR_DIGITS)
+    ran = {entry.name for found in shipped for entry in found.metrics}
+    ran |= {found.sanity.entry.name for found in shipped if found.sanity is not None}   # the sanity key's protocol
+    assert ran >= metrics - set(NOT_FOR_DIGITS)
     left_to_latec = set(config.exclude_metrics) - set(NOT_FOR_DIGITS)
     assert set(config.exclude_methods) <= {entry.name for entry in latec.methods}
     assert left_to_latec <= {entry.name for entry in latec.metrics}
@@ -48,7 +50,7 @@ def test_every_method_and_protocol_runs_in_a_shipped_config_and_the_default_leav
     assert sorted(set(names)) == sorted(expected) and len(names) == len(expected) + 3  # GradToken twice, 3 degraded:
     variants = {entry.label: entry.options for entry in config.methods if entry.name == "gradtoken"}
     assert variants == {"gradtoken": {}, "gradtoken(transpose=True)": {"transpose": True}}  # printed and our variant
-    configured = sorted(entry.name for entry in config.metrics if entry.name in metrics)
+    configured = sorted([entry.name for entry in config.metrics if entry.name in metrics] + [config.sanity.entry.name])
     assert configured == sorted(metrics - set(NOT_FOR_DIGITS) - left_to_latec)
     assert latec.ranks and not config.ranks
     assert [entry.name for entry in config.models] == ["digits_vit"]

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 import vitexplain
-from vitexplain.bench.randomisation import cascade_levels, cascading_randomisation, reinitialise
+from vitexplain.bench.randomisation import cascading_randomisation
 from vitexplain.evaluation import score
 from vitexplain.instrumentation.modifying import modified, modifier
+from vitexplain.instrumentation.randomisation import randomisation_levels, reinitialise
 from vitexplain.metrics import EvalBatch, get_metric
 from vitexplain.metrics.efficient_mprt import histogram_entropy
 from vitexplain.metrics.smooth_mprt import reduce_smooth_mprt
@@ -109,8 +110,8 @@ def plain_smooth_mprt(model, images, targets, method, n, noise, seed):
     trained = smooth(model)
     randomised, generator = copy.deepcopy(model), torch.Generator().manual_seed(seed)
     rows = []
-    for _, names in cascade_levels(randomised):
-        reinitialise(randomised, names, generator)
+    for level in randomisation_levels(randomised):
+        reinitialise(level, generator)
         random = smooth(randomised)
         rows.append([scipy.stats.spearmanr(trained[i].abs().flatten(), random[i].abs().flatten())[0]
                      for i in range(len(images))])
@@ -170,8 +171,8 @@ def test_efficient_mprt_equals_a_plain_computation(tiny):
                                 cascade=True)
     randomised, generator = copy.deepcopy(model), torch.Generator().manual_seed(4)
     columns = []
-    for _, names in cascade_levels(randomised):
-        reinitialise(randomised, names, generator)
+    for level in randomisation_levels(randomised):
+        reinitialise(level, generator)
         random = torch.nn.functional.interpolate(vitexplain.explain(randomised, images, "gae", target=targets)[:, None],
                                                  size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
         columns.append([scipy.stats.entropy(np.histogram(m.numpy(), bins=100)[0]) for m in random])

@@ -17,6 +17,7 @@ from vitexplain.metrics.input_invariance import input_invariance
 from vitexplain.metrics.local_lipschitz_estimate import local_lipschitz_estimate
 from vitexplain.metrics.non_sensitivity import non_sensitivity
 from vitexplain.metrics.sensitivity import max_sensitivity, sensitivity_noise
+from vitexplain.registry import get_method
 
 from conftest import make_vit
 
@@ -165,7 +166,7 @@ def test_input_invariance_passes_the_gradient_fails_gradient_times_input_and_res
 def batch(model, method, rows=slice(None), fresh=True):
     g = torch.Generator().manual_seed(0)
     images, labels = torch.randn(4, 3, 32, 32, generator=g)[rows], torch.tensor([1, 4, 7, 2])[rows]
-    explain = reexplainer(vitexplain.adapter_for(model), method, {}) if fresh else \
+    explain = reexplainer(vitexplain.adapter_for(model), get_method(method).bind()) if fresh else \
         (lambda x, t: vitexplain.explain(model, x, method, target=t))
     return EvalBatch(images=images, maps=explain(images, labels), targets=labels, labels=labels, explain=explain,
                      logits=vitexplain.adapter_for(model).logits, mean=(0.5,) * 3, std=(0.5,) * 3,

@@ -129,15 +129,15 @@ def test_the_model_comes_back_as_it_was_also_after_an_error(canvases):
 def test_recordings_and_relevance_are_float32_while_scoring_forwards_keep_the_callers_precision(canvases):
     model = make_vit(img_size=112)
     adapter = vitexplain.adapter_for(model)
-    with torch.autocast("cpu", dtype=torch.bfloat16), float32_scope(model):
-        record = adapter.record(canvases, fields=("attn", "residual"), grads=("attn",))
+    with torch.autocast("cpu", dtype=torch.bfloat16), adapter.call(canvases, reads_target=False) as call:
+        record = call.record(call.inputs, fields=("attn", "residual"), grads=("attn",))
         assert {block.attn.dtype for block in record.blocks} == {torch.float32}
         assert {block.grads["attn"].dtype for block in record.blocks} == {torch.float32}
         assert not torch.is_autocast_enabled("cpu")
-        with caller_precision():
+        with caller_precision(call.scope):
             assert torch.is_autocast_enabled("cpu")
             assert model.head(torch.ones(1, model.embed_dim)).dtype == torch.bfloat16
-        scored = adapter.logits(canvases)  # float32 numbers of a bfloat16 forward
+        scored = call.logits(call.inputs)  # float32 numbers of a bfloat16 forward, in the call's caller precision
     plain = model(canvases)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         autocast = model(canvases).float()
@@ -160,8 +160,9 @@ def test_precision_modes_name_what_the_caller_runs():
     assert precision_modes(model) == []
     with precision_mode("bfloat16", "cpu"):
         assert precision_modes(model.to(torch.float16)) == ["float16 weights", "cpu autocast bfloat16"]
-        with float32_scope(model):  # inside a scope: still the caller's
-            assert precision_modes(model) == ["float16 weights", "cpu autocast bfloat16"]
+        with float32_scope(model) as scope:  # inside a scope, given it: still the caller's
+            assert precision_modes(model, scope) == ["float16 weights", "cpu autocast bfloat16"]
+            assert precision_modes(model) == []  # what runs now: float32
     with precision_mode("tf32", "cpu"):
         assert precision_modes(model.float()) == ["tf32"]
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):

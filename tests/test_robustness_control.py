@@ -15,7 +15,7 @@ from vitexplain.evaluation import reexplainer
 from vitexplain.metrics.numerical_stability import numerical_stability
 from vitexplain.metrics.sensitivity import max_sensitivity
 from vitexplain.models import load_model
-from vitexplain.registry import register_method
+from vitexplain.registry import get_method, register_method
 from vitexplain.uncertainty import MIN_IMAGES
 
 METHODS = ["gae", "rollout", "random_baseline"]
@@ -40,7 +40,7 @@ def test_the_random_control_draws_afresh_for_each_copy_and_nothing_else_does(dig
     model, images = digits
     adapter = vitexplain.adapter_for(model)
     targets = torch.tensor([0, 1])
-    again = reexplainer(adapter, "random_baseline", {"seed": 7})
+    again = reexplainer(adapter, get_method("random_baseline").bind({"seed": 7}))
     own = again(images, targets)
     assert torch.equal(own, vitexplain.explain(model, images, "random_baseline", seed=7))   # still the seeded map
     first, second = again(images, targets, copy=1), again(images, targets, copy=2)
@@ -53,7 +53,7 @@ def test_the_random_control_draws_afresh_for_each_copy_and_nothing_else_does(dig
     assert torch.equal(again(images, targets, seed=3, copy=1), again(images, targets, seed=3, copy=1))
     assert not torch.equal(again(images, targets, seed=3, copy=1), first)                  # a given seed is the base
     for method, options in (("gae", {}), ("rise", {"n_masks": 8, "seed": 2})):            # deterministic, randomised
-        method_again = reexplainer(adapter, method, options)
+        method_again = reexplainer(adapter, get_method(method).bind(options))
         assert torch.equal(method_again(images, targets, copy=3), method_again(images, targets))
 
 

@@ -7,14 +7,9 @@ import torch
 from scipy.stats import spearmanr
 
 import vitexplain
-from vitexplain.bench.randomisation import (
-    cascade_levels,
-    cascading_randomisation,
-    image_to_image,
-    reinitialise,
-    spearman,
-    verdict,
-)
+from vitexplain.bench.randomisation import cascading_randomisation, image_to_image, verdict
+from vitexplain.instrumentation.randomisation import randomisation_levels, reinitialise
+from vitexplain.metrics.correlation import spearman
 
 from conftest import make_vit
 
@@ -62,7 +57,7 @@ def test_spearman_of_constant_maps():
 
 def test_levels_go_from_the_head_down_to_the_embedding_and_cover_every_parameter():
     model = make_vit(distilled=True)
-    levels = cascade_levels(model)
+    levels = [(level.name, level.names) for level in randomisation_levels(model)]
     assert [name for name, _ in levels] == ["head", "block 2", "block 1", "block 0", "embedding"]
     assigned = [name for _, names in levels for name in names]
     assert sorted(assigned) == sorted(name for name, _ in model.named_parameters())
@@ -74,8 +69,9 @@ def test_levels_go_from_the_head_down_to_the_embedding_and_cover_every_parameter
 
 def test_reinitialise_draws_as_timm_initialises_a_vit():
     model = make_vit(init_values=0.5)
-    names = [name for name, _ in model.named_parameters() if name.startswith("blocks.0.")]
-    reinitialise(model, names, torch.Generator().manual_seed(0))
+    level = randomisation_levels(model)[-2]                                       # block 0
+    assert level.name == "block 0" and all(name.startswith("blocks.0.") for name in level.names)
+    reinitialise(level, torch.Generator().manual_seed(0))
     block = dict(model.named_parameters())
     assert block["blocks.0.attn.qkv.weight"].std().item() == pytest.approx(0.02, rel=0.05)
     assert block["blocks.0.attn.qkv.bias"].abs().max() == 0 and block["blocks.0.norm1.bias"].abs().max() == 0
@@ -100,7 +96,7 @@ def test_cascade_randomises_one_more_level_at_a_time_on_a_copy():
 
     original = {"gae": vitexplain.explain(model, images, "gae", target=targets)}
     result = cascading_randomisation(model, images, targets, original, explain, seed=0)
-    levels = cascade_levels(model)
+    levels = [(level.name, level.names) for level in randomisation_levels(model)]
     expected, cumulative = [], set()
     for _, names in levels:
         cumulative |= set(names)

@@ -1,11 +1,11 @@
-"""``shared_forwards``: within one batch, the pixel-removal protocols forward an image once however many of them
+"""``SharedForwards``: within one batch, the pixel-removal protocols forward an image once however many of them
 ask for it (the clean image, the whole replacement, a repeated removal), and score exactly what they score alone."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from vitexplain.metrics import shared_forwards
+from vitexplain.metrics import SharedForwards
 from vitexplain.metrics.aopc import aopc_log_odds
 from vitexplain.metrics.insertion_deletion import insertion_deletion
 from vitexplain.metrics.perturbation import perturbation_test
@@ -49,8 +49,7 @@ def test_each_image_is_forwarded_once_and_every_value_is_the_one_scored_alone():
     unshared = model.images
     assert unshared == BATCH * (2 * 10 + 10 + 2 * STEPS + GROUPS + 1)
     model.images = 0
-    with shared_forwards():
-        shared = protocols(model, images, maps, targets, labels)
+    shared = protocols(SharedForwards(model), images, maps, targets, labels)
     # the clean image once (perturbation's, AOPC's and SaCo's step 0), AOPC none (the positive perturbation
     # again), insertion's last step is the clean image, deletion's the blurred one (forwarded once)
     assert model.images == BATCH * (1 + 2 * 9 + 2 * (STEPS - 1) + 1 + GROUPS)
@@ -58,9 +57,8 @@ def test_each_image_is_forwarded_once_and_every_value_is_the_one_scored_alone():
     for key, value in alone.items():
         torch.testing.assert_close(shared[key], value, rtol=1e-12, atol=1e-12)
     model.images = 0
-    with shared_forwards():
-        protocols(model, images, maps, targets, labels)
-    assert model.images == BATCH * (1 + 2 * 9 + 2 * (STEPS - 1) + 1 + GROUPS)   # nothing kept from the last block
+    protocols(SharedForwards(model), images, maps, targets, labels)
+    assert model.images == BATCH * (1 + 2 * 9 + 2 * (STEPS - 1) + 1 + GROUPS)   # nothing kept from the last batch
 
 
 def test_other_images_or_another_map_are_forwarded_again():
@@ -69,13 +67,13 @@ def test_other_images_or_another_map_are_forwarded_again():
     maps = torch.rand(BATCH, 4, 4, generator=generator, dtype=torch.float64)
     model = CountingModel()
     labels = torch.zeros(BATCH, dtype=torch.long)
-    with shared_forwards():
-        first = perturbation_test(model, images, maps, labels, direction="positive", **PLAIN)["positive"]
-        model.images = 0
-        other_map = perturbation_test(model, images, maps.flip(-1), labels, direction="positive", **PLAIN)["positive"]
-        assert model.images == BATCH * 9                       # only the clean image is shared
-        model.images = 0
-        perturbation_test(model, images + 1e-3, maps, labels, direction="positive", **PLAIN)
-        assert model.images == BATCH * 10                      # other pixels: nothing is shared
+    shared = SharedForwards(model)
+    first = perturbation_test(shared, images, maps, labels, direction="positive", **PLAIN)["positive"]
+    model.images = 0
+    other_map = perturbation_test(shared, images, maps.flip(-1), labels, direction="positive", **PLAIN)["positive"]
+    assert model.images == BATCH * 9                       # only the clean image is shared
+    model.images = 0
+    perturbation_test(shared, images + 1e-3, maps, labels, direction="positive", **PLAIN)
+    assert model.images == BATCH * 10                      # other pixels: nothing is shared
     alone = perturbation_test(model, images, maps.flip(-1), labels, direction="positive", **PLAIN)["positive"]
     assert torch.equal(other_map, alone) and first.shape == alone.shape

@@ -33,6 +33,7 @@ PACKAGE_DATA = ["vitexplain/py.typed", "vitexplain/assets/models/digits_vit.json
                 "vitexplain/assets/models/digits_vit.safetensors", "vitexplain/assets/models/digits_deit.json",
                 "vitexplain/assets/models/digits_deit.safetensors", "vitexplain/assets/models/README.md",
                 "vitexplain/assets/support.md", "vitexplain/bench/default_digits.yaml",
+                "vitexplain/bench/latec_digits.yaml",
                 "vitexplain/reproduce/published/gradtoken.yaml", "vitexplain/reproduce/published/tis.yaml",
                 "vitexplain/reproduce/published/tokentm.yaml", "vitexplain/explorer/explorer.js",
                 "vitexplain/explorer/explorer.css", "vitexplain/explorer/template.html"]

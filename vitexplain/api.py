@@ -14,13 +14,13 @@ from .instrumentation.precision import precision_modes
 from .instrumentation.targets import class_indices, is_score_target
 from .instrumentation.two_tower import is_text, text_directions
 from .maps import check_finite
-from .registry import MethodSpec, available_methods, get_method
+from .registry import BoundMethod, MethodSpec, available_methods, get_method
 
 
 def explain(
     model: nn.Module,
     inputs: Tensor | Any,
-    method: str,
+    method: str | BoundMethod,
     target: int | Sequence[int] | Tensor | None = None,
     *,
     classes: bool | None = None,
@@ -40,7 +40,9 @@ def explain(
             tokenizer's output (e.g. a ``BatchEncoding`` with ``input_ids`` and ``attention_mask``),
             or token ids [B, T] whose pad tokens are padding. Sequences must be right-padded.
         method: a name from :func:`vitexplain.available_methods` (for text, one of
-            ``available_methods("text")``: the methods that only read the recording; see docs/decisions/hf.md).
+            ``available_methods("text")``: the methods that only read the recording; see docs/decisions/hf.md), or a
+            method bound to its options beforehand (:meth:`vitexplain.registry.MethodSpec.bind`: what a protocol
+            explaining again and the bench carry), whose options ``options`` update.
         target: None (explain each input's predicted class), an int (the same class for every
             input), or one class per input (LongTensor [B] or a sequence of ints); or, for methods
             registered with ``score_targets`` (all but the LRP family), any score of the output: an
@@ -70,8 +72,11 @@ def explain(
         position of ``input_ids``, with the [CLS] token and padding exactly 0. Normalisation is left
         to visualisation and evaluation.
     """
-    spec = get_method(method)
-    spec.check_options(options)
+    if isinstance(method, BoundMethod):             # resolved and checked at its door; only the changes are checked
+        method.spec.check_options(options)
+        spec, options = method.spec, {**method.options, **options}
+    else:
+        spec = get_method(method).bind(options).spec
     if is_text(target):  # a text (or one per image) of a two-tower model: its text embedding, a direction
         target = text_directions(model, target, inputs.shape[0] if isinstance(inputs, Tensor) and inputs.ndim else 1)
     if is_score_target(target) and not spec.score_targets:
@@ -80,13 +85,13 @@ def explain(
     adapter = adapter_for(model, classes=classes)
     adapter.require(spec.reads, spec.name)
     # one call: float32 (instrumentation/precision.py), the target taken (the controls read none), the inputs checked
-    with torch.inference_mode(False), adapter.call(target=target, reads_target=not spec.control):
-        _warn_of_caveats(spec, precision_modes(adapter.model))
+    with torch.inference_mode(False), adapter.call(target=target, reads_target=not spec.control) as call:
+        _warn_of_caveats(spec, precision_modes(adapter.model, call.scope))
         _refuse_inference_weights(adapter.model)
         prepared, target = _outside_inference(adapter.check_inputs(inputs)), _outside_inference(target)
         if isinstance(prepared, TokenBatch):
-            return _finite(spec, _explain_text(spec, adapter, prepared, target, options).to(_device_of(inputs)))
-        maps = spec.fn(adapter, prepared, target, **options).float()
+            return _finite(spec, _explain_text(spec, call, prepared, target, options).to(_device_of(inputs)))
+        maps = spec.fn(call, prepared, target, **options).float()  # the method runs within the call it receives
     expected = adapter.grid_size(prepared) if spec.resolution == "token" else tuple(prepared.shape[-2:])
     if maps.shape != (prepared.shape[0], *expected):
         raise RuntimeError(f"method {spec.name!r} returned shape {tuple(maps.shape)}, expected "

@@ -20,13 +20,14 @@ from tqdm.auto import tqdm
 
 from .datasets.base import move, take
 from .instrumentation import ModelAdapter, adapter_for
-from .instrumentation.adapter import evaluation_mode
+from .instrumentation.adapter import Call, evaluation_mode
 from .instrumentation.modifying import modifier
 from .instrumentation.precision import float32_scope
 from .maps import check_finite
-from .metrics import EvalBatch, Metric, get_metric, shared_forwards
-from .metrics.base import alternatives, describe_need
+from .metrics import EvalBatch, Metric, SharedForwards, get_metric
+from .metrics.base import BoundMetric, alternatives, describe_need
 from .options import PositiveInt, check_options
+from .registry import BoundMethod, get_method
 from .uncertainty import CONFIDENCE, TOO_FEW, bootstrap, has_interval, interval
 
 #: requirement names that are not ground truth: a class on every image, a method to run again, and the model to
@@ -47,19 +48,20 @@ def missing_requirements(metric: Metric, batch: EvalBatch) -> list[str | tuple[s
 
 
 def score(metric: Metric | str, batch: EvalBatch, options: Mapping[str, Any] | None = None,
-          model: nn.Module | None = None) -> dict[str, Tensor]:
+          model: nn.Module | None = None, *, call: Call | None = None) -> dict[str, Tensor]:
     """Per-image values of ``metric`` on ``batch`` with ``options`` over its defaults: ``{key: [B] or [B, S]}``.
 
     A requirement the batch lacks is a one-line ValueError naming it; so are values of the wrong shape
-    (a plug-in metric's). The metric's own arithmetic runs in float32 (``model``'s low-precision weights
-    seen in float32), its forwards (:attr:`EvalBatch.logits`) in the caller's precision.
+    (a plug-in metric's). The metric's own arithmetic runs in float32: in the float32 scope of ``call`` (the
+    :func:`scoring` call whose forwards the batch carries), else in one of its own (``model``'s low-precision weights
+    seen in float32); the call's forwards (:attr:`EvalBatch.logits`) run in the caller's precision.
     """
     metric = get_metric(metric) if isinstance(metric, str) else metric
     missing = missing_requirements(metric, batch)
     if missing:
         named = ", ".join(describe_need(need, NOT_TRUTH_REQUIREMENTS) for need in missing)
         raise ValueError(f"metric {metric.name!r} needs {named}, which these images do not have")
-    with float32_scope(model):
+    with float32_scope(model, None if call is None else call.scope):
         values = metric.compute(batch, **{**metric.options, **(options or {})})
     count = len(batch.ids)
     if not isinstance(values, dict) or not all(isinstance(v, Tensor) for v in values.values()):
@@ -72,32 +74,40 @@ def score(metric: Metric | str, batch: EvalBatch, options: Mapping[str, Any] | N
 
 
 @contextlib.contextmanager
-def scoring(adapter: ModelAdapter) -> Iterator[None]:
+def scoring(adapter: ModelAdapter) -> Iterator[Call]:
     """Where the protocols score one batch whose images the caller checked (:meth:`ModelAdapter.check_inputs`):
-    what they derive from those images (perturbed and imputed copies, noisy inputs to explain again) is trusted by
-    the adapter, as within one of its calls, instead of checked for finite values at every forward (a wait for the
-    device each time), and each distinct perturbed image is forwarded once (:func:`shared_forwards`)."""
-    with adapter.call(reads_target=False), shared_forwards():
-        yield
+    yields the call whose forwards the batch carries (:func:`model_fields`), which trusts what the protocols derive
+    from those images (perturbed and imputed copies, noisy inputs to explain again) instead of checking them for
+    finite values at every forward (a wait for the device each time); its :attr:`~Call.shared` forward
+    (:class:`~vitexplain.metrics.SharedForwards`) forwards each distinct perturbed image once."""
+    with adapter.call(reads_target=False) as call:
+        call.shared = SharedForwards(call.logits)
+        yield call
 
 
-def reexplainer(adapter: ModelAdapter, method: str, options: Mapping[str, Any]) -> Callable[..., Tensor]:
-    """``(images, targets, seed=None, copy=None) -> maps``: ``method`` with ``options`` again
+def model_fields(call: Call, explain: Callable[..., Tensor] | None, modify: Callable[..., Any] | None
+                 ) -> dict[str, Any]:
+    """An :class:`EvalBatch`'s fields that run the model, within the :func:`scoring` ``call``: its shared forward,
+    its features and ``explain`` / ``modify`` (:class:`RepeatedExplanations`)."""
+    return {"logits": call.shared, "features": call.features, **RepeatedExplanations(explain, modify).batch_fields()}
+
+
+def reexplainer(adapter: ModelAdapter, method: BoundMethod) -> Callable[..., Tensor]:
+    """``(images, targets, seed=None, copy=None) -> maps``: ``method`` with its options again
     (:attr:`EvalBatch.explain`); a given ``seed`` replaces a randomised method's own. ``copy=k`` (k ≥ 1) says the
     images are a stability protocol's k-th perturbed copy: a ``fresh_per_copy`` control (``random_baseline``) then
     draws with :func:`~vitexplain.seeding.derived_seed` (its seed, k), every other method ignores it."""
     from .api import explain
-    from .registry import get_method
     from .seeding import derived_seed
 
-    spec = get_method(method)
-    randomised, own_seed = spec.randomised, {**spec.options, **options}.get("seed")
+    spec = method.spec
+    own_seed = method.effective.get("seed")
 
     def again(images: Tensor, targets: Tensor, seed: int | None = None, copy: int | None = None) -> Tensor:
-        chosen = {**options, "seed": seed} if seed is not None and randomised else dict(options)
+        changes = {"seed": seed} if seed is not None and spec.randomised else {}
         if copy and spec.fresh_per_copy:
-            chosen["seed"] = derived_seed(own_seed if seed is None else seed, copy)
-        return explain(adapter, images, method, target=targets, **chosen)
+            changes["seed"] = derived_seed(own_seed if seed is None else seed, copy)
+        return explain(adapter, images, method, target=targets, **changes)
 
     return again
 
@@ -220,8 +230,8 @@ def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric
         print(vitexplain.evaluate(model, images, maps, "insertion_deletion"))
     """
     names = [metric] if isinstance(metric, str) else list(metric)
-    metrics = [get_metric(name) for name in names]
-    _refuse_repeated([entry.name for entry in metrics])
+    _refuse_repeated(names)
+    metrics = _bound_metrics([get_metric(name) for name in names], options, seed)
     check_options("vitexplain.evaluate", evaluate, {"batch_size": batch_size, "seed": seed, "progress": progress})
     adapter = adapter_for(model)
     count = _count(images, maps)
@@ -230,8 +240,8 @@ def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric
     if len(ids) != count:
         raise ValueError(f"ids has {len(ids)} entries for {count} images")
     maps = check_finite(_float32_maps(maps).to(device), ids)
-    chosen = _split_options(metrics, options, seed)
-    again = _method(adapter, method, method_options)
+    method = _bound_method(method, method_options)
+    randomised = isinstance(method, BoundMethod) and method.spec.randomised   # picks model_randomisation's floor
     targets, classes = _targets(adapter, images, targets, ids, device)
     labels = _per_image("labels", labels, count, device, fill=-1)
     _among_classes("labels", labels, classes, ids, unknown=True)
@@ -240,16 +250,15 @@ def evaluate(model: nn.Module, images: Tensor, maps: Tensor | np.ndarray, metric
     modify = modifier(adapter.model)
     for start in tqdm(range(0, count, batch_size), desc="evaluate", unit="batch", disable=not progress):
         rows = list(range(start, min(start + batch_size, count)))
-        batch = EvalBatch(images=take(images, rows), maps=take(maps, rows), targets=take(targets, rows),
-                          labels=take(labels, rows), logits=adapter.logits, ids=take(ids, rows),
-                          truth=take(truth, rows), mean=mean, std=std, features=adapter.features,
-                          **RepeatedExplanations(again, modify).batch_fields())
-        adapter.check_inputs(batch.images)
-        with scoring(adapter):
+        adapter.check_inputs(take(images, rows))
+        with scoring(adapter) as call:
+            batch = EvalBatch(images=take(images, rows), maps=take(maps, rows), targets=take(targets, rows),
+                              labels=take(labels, rows), ids=take(ids, rows), truth=take(truth, rows), mean=mean,
+                              std=std, randomised=randomised, **model_fields(call, _again(method, call), modify))
             for entry in metrics:
-                values = score(entry, batch, chosen[entry.name], adapter.model)
+                values = score(entry.metric, batch, entry.options, call=call)
                 parts[entry.name].append({key: value.detach().cpu() for key, value in values.items()})
-    found = {entry.name: _scores(entry, parts[entry.name], chosen[entry.name], count, seed) for entry in metrics}
+    found = {entry.name: _scores(entry.metric, parts[entry.name], entry.options, count, seed) for entry in metrics}
     return found[names[0]] if isinstance(metric, str) else found
 
 
@@ -305,34 +314,34 @@ def _shape(value: Any) -> str:
     return f"shape {tuple(value.shape)}" if hasattr(value, "shape") else type(value).__name__
 
 
-def _split_options(metrics: list[Metric], options: dict[str, Any], seed: int) -> dict[str, dict[str, Any]]:
-    """Per metric, the options it has (checked), and ``seed`` for a metric with a seed option not given one."""
+def _bound_metrics(metrics: list[Metric], options: dict[str, Any], seed: int) -> list[BoundMetric]:
+    """Each metric bound to the options it has (an option none has is refused) and ``seed`` where it draws noise."""
     unknown = sorted(key for key in options if not any(key in entry.options for entry in metrics))
     if unknown:
         offered = ", ".join(sorted({key for entry in metrics for key in entry.options})) or "none"
         raise ValueError(f"no chosen metric has an option {', '.join(map(repr, unknown))} (their options: {offered})")
-    chosen = {}
-    for entry in metrics:
-        own = {key: value for key, value in options.items() if key in entry.options}
-        entry.check_options(own)
-        if "seed" in entry.options:
-            own.setdefault("seed", seed)
-        chosen[entry.name] = own
-    return chosen
+    return [entry.bind({key: value for key, value in options.items() if key in entry.options}, seed=seed)
+            for entry in metrics]
 
 
-def _method(adapter: ModelAdapter, method: str | Callable[..., Tensor] | None,
-            options: Mapping[str, Any] | None) -> Callable[..., Tensor] | None:
-    if method is None or callable(method):
-        if options:
-            raise ValueError("method_options are for a registered method given by name")
-        if method is None:
-            return None
-        return lambda images, targets, seed=None, copy=None: method(images, targets)
-    from .registry import get_method
+def _bound_method(method: str | Callable[..., Tensor] | None, options: Mapping[str, Any] | None
+                  ) -> BoundMethod | Callable[..., Tensor] | None:
+    """``method`` bound to its ``options`` when named; a callable or None as it is (then it takes no options)."""
+    if isinstance(method, str):
+        return get_method(method).bind(options)
+    if options:
+        raise ValueError("method_options are for a registered method given by name")
+    return method
 
-    get_method(method).check_options(dict(options or {}))
-    return reexplainer(adapter, method, dict(options or {}))
+
+def _again(method: BoundMethod | Callable[..., Tensor] | None, call: Call) -> Callable[..., Tensor] | None:
+    """What :attr:`EvalBatch.explain` calls within the :func:`scoring` ``call``: the bound method explaining again,
+    a callable of the user's, or nothing."""
+    if method is None:
+        return None
+    if isinstance(method, BoundMethod):
+        return reexplainer(call, method)
+    return lambda images, targets, seed=None, copy=None: method(images, targets)
 
 
 def _targets(adapter: ModelAdapter, images: Tensor, targets: Any, ids: list[str],
@@ -343,9 +352,9 @@ def _targets(adapter: ModelAdapter, images: Tensor, targets: Any, ids: list[str]
     if targets is not None and not (isinstance(targets, int) and not isinstance(targets, bool)):
         targets = _per_image("targets", targets, count, device)
     # as ModelAdapter.target computes the prediction (float32, eval mode), the outputs kept for their width
-    with adapter.call(images if targets is None else images[:1], reads_target=targets is None) as checked, \
+    with adapter.call(images if targets is None else images[:1], reads_target=targets is None) as call, \
             torch.no_grad(), evaluation_mode(adapter.model):
-        outputs = adapter.forward(checked)
+        outputs = adapter.forward(call.inputs)
     classes = outputs.shape[-1]
     if targets is None:
         return outputs.argmax(-1).to(device), classes

@@ -50,8 +50,21 @@ class Range:
         return " and ".join(parts)
 
 
+@dataclass(frozen=True)
+class Pixels:
+    """Marks an option that counts pixels of the image: a length (``power`` 1: a window, a patch's side, a shift) or
+    an area (``power`` 2: a number of pixels). A bench config's ``pixels_at`` scales such options, written for
+    images of that size, to each model's input size (:func:`scale_pixels`)."""
+
+    power: int
+
+
 #: An integer >= 1 (counts: masks, samples, steps, batch sizes).
 PositiveInt = Annotated[int, Range(low=1)]
+#: A length in pixels >= 1 (a window, a patch's side, a shift), scaled with the image's side by ``pixels_at``.
+PixelLength = Annotated[int, Range(low=1), Pixels(1)]
+#: A number of pixels >= 1, scaled with the image's area by ``pixels_at``.
+PixelArea = Annotated[int, Range(low=1), Pixels(2)]
 #: An integer >= 2 (steps of a curve with both ends, samples of a correlation, groups of a partition).
 AtLeastTwo = Annotated[int, Range(low=2)]
 #: A number > 0 (radii, noise levels and tolerances that must not vanish).
@@ -146,6 +159,45 @@ def option_defaults(fn: Callable) -> dict[str, Any]:
     """The keyword-only parameters of ``fn`` and their defaults."""
     params = inspect.signature(fn).parameters.values()
     return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _pixel_power(annotation: Any) -> int | None:
+    """The power of the :class:`Pixels` mark of an annotation (also inside ``X | None``), None without one."""
+    if _origin(annotation) is Annotated:
+        return next((extra.power for extra in typing.get_args(annotation)[1:] if isinstance(extra, Pixels)), None)
+    if _origin(annotation) in (Union, types.UnionType):
+        return next(filter(None, map(_pixel_power, typing.get_args(annotation))), None)
+    return None
+
+
+def scale_pixels(fn: Callable, options: dict[str, Any], ratio: float) -> tuple[dict[str, Any], list[str]]:
+    """``options`` (with ``fn``'s defaults for those not given) with every option that counts pixels (:class:`Pixels`)
+    scaled by ``ratio`` (the images' side over the side they were written for), and the changes in words
+    ("window 50 → 25").
+
+    A length is multiplied by ``ratio``, an area by its square, rounded to the nearest integer (ties to the even one,
+    Python's ``round``) and kept >= 1; a None stays None. Options that count no pixels are returned as given."""
+    scaled, changes = dict(options), []
+    defaults = option_defaults(fn)
+    for name, annotation in option_types(fn).items():
+        power = _pixel_power(annotation)
+        value = options.get(name, defaults[name])
+        if power is None or value is None:
+            continue
+        new = max(1, round(value * ratio ** power))
+        if new != value:
+            scaled[name] = new
+            changes.append(f"{name} {value} → {new}")
+    return scaled, changes
+
+
+def seeded(defaults: dict[str, Any], options: dict[str, Any], seed: int | None) -> dict[str, Any]:
+    """``options`` with ``seed`` as their ``seed`` when their owner has a seed option (its ``defaults`` name one) and
+    they give none: the one rule by which a caller's seed (a bench's, ``evaluate``'s) reaches randomised methods and
+    metrics. ``seed`` None leaves them as given."""
+    if seed is None or "seed" not in defaults or "seed" in options:
+        return dict(options)
+    return {**options, "seed": seed}
 
 
 def similar_names(name: object, candidates: collections.abc.Iterable[str], n: int = 5) -> list[str]:

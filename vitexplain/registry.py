@@ -43,6 +43,10 @@ MODALITIES = ("image", "text")
 #: what a method reads of a model, least first: only its ``output`` (and gradients with respect to the
 #: inputs: any differentiable model), a Transformer block's ``tokens``, or its ``attention``
 READS = ("output", "tokens", "attention")
+#: the other implementations an entry (a method or a protocol) may say it also exists in (its ``reference``), by
+#: the name the catalogue shows: LATEC (Klein et al., NeurIPS 2024 Datasets and Benchmarks, IML-DKFZ/latec) and
+#: Quantus (Hedström et al., JMLR 2023; compared here at 0.6.0); the catalogue says where vitexplain departs from them
+REFERENCES = {"latec": "LATEC", "quantus": "Quantus"}
 
 
 def import_modules(package: str) -> None:
@@ -135,6 +139,23 @@ def registering(add: Callable[[str, Decorated], object], name: str | Decorated |
     return decorate
 
 
+def checked_reference(kind: str, reference: str | tuple[str, ...], departures: str) -> tuple[str, ...]:
+    """An entry's ``reference`` as a tuple of :data:`REFERENCES` names, checked with its ``departures``: an entry that
+    names a reference implementation says where it departs from it (``"none: as Quantus computes it"`` when it does
+    not), and one that names none has no departures to state."""
+    names = (reference,) if isinstance(reference, str) else tuple(reference)
+    unknown = [name for name in names if name not in REFERENCES]
+    if unknown:
+        raise ValueError(f"{kind}: unknown reference {unknown[0]!r}; known: {', '.join(REFERENCES)}")
+    if names and not departures.strip():
+        raise ValueError(f"{kind}: reference {', '.join(names)} needs departures=, where this entry departs from it "
+                         f"(or 'none: as ... computes it')")
+    if departures.strip() and not names:
+        raise ValueError(f"{kind}: departures= says where it departs from a reference implementation; name it with "
+                         f"reference= (one of {', '.join(REFERENCES)})")
+    return names
+
+
 def fixed_cost(passes: float) -> Callable[[dict[str, Any]], float]:
     """A cost function for a method whose cost does not depend on its options."""
     return lambda options: float(passes)
@@ -170,6 +191,10 @@ class MethodSpec:
             afresh, its seed derived from its own and k (:func:`~vitexplain.seeding.derived_seed`), so a stability
             protocol compares its map with an independent one: the least stable map there is
             (docs/decisions/metric-trust.md, "The control of a stability protocol").
+        reference: the other implementations of the method, names of :data:`REFERENCES` (``("latec",)``); empty: none
+            of them has it.
+        departures: where this implementation departs from those (their settings, their arithmetic), in one to three
+            plain sentences, shown in the catalogue (docs/catalogue/methods.md); required with ``reference``.
     """
 
     name: str
@@ -184,6 +209,8 @@ class MethodSpec:
     reads: str = "attention"
     zero_map_reason: str = "no token carried relevance to the target as this method measures it"
     fresh_per_copy: bool = False
+    reference: tuple[str, ...] = ()
+    departures: str = ""
 
     @property
     def randomised(self) -> bool:
@@ -212,6 +239,44 @@ class MethodSpec:
         """Model passes per input with ``options`` over the defaults (see :attr:`cost`)."""
         return self.cost({**self.options, **(options or {})})
 
+    def bind(self, options: Mapping[str, Any] | None = None, *, seed: int | None = None,
+             label: str | None = None) -> BoundMethod:
+        """This method with ``options`` (checked here, once) and, when it is randomised and they give no seed,
+        ``seed`` (:func:`~vitexplain.options.seeded`): what the callers after the door carry."""
+        given = dict(options or {})
+        self.check_options(given)
+        return BoundMethod(self, option_checks.seeded(self.options, given, seed), label or self.name)
+
+
+@dataclass(frozen=True, eq=False)
+class BoundMethod:
+    """A method resolved where a user named it (``explain``, ``evaluate``, a bench config) with the options it runs
+    with (:meth:`MethodSpec.bind`): re-explaining, cache keys and results carry it, never the name again.
+
+    Attributes:
+        spec: the registered method.
+        options: the options it is called with, checked: the given ones and the caller's seed (defaults are not
+            filled in: :attr:`effective` has them).
+        label: how tables and reports name it (a bench entry's label; else the method's name).
+    """
+
+    spec: MethodSpec
+    options: Mapping[str, Any]
+    label: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def effective(self) -> dict[str, Any]:
+        """The options with the method's defaults filled in (what its cache key covers)."""
+        return {**self.spec.options, **self.options}
+
+    def __call__(self, adapter: Any, images: Any, target: Any = None, **changes: Any) -> Tensor:
+        """The maps of ``images`` for ``target``, ``changes`` (a re-explaining protocol's seed) over the options."""
+        return self.spec.fn(adapter, images, target, **{**self.options, **changes})
+
 
 METHODS: Registry[MethodSpec] = Registry("explanation method", "vitexplain.methods")
 
@@ -220,13 +285,16 @@ def register_method(name: str | Callable[..., Tensor] | None = None, /, *, resol
                     class_specific: bool = True, modalities: tuple[str, ...] = ("image",), control: bool = False,
                     cost: float | Callable[[dict[str, Any]], float] = 3.0, score_targets: bool = True,
                     precision_caveats: Mapping[str, float] | None = None, reads: str = "attention",
-                    zero_map_reason: str = MethodSpec.zero_map_reason, fresh_per_copy: bool = False) -> Any:
+                    zero_map_reason: str = MethodSpec.zero_map_reason, fresh_per_copy: bool = False,
+                    reference: str | tuple[str, ...] = (), departures: str = "") -> Any:
     """Decorator that registers an explanation method (see :class:`MethodSpec`), under the function's name
     unless ``name`` is given: ``@register_method``, ``@register_method(cost=1)``, ``@register_method("x", ...)``.
 
     ``cost`` is a number of model passes, or a function of the effective options returning one; the
     default, 3, is one forward and one backward. ``reads`` defaults to the most a method can read, so
-    that a method which does not say is never run on a model whose attention cannot be read.
+    that a method which does not say is never run on a model whose attention cannot be read. ``reference`` names
+    the other implementations that have the method (:data:`REFERENCES`) and ``departures`` says where this one departs
+    from them; the catalogue shows both.
     """
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
@@ -241,7 +309,8 @@ def register_method(name: str | Callable[..., Tensor] | None = None, /, *, resol
 
     def add(key: str, fn: Callable[..., Tensor]) -> None:
         spec = MethodSpec(key, fn, resolution, class_specific, tuple(modalities), control, cost_fn, score_targets,
-                          dict(precision_caveats or {}), reads, zero_map_reason, fresh_per_copy)
+                          dict(precision_caveats or {}), reads, zero_map_reason, fresh_per_copy,
+                          checked_reference(f"method {key!r}", reference, departures), " ".join(departures.split()))
         if fresh_per_copy and not spec.randomised:
             raise ValueError(f"method {key!r}: fresh_per_copy needs a seed option to draw afresh with")
         METHODS.add(key, spec)

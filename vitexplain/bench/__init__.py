@@ -3,10 +3,9 @@
 Modules, each importing only those listed before it: :mod:`~.config` (what a run is),
 :mod:`~.data` (which images, batches), :mod:`~.distributed` (torchrun), :mod:`~.store` (checksummed
 files), :mod:`~.cache` (which folder holds what), :mod:`~.randomisation` (the randomisation check's
-computation), :mod:`~.tables` (tables as data and text), :mod:`~.result` (the result model),
+verdict), :mod:`~.tables` (tables as data and text), :mod:`~.result` (the result model),
 :mod:`~.findings` (one process's findings), :mod:`~.plots`, :mod:`~.html`, :mod:`~.writers` (the
-reports), :mod:`~.gallery`, :mod:`~.randomisation_run` (the model-randomisation check inside a run),
-:mod:`~.runner` (the loop).
+reports), :mod:`~.gallery`, :mod:`~.runner` (the loop).
 
 >>> from vitexplain.bench import BenchConfig, run_benchmark
 >>> result = run_benchmark(BenchConfig.from_yaml("bench.yaml"))      # doctest: +SKIP

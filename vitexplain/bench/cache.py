@@ -1,9 +1,9 @@
 """Where a benchmark keeps its work: one folder per (model weights, dataset, target mode, method and options).
 
 Layout (docs/decisions/bench.md): ``OUTPUT/cache/<model>-<weights hash>/<dataset key>/target-<mode>/
-<method>-<options hash>/`` holds ``maps/``, ``metrics/<metric>-<options hash>/`` and the sanity
-check's records; a ``spec.json`` beside each store says what it holds. The options hashes cover the
-effective options (defaults filled in), so ``{}`` and the explicit defaults share a folder.
+<method>-<options hash>/`` holds ``maps/`` and ``metrics/<metric>-<options hash>/`` (the sanity check's among
+them: its protocol ``model_randomisation``); a ``spec.json`` beside each store says what it holds. The options
+hashes cover the effective options (defaults filled in), so ``{}`` and the explicit defaults share a folder.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..registry import get_method
+from ..metrics.base import BoundMetric
+from ..registry import BoundMethod
 from .data import Batch
 from .store import ShardStore, atomic_write, options_key, safe_name
 
@@ -48,25 +49,23 @@ class MethodCache:
     """The cache of one method with its options on one (model, dataset, target mode).
 
     Attributes:
-        method, options: the registered method and the options it is called with.
+        method: the method and the options it is called with.
         directory: its folder.
         maps: the maps and explained classes of every image done.
         values: metric label -> the per-image values of that metric (with its options).
     """
 
-    def __init__(self, base: Path, method: str, options: dict[str, Any],
-                 metrics: dict[str, tuple[str, dict[str, Any]]]):
-        """``metrics`` maps each metric label to (metric name, effective options)."""
-        self.method, self.options = method, options
-        effective = {**get_method(method).options, **options}
-        self.directory = base / f"{safe_name(method)}-{options_key(effective)}"
+    def __init__(self, base: Path, method: BoundMethod, metrics: list[BoundMetric]):
+        self.method = method
+        effective = method.effective
+        self.directory = base / f"{safe_name(method.name)}-{options_key(effective)}"
         self.maps = ShardStore(self.directory / "maps")
-        _describe(self.directory, {"method": method, "options": effective})
+        _describe(self.directory, {"method": method.name, "options": effective})
         self.values: dict[str, ShardStore] = {}
-        for label, (name, metric_options) in metrics.items():
-            folder = self.directory / "metrics" / f"{safe_name(name)}-{options_key(metric_options)}"
-            self.values[label] = ShardStore(folder)
-            _describe(folder, {"metric": name, "options": metric_options})
+        for metric in metrics:
+            folder = self.directory / "metrics" / f"{safe_name(metric.name)}-{options_key(metric.options)}"
+            self.values[metric.label] = ShardStore(folder)
+            _describe(folder, {"metric": metric.name, "options": metric.options})
 
     def scan(self) -> None:
         """Find what is stored (checking every file; see :meth:`ShardStore.scan`)."""
@@ -79,7 +78,3 @@ class MethodCache:
         if not all(key in self.maps for key in batch.keys):
             return None
         return self.maps.read(batch.keys, batch.data["images"].device)
-
-    def sanity_record(self, key: str) -> Path:
-        """Where the randomisation check of this method on one selection of images (``key``) is kept."""
-        return self.directory / f"sanity-{key}.json"

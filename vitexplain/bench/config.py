@@ -20,8 +20,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..metrics import available_metrics, get_metric
-from ..options import PRECISIONS
-from ..registry import available_methods, get_method
+from ..metrics.base import BoundMetric
+from ..options import PRECISIONS, scale_pixels, seeded
+from ..registry import BoundMethod, available_methods, get_method
 
 TARGETS = ("predicted", "label")
 
@@ -97,6 +98,8 @@ class MethodEntry:
         if self.label is None:
             given = ", ".join(f"{key}={value}" for key, value in sorted(self.options.items()))
             self.label = f"{self.name}({given})" if given else self.name
+        #: the method resolved and its options checked, once, here (:meth:`~vitexplain.registry.MethodSpec.bind`)
+        self.bound = get_method(self.name).bind(self.options, label=self.label)
 
 
 @dataclass
@@ -121,19 +124,30 @@ class MetricEntry:
         _check_options_mapping(self.name, self.options)
         if self.label is None:
             self.label = self.name
+        #: the protocol resolved and its options checked, once, here (:meth:`~vitexplain.metrics.base.Metric.bind`)
+        self.bound = get_metric(self.name).bind(self.options, label=self.label)
         if self.dataset is not None:
             self.dataset = _dataset(self.dataset, f"metric {self.name!r}: dataset")
         _check_count(f"metric {self.name!r}: limit", self.limit)
 
 
+#: the protocol the ``sanity`` key runs (:mod:`vitexplain.metrics.model_randomisation`), and the label its entry
+#: has in the run (its errors, seconds and timeline phase)
+SANITY_METRIC, SANITY_LABEL = "model_randomisation", "sanity"
+
+
 @dataclass
 class SanityCheck:
-    """The model-randomisation check of :mod:`vitexplain.bench.randomisation` (Adebayo et al., NeurIPS 2018).
+    """The model-randomisation check of :mod:`vitexplain.bench.randomisation` (Adebayo et al., NeurIPS 2018): the
+    ``sanity`` key of a config, run as the registered protocol ``model_randomisation`` entry :attr:`entry`
+    (labelled ``sanity``, ``limit`` = :attr:`images`) on the methods it checks, its verdict in the reports'
+    sanity section (docs/decisions/default-bench.md).
 
     Attributes:
-        images: how many of the run's images (the first of the selection) are explained again under
-            every randomisation level; at least 2 (a deterministic method's noise floor compares two
-            images' maps), and more to decide: the verdict is a bootstrap interval over these images.
+        images: on how many of the run's images it runs, drawn as a protocol's ``limit`` draws them (a seeded
+            subset; a smaller limit picks a subset of a larger one); at least 2 (a deterministic method's noise
+            floor compares two images' maps), and more to decide: the verdict is a bootstrap interval over
+            these images.
         methods: labels of the methods to check (default: all of the run's).
     """
 
@@ -147,6 +161,37 @@ class SanityCheck:
         if self.images < 2:
             raise ValueError(f"the sanity check needs at least 2 images (its noise floor compares two images' maps), "
                              f"got {self.images}")
+
+    @property
+    def entry(self) -> MetricEntry:
+        """The protocol entry the check runs as."""
+        return MetricEntry(SANITY_METRIC, label=SANITY_LABEL, limit=self.images)
+
+    def checks(self, label: str) -> bool:
+        """Whether the check runs on the method labelled ``label``."""
+        return self.methods is None or label in self.methods
+
+
+@dataclass
+class ModelBinding:
+    """What :meth:`BenchConfig.bind_for` finds for one model: each method and metric as it runs there, by label, and
+    the pixel scalings in words (empty without ``pixels_at``, or when nothing changed)."""
+
+    methods: dict[str, BoundMethod]
+    metrics: dict[str, BoundMetric]
+    scalings: list[str]
+    #: the sanity check's protocol as it runs there (None without the check)
+    sanity: BoundMetric | None = None
+
+    def scaled(self, label: str, fn, options: dict[str, Any], ratio: float | None) -> dict[str, Any]:
+        """``options`` scaled by ``ratio`` (:func:`vitexplain.options.scale_pixels`; none when None), the changes
+        added to :attr:`scalings` under ``label``."""
+        if ratio is None:
+            return options
+        options, changes = scale_pixels(fn, options, ratio)
+        if changes:
+            self.scalings.append(f"{label}: {', '.join(changes)}")
+        return options
 
 
 @dataclass
@@ -201,6 +246,11 @@ class BenchConfig:
         plugins: plug-ins imported before anything else is read: ``.py`` files (in a YAML file, relative
             to its folder) or module names, registering methods, metrics, datasets or model families
             (:mod:`vitexplain.plugins`).
+        pixels_at: the side, in pixels, of the images the config's options that count pixels are written for (LATEC's
+            224); each model's are then scaled to its input size (lengths such as occlusion's window by the ratio of
+            the sides, pixel counts such as faithfulness correlation's subset by its square, the defaults of the
+            options a config does not give included: :func:`vitexplain.options.scale_pixels`), and the reports' notes
+            say what each became. None: options are used as written.
         ranks: add LATEC's view to the reports: each method's mean rank over the numbers of each kind of protocol, with
             its bootstrap interval (:mod:`vitexplain.bench.ranks`); changes no score.
         force: write into ``output_dir`` even when vitexplain did not make it and it holds files the bench writes
@@ -231,6 +281,7 @@ class BenchConfig:
     plugins: Any = ()
     force: bool = False
     ranks: bool = False
+    pixels_at: int | None = None
 
     def __post_init__(self) -> None:
         from ..plugins import load_plugins
@@ -241,12 +292,6 @@ class BenchConfig:
         self.models = _check_copies(self.models, self.seed)
         self.methods = _entries(MethodEntry, self.methods, "methods", self.exclude_methods,
                                 lambda: available_methods("image"))
-        self.metrics = _entries(MetricEntry, self.metrics, "metrics", self.exclude_metrics, available_metrics)
-        self.dataset = _dataset(self.dataset)
-        _check_type("output_dir", self.output_dir, (str, os.PathLike), "a folder path")
-        self.output_dir = Path(self.output_dir)
-        _check_type("device", self.device, (str, torch.device, type(None)), "a device (cpu, cuda, cuda:1 ...) or null")
-        _check_type("progress", self.progress, bool, "true or false")
         if isinstance(self.sanity, dict):
             valid = sorted(f.name for f in fields(SanityCheck))
             unknown = sorted(set(self.sanity) - set(valid))
@@ -256,6 +301,14 @@ class BenchConfig:
         elif self.sanity is not None and not isinstance(self.sanity, SanityCheck):
             raise TypeError("sanity must be a mapping of SanityCheck options or None, got "
                             f"{type(self.sanity).__name__}")
+        # with the sanity key, its protocol is named: "all" does not run it a second time as a column of the tables
+        self.metrics = _entries(MetricEntry, self.metrics, "metrics", self.exclude_metrics, available_metrics,
+                                () if self.sanity is None else (SANITY_METRIC,))
+        self.dataset = _dataset(self.dataset)
+        _check_type("output_dir", self.output_dir, (str, os.PathLike), "a folder path")
+        self.output_dir = Path(self.output_dir)
+        _check_type("device", self.device, (str, torch.device, type(None)), "a device (cpu, cuda, cuda:1 ...) or null")
+        _check_type("progress", self.progress, bool, "true or false")
         self.notes = _texts(self.notes, "notes")
         self.highlight = _texts(self.highlight, "highlight")
         for what, entries in (("model", self.models), ("method", self.methods), ("metric", self.metrics)):
@@ -263,6 +316,9 @@ class BenchConfig:
             duplicates = sorted({name for name in names if names.count(name) > 1})
             if duplicates:
                 raise ValueError(f"two {what}s are named {duplicates[0]!r}; give them distinct labels")
+        if self.sanity is not None and SANITY_LABEL in [entry.label for entry in self.metrics]:
+            raise ValueError(f"a metric is labelled {SANITY_LABEL!r}, the label of the sanity check's entry; give it "
+                             "another label")
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
         if self.precision not in PRECISIONS:
@@ -274,6 +330,7 @@ class BenchConfig:
         for name in ("force", "ranks"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        _check_count("pixels_at", self.pixels_at)
         if (self.batch_size < 1 or (self.limit is not None and self.limit < 1) or self.num_workers < 0
                 or self.gallery < 0):
             raise ValueError("batch_size and limit must be positive, num_workers and gallery not negative")
@@ -283,10 +340,30 @@ class BenchConfig:
             unknown = [label for label in named if label not in labels]
             if unknown:
                 raise ValueError(f"{what} names method(s) {', '.join(map(repr, unknown))} that this run does not have")
+
+    def bind_for(self, input_size: tuple[int, int]) -> ModelBinding:
+        """Each method and metric as it runs on a model of ``input_size`` (height, width) pixels: the entry's (a
+        metric's defaults filled in), with ``pixels_at`` the options that count pixels scaled to the model's input,
+        and the run's seed for a randomised one given none (:func:`~vitexplain.options.seeded`, the one rule)."""
+        ratio = None if self.pixels_at is None else math.sqrt(input_size[0] * input_size[1]) / self.pixels_at
+        found = ModelBinding({}, {}, [])
         for entry in self.methods:
-            get_method(entry.name).check_options(entry.options)
+            spec = entry.bound.spec
+            options = found.scaled(entry.label, spec.fn, seeded(spec.options, entry.options, self.seed), ratio)
+            found.methods[entry.label] = replace(entry.bound, options=options)
         for entry in self.metrics:
-            get_metric(entry.name).check_options(entry.options)
+            metric = entry.bound.metric
+            options = {**metric.options, **seeded(metric.options, entry.options, self.seed)}
+            found.metrics[entry.label] = replace(entry.bound, options=found.scaled(entry.label, metric.compute,
+                                                                                  options, ratio))
+        if self.sanity is not None:
+            bound = self.sanity.entry.bound
+            found.sanity = replace(bound, options={**bound.metric.options,
+                                                   **seeded(bound.metric.options, bound.options, self.seed)})
+        if found.scalings:
+            found.scalings.insert(0, f"options that count pixels, written for {self.pixels_at} px images, scaled to "
+                                     f"the model's {input_size[0]} × {input_size[1]} px")
+        return found
 
     def limit_of(self, metric: MetricEntry) -> int | None:
         """How many images ``metric`` is evaluated on: its own limit, else the run's; never more than the run's
@@ -414,9 +491,10 @@ def _as_list(value: Any, what: str) -> list:
     return items
 
 
-def _entries(kind: type, value: Any, what: str, excluded: Any, registered) -> list:
+def _entries(kind: type, value: Any, what: str, excluded: Any, registered, named_elsewhere: Iterable[str] = ()) -> list:
     """The entries of ``value``, its ``all`` expanded to every registered name no other entry names, in
-    registry order, but the ``excluded`` ones (which must be registered names)."""
+    registry order, but the ``excluded`` ones (which must be registered names) and those ``named_elsewhere`` (the
+    sanity key's protocol)."""
     excluded = _texts(excluded, f"exclude_{what}")
     unknown = sorted(set(excluded) - set(registered()))
     if unknown:
@@ -425,7 +503,7 @@ def _entries(kind: type, value: Any, what: str, excluded: Any, registered) -> li
     explicit = [_entry(kind, item, what) for item in items if item != "all"]
     if "all" not in items:
         return explicit
-    named = {entry.name for entry in explicit} | set(excluded)
+    named = {entry.name for entry in explicit} | set(excluded) | set(named_elsewhere)
     expanded = [kind(name) for name in registered() if name not in named]
     at = items.index("all")
     return explicit[:at] + expanded + explicit[at:]

@@ -53,7 +53,10 @@ class Findings:
     seconds: Seconds = field(default_factory=dict)
     memory: Memory = field(default_factory=dict)
     galleries: list[Gallery] = field(default_factory=list)
+    #: model -> ``{"levels": names}`` of the models the sanity check runs on (rank 0; :func:`.result.build_result`)
     sanity: dict[str, Any] = field(default_factory=dict)
+    #: lines the run adds to the config's notes (a model's pixel options scaled to its input size)
+    notes: list[str] = field(default_factory=list)
     #: perf_counter at the run's start; None on the ranks that keep no timeline (all but 0)
     origin: float | None = None
     #: the timed phases, in the order they ended (:attr:`BenchResult.timeline`)

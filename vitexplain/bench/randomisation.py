@@ -1,4 +1,4 @@
-"""Model-randomisation sanity check, the computation: do a method's maps change when the model's weights are destroyed?
+"""Model-randomisation sanity check, the verdict: do a method's maps change when the model's weights are destroyed?
 
 Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018, Sec. 3.1 ("cascading
 randomization"): the weights of a trained model are re-initialised from the top layer down, one
@@ -32,11 +32,14 @@ Here (decisions in docs/decisions/default-bench.md):
   (correlation 1 on every image: the constant map, whose floor is 1 too) (:data:`VERDICT_RULE`).
   The controls are flagged.
 
-Which parameters form a level is read from timm's parameter names (``blocks.<i>.``, ``head``,
-``norm``, ``fc_norm``, ``attn_pool``); the instrumentation adapter does not expose the blocks'
-modules. The levels, the re-initialisation and Spearman live in :mod:`vitexplain.metrics._randomise`,
-shared with the smooth / efficient MPRT protocols. Running it inside a benchmark (caching, errors,
-timing) is :mod:`vitexplain.bench.randomisation_run`.
+Which parameters form a level, and how each is re-initialised, is the model family's declaration beside its
+blocks (:attr:`vitexplain.instrumentation.families.Family.cascade`), read through
+:func:`vitexplain.instrumentation.randomisation.randomisation_levels`, as the smooth / efficient MPRT protocols
+read it; Spearman is :mod:`vitexplain.metrics.correlation`'s. In a benchmark the check is the registered protocol
+``model_randomisation`` (:mod:`vitexplain.metrics.model_randomisation`: the per-image correlations at every level
+and the floors), run by the bench as any protocol (its cache, errors per item, seconds), a config's ``sanity`` key
+its entry; :func:`summarise` turns its per-image values into the reports' verdict. :func:`cascading_randomisation`
+is the same cascade on a copy of the model, for several methods at once, outside a bench.
 """
 from __future__ import annotations
 
@@ -47,11 +50,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..metrics._randomise import INIT_STD, TOP_PREFIXES, average_ranks, cascade_levels, reinitialise, spearman
+from ..instrumentation.randomisation import randomisation_levels, reinitialise
+from ..metrics.correlation import spearman
+from ..metrics.model_randomisation import floors
 from ..uncertainty import CONFIDENCE, bootstrap, interval
 
-__all__ = ["INIT_STD", "TOP_PREFIXES", "CascadeResult", "VERDICT_RULE", "average_ranks", "cascade_levels",
-           "cascading_randomisation", "image_to_image", "reinitialise", "spearman", "verdict"]
+__all__ = ["CascadeResult", "VERDICT_RULE", "cascading_randomisation", "image_to_image", "summarise", "verdict"]
 
 #: the verdict, as the reports state it (``images``: how many images the check ran on)
 VERDICT_RULE = ("Verdict: a method is flagged when, with the whole model random, its maps are clearly more like the "
@@ -82,7 +86,8 @@ def cascading_randomisation(model: nn.Module, images: Tensor, targets: Tensor, o
     """Adebayo et al.'s cascading randomisation for several methods at once.
 
     Args:
-        model: the trained model (left untouched: a deep copy is randomised).
+        model: the trained model (left untouched: a deep copy is randomised); a model whose family declares no
+            cascade is refused (:class:`~vitexplain.instrumentation.UnsupportedModelError`) before any work.
         images: preprocessed images [B, 3, H, W] on the model's device.
         targets: the class each original map explains [B]; kept at every level.
         original: method -> its maps of ``images`` on the trained model [B, h, w].
@@ -92,11 +97,11 @@ def cascading_randomisation(model: nn.Module, images: Tensor, targets: Tensor, o
     """
     randomised = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(seed)
-    levels = cascade_levels(randomised)
-    result = CascadeResult([name for name, _ in levels])
+    levels = randomisation_levels(randomised)
+    result = CascadeResult([level.name for level in levels])
     columns: dict[str, list[Tensor]] = {method: [] for method in original}
-    for _, names in levels:
-        reinitialise(randomised, names, generator)
+    for level in levels:
+        reinitialise(level, generator)
         for method in [m for m in columns if m not in result.errors]:
             try:
                 maps = explain(method, randomised, images, targets)
@@ -125,3 +130,15 @@ def verdict(correlations: Tensor, floor: Tensor, seed: int) -> dict[str, object]
     low, high = interval(bootstrap(excess, lambda values: {"excess": values["excess"].mean()}, seed)["excess"])
     unchanged = bool((correlations[:, -1] >= 1 - 1e-9).all())
     return {"excess": [excess["excess"].mean().item(), low, high], "flagged": low > 0 or unchanged}
+
+
+def summarise(values: dict[str, Tensor], seed: int) -> dict[str, object]:
+    """One method's entry of :attr:`vitexplain.bench.BenchResult.sanity` from the ``model_randomisation`` protocol's
+    per-image values of the check's images (dataset order): ``correlation`` (mean per level), ``floor`` (mean) and
+    its ``floor_kind`` (``seed``: a randomised method's map with another seed; ``image``: another image's map), and
+    the :func:`verdict`, bootstrapped with ``seed``."""
+    correlations = values["correlation"].double()
+    floor = floors(values)
+    kind = "image" if values["seed_floor"].isnan().any() else "seed"
+    return {"correlation": correlations.mean(0).tolist(), "floor": floor.mean().item(), "floor_kind": kind,
+            **verdict(correlations, floor, seed)}

@@ -12,11 +12,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..metrics import get_metric
 from ..registry import METHODS
 from ..uncertainty import CONFIDENCE, MIN_IMAGES, RESAMPLES, TOO_FEW, Means, bootstrap, has_interval, interval
-from .config import DatasetSpec
-from .randomisation import VERDICT_RULE
+from .config import SANITY_LABEL, DatasetSpec
+from .randomisation import VERDICT_RULE, summarise
 from .ranks import Ranked, mean_ranks
 from .tables import (
     Estimate,
@@ -107,9 +106,10 @@ class BenchResult:
         settings: what was run: target, seed, limit, the options (and own dataset, limit and group) of
             every method and metric, and the bootstrap's resamples and confidence.
         files: the report files written, by kind.
-        sanity: model -> the model-randomisation check (:mod:`vitexplain.bench.randomisation`): ``levels``,
-            ``images`` and per method ``correlation`` (mean per level), ``floor`` (mean) and its ``floor_kind``,
-            ``excess`` (the last level's correlation less the floor, its interval: value, low, high) and ``flagged``.
+        sanity: model -> the model-randomisation check (:mod:`vitexplain.bench.randomisation`, reduced from the
+            per-image values of its protocol ``model_randomisation``): ``levels``, ``images`` and per method
+            ``correlation`` (mean per level), ``floor`` (mean) and its ``floor_kind``, ``excess`` (the last level's
+            correlation less the floor, its interval: value, low, high) and ``flagged``.
         notes: the config's notes, shown at the top of the reports.
         seconds: wall time of the run that wrote the reports (a resumed run counts its own work only).
         timings: model -> method -> seconds this run spent on its ``maps``, on each metric label and on
@@ -389,11 +389,15 @@ def describe_dataset(dataset: Any) -> dict[str, Any] | str:
 
 
 def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, galleries: list[Gallery] | None = None,
-                 sanity: dict[str, Any] | None = None, seconds: float = 0.0,
+                 sanity: dict[str, dict[str, Any]] | None = None, seconds: float = 0.0,
                  timings: dict[str, dict[str, dict[str, float]]] | None = None,
-                 memory: dict[str, dict[str, dict[str, dict[str, Any]]]] | None = None) -> BenchResult:
+                 memory: dict[str, dict[str, dict[str, dict[str, Any]]]] | None = None,
+                 notes: list[str] = ()) -> BenchResult:
     """Merge every process's shares in dataset order, reduce them with each metric's ``reduce``, bootstrap
-    the reduction over the images (:mod:`vitexplain.bench.uncertainty`) and find who leads each number."""
+    the reduction over the images (:mod:`vitexplain.bench.uncertainty`) and find who leads each number.
+
+    ``sanity`` gives, per model the sanity check ran on, the names of its ``levels``; the check's section is
+    reduced from the shares of its protocol entry (labelled :data:`~vitexplain.bench.config.SANITY_LABEL`)."""
     merged: dict[tuple[str, str, str], list[Share]] = {}
     for share in shares:
         merged.setdefault((share.model, share.method, share.metric), []).append(share)
@@ -401,7 +405,7 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
     metrics = {}
     for m in config.metrics:
         metrics[m.label] = {"name": m.name, "options": m.options, "limit": config.limit_of(m),
-                            "dataset": describe_dataset(m.dataset or config.dataset), "group": get_metric(m.name).group}
+                            "dataset": describe_dataset(m.dataset or config.dataset), "group": m.bound.metric.group}
     settings = {"precision": config.precision, "target": config.target, "seed": config.seed, "limit": config.limit,
                 "dataset": describe_dataset(config.dataset),
                 "methods": {m.label: {"name": m.name, "options": m.options} for m in config.methods},
@@ -409,16 +413,17 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                 "highlight": list(config.highlight),
                 "bootstrap": {"resamples": RESAMPLES, "confidence": CONFIDENCE, "seed": config.seed}}
     ordered_errors = sorted(errors, key=lambda e: (e["model"], e["method"], e["metric"] or "", e["images"]))
-    result = BenchResult(dataset, {}, {}, {}, {}, ordered_errors, settings, sanity=sanity or {},
-                         notes=list(config.notes), seconds=seconds, timings=timings or {}, memory=memory or {},
+    result = BenchResult(dataset, {}, {}, {}, {}, ordered_errors, settings,
+                         sanity=_sanity_section(config, merged, sanity or {}),
+                         notes=[*config.notes, *notes], seconds=seconds, timings=timings or {}, memory=memory or {},
                          galleries=galleries or [])
     for entry in config.metrics:
-        result.higher_is_better[entry.label] = dict(get_metric(entry.name).higher_is_better)
+        result.higher_is_better[entry.label] = dict(entry.bound.metric.higher_is_better)
     kept: dict[tuple[str, str], dict[str, Sample]] = {}     # (model, metric label) -> its methods' samples
     for model in config.models:
         ranked: dict[str, list[Ranked]] = {}       # kind of protocol -> its numbers, for LATEC's view
         for entry in config.metrics:
-            metric = get_metric(entry.name)
+            metric = entry.bound.metric
             report = metric.reporter(entry.options)
             samples = kept[model.name, entry.label] = {}
             for method in config.methods:
@@ -468,7 +473,7 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
         if copy.noise_of is None:
             continue
         for entry in config.metrics:
-            report = get_metric(entry.name).reporter(entry.options)
+            report = entry.bound.metric.reporter(entry.options)
             before, after = (result.scores.get(name, {}) for name in (copy.noise_of, copy.name))
             for number, trust in result.trust.get(copy.noise_of, {}).get(entry.label, {}).items():
                 found = noise_resilience(
@@ -480,6 +485,26 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                     trust["noise_resilience"] = {"copy": copy.name, "weight_noise": copy.weight_noise,
                                                  "seed": copy.seed, **found}
     return result
+
+
+def _sanity_section(config, merged: dict[tuple[str, str, str], list[Share]],
+                    levels: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """:attr:`BenchResult.sanity`: per model with ``levels``, each checked method's :func:`summarise` of its
+    protocol's values in dataset order; a model no method has values of is left out (no table)."""
+    found = {}
+    for model, known in levels.items():
+        methods, images = {}, 0
+        for method in config.methods:
+            parts = [part for part in merged.get((model, method.label, SANITY_LABEL), []) if part.indices]
+            if not parts:
+                continue
+            order = torch.tensor([i for part in parts for i in part.indices]).argsort()
+            values = {key: torch.cat([part.values[key] for part in parts])[order] for key in parts[0].values}
+            methods[method.label] = summarise(values, config.seed)
+            images = max(images, len(order))
+        if methods:
+            found[model] = {"levels": list(known["levels"]), "images": images, "methods": methods}
+    return found
 
 
 def per_image(metric, samples: dict[str, Sample], number: str) -> dict[str, Tensor] | None:

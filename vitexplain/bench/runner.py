@@ -31,23 +31,25 @@ from tqdm.auto import tqdm
 
 from ..api import AllZeroMapWarning
 from ..datasets.base import NOT_TRUTH
-from ..evaluation import NOT_TRUTH_REQUIREMENTS, RepeatedExplanations, reexplainer, score, scoring
-from ..instrumentation import ModelAdapter, adapter_for
+from ..evaluation import NOT_TRUTH_REQUIREMENTS, model_fields, reexplainer, score, scoring
+from ..instrumentation import ModelAdapter, UnsupportedModelError, adapter_for
+from ..instrumentation.adapter import Call
 from ..instrumentation.lrp.memory import collecting
 from ..instrumentation.modifying import modifier
 from ..instrumentation.precision import precision_mode
-from ..metrics import EvalBatch, Metric, get_metric
-from ..metrics.base import alternatives, describe_need
+from ..instrumentation.randomisation import randomisation_levels
+from ..maps import check_finite
+from ..metrics import EvalBatch, Metric
+from ..metrics.base import BoundMetric, alternatives, describe_need
 from ..metrics.numerical_stability import noisy_weights
-from ..registry import get_method
+from ..registry import BoundMethod
 from .cache import MethodCache, model_folder
-from .config import BenchConfig, DatasetSpec, MethodEntry, MetricEntry, ModelEntry
+from .config import SANITY_LABEL, BenchConfig, DatasetSpec, MetricEntry, ModelEntry
 from .data import Batch, build_dataset, dataset_normalisation, identities, loader, select_indices, take
 from .distributed import Place, place
 from .findings import Findings, Memory, add_memory, add_seconds, error_entry, record_decisions
 from .gallery import build_gallery
 from .lock import FolderInUse, config_key, folder_lock
-from .randomisation_run import check_model
 from .result import BenchResult, Share, build_result
 from .store import safe_name
 from .writers import write_reports
@@ -59,8 +61,8 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
     """Run (or resume) a benchmark and write its reports; see :class:`BenchConfig`.
 
     ``config`` may also be a dict of its fields or the path of a YAML file. Under ``torchrun`` every
-    process takes images r::world; rank 0 reduces and writes the reports (and alone builds the
-    gallery and runs the model-randomisation check, on its own images), and every process returns
+    process takes images r::world (the model-randomisation check's too: it is a protocol); rank 0 reduces and
+    writes the reports (and alone builds the gallery, on its own images), and every process returns
     the same :class:`BenchResult`, whose timeline is rank 0's (its clock; the other processes' work is in
     ``timings``). Errors of single items (an unreadable image, a method or metric
     raising on a batch) are recorded in ``BenchResult.errors`` and the run goes on. While it runs, the
@@ -116,7 +118,7 @@ def run_benchmark(config: BenchConfig | dict | str | Path) -> BenchResult:
                 result = build_result(config, [s for part, _, _, _ in gathered for s in part],
                                       [e for _, part, _, _ in gathered for e in part], galleries=work.galleries,
                                       sanity=work.sanity, seconds=time.perf_counter() - started, timings=seconds,
-                                      memory=memory)
+                                      memory=memory, notes=work.notes)
             result.timeline = work.timeline     # the same list: the reports' interval joins it once written
             with work.timed("", "", "reports"):
                 write_reports(result, config.output_dir)
@@ -145,33 +147,40 @@ def _load_model(entry: ModelEntry, device: torch.device,
 
 
 def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, work: Findings) -> None:
-    """Every method and metric on one model (metrics grouped by dataset), then its gallery and sanity check."""
+    """Every method and metric on one model (metrics grouped by dataset; the sanity check's protocol with the run's
+    dataset), then its gallery."""
     from ..models import class_names_for
 
     model, data_config = _load_model(model_entry, where.device, config.models)
     adapter = adapter_for(model)
     folder = model_folder(config.output_dir, model_entry.name, model)
+    bound = config.bind_for(data_config["input_size"][-2:])
+    if bound.scalings and where.rank == 0:
+        work.notes.append(f"{model_entry.name}: {'; '.join(bound.scalings)}.")
     main = None
     for group, (spec, entries) in enumerate(_dataset_groups(config)):
         dataset, dataset_key = build_dataset(spec, data_config)
         normal = dataset_normalisation(dataset, data_config)
-        metrics = [(entry, get_metric(entry.name), _metric_options(entry, config.seed)) for entry in entries]
+        metrics = [bound.metrics[entry.label] for entry in entries]
         wanted = {entry.label: _mine(len(dataset), config.limit_of(entry), config, where) for entry in entries}
-        provides = _provided(dataset, [metric for _, metric, _ in metrics], config)
-        for entry, metric, _ in metrics:
-            lacking = _not_provided(metric, provides)
+        provides = _provided(dataset, [entry.bound.metric for entry in entries], config)
+        for entry in entries:
+            lacking = _not_provided(entry.bound.metric, provides)
             if lacking:     # refused before any method runs: one entry per protocol, for every model and method
                 wanted[entry.label] = []
                 refusal = error_entry("", "", entry.label,
                                       [f"#{i}" for i in select_indices(len(dataset), config.limit_of(entry),
                                                                        config.seed)],
-                                      f"metric {metric.name!r} needs {', '.join(lacking)}, which dataset "
+                                      f"metric {entry.name!r} needs {', '.join(lacking)}, which dataset "
                                       f"{_dataset_name(spec)} does not provide")
                 if where.rank == 0 and refusal not in work.errors:
                     work.errors.append(refusal)
+        checked = group == 0 and _sanity(model, model_entry.name, dataset, config, where, work)
+        if checked:
+            wanted[SANITY_LABEL] = _mine(len(dataset), config.limit_of(config.sanity.entry), config, where)
         shown = []
         if group == 0 and where.rank == 0:
-            shown = _mine(len(dataset), config.limit, config, where)[:max(config.gallery, _sanity_images(config))]
+            shown = _mine(len(dataset), config.limit, config, where)[:config.gallery]
         base = folder / safe_name(dataset_key) / f"target-{config.target}"
         if config.precision != "float32":  # float32 keeps the folders of runs made before precisions existed
             base = base / f"precision-{config.precision}"
@@ -179,8 +188,9 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
         needed = sorted(set(shown).union(*wanted.values()))
         keys = identities(dataset, needed, config.batch_size, config.num_workers)
         for method_entry in config.methods:
-            run = MethodRun(adapter, model_entry.name, method_entry, _method_options(method_entry, config.seed),
-                            metrics, base, normal, config, where, work)
+            sanity = [bound.sanity] if checked and config.sanity.checks(method_entry.label) else []
+            run = MethodRun(adapter, model_entry.name, bound.methods[method_entry.label], metrics + sanity, base,
+                            normal, config, where, work)
             work.errors += run.run(dataset, wanted, keys, shown)
             work.shares += run.shares(wanted)
             add_seconds(work.seconds, model_entry.name, method_entry.label, run.seconds)
@@ -196,11 +206,30 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
                                 class_names_for(model, data_config), where.device)
     if gallery is not None:
         work.galleries.append(gallery)
-    if config.sanity is not None:
-        check = check_model(model, model_entry.name, dataset, shown[:config.sanity.images], caches, config.sanity,
-                            config.seed, where.device, work)
-        if check:                                   # nothing to report (no image, no maps): no table
-            work.sanity[model_entry.name] = check
+
+
+def _sanity(model: nn.Module, model_name: str, dataset: Dataset, config: BenchConfig, where: Place,
+            work: Findings) -> bool:
+    """Whether the model-randomisation check runs on this model (the config's ``sanity``, as its protocol entry):
+    not on fewer than 2 images (a deterministic method's noise floor compares two images' maps: refused once, before
+    any work). Rank 0 keeps the names of the model's levels for the reports (a model without a cascade has none:
+    the protocol then says why for every method)."""
+    if config.sanity is None:
+        return False
+    indices = select_indices(len(dataset), config.limit_of(config.sanity.entry), config.seed)
+    if len(indices) < 2:
+        if where.rank == 0:
+            work.errors.append(error_entry(model_name, "", SANITY_LABEL, [f"#{i}" for i in indices],
+                                           "the model-randomisation check needs at least 2 images (its noise floor "
+                                           "compares the maps of two images); this run gives it "
+                                           f"{len(indices)}: raise --limit or sanity.images"))
+        return False
+    if where.rank == 0:
+        try:
+            work.sanity[model_name] = {"levels": [level.name for level in randomisation_levels(model)]}
+        except UnsupportedModelError:
+            pass
+    return True
 
 
 def _not_provided(metric: Metric, provides: tuple[str, ...] | None) -> list[str]:
@@ -240,10 +269,6 @@ def _mine(size: int, limit: int | None, config: BenchConfig, where: Place) -> li
     return select_indices(size, limit, config.seed)[where.rank::where.world]
 
 
-def _sanity_images(config: BenchConfig) -> int:
-    return 0 if config.sanity is None else config.sanity.images
-
-
 def _dataset_groups(config: BenchConfig) -> list[tuple[DatasetSpec | Dataset, list[MetricEntry]]]:
     """The metrics grouped by the dataset they run on; the run's dataset first (even with no metric)."""
     groups: list[tuple[Any, list[MetricEntry]]] = [(config.dataset, [])]
@@ -258,34 +283,17 @@ def _dataset_groups(config: BenchConfig) -> list[tuple[DatasetSpec | Dataset, li
     return groups
 
 
-def _method_options(entry: MethodEntry, seed: int) -> dict[str, Any]:
-    """The options the method is called with: the entry's, and the run's seed for a randomised method not given one."""
-    options = dict(entry.options)
-    if get_method(entry.name).randomised:
-        options.setdefault("seed", seed)
-    return options
-
-
-def _metric_options(entry: MetricEntry, seed: int) -> dict[str, Any]:
-    """The metric's effective options: its defaults, the entry's, and the run's seed unless the entry gives one."""
-    metric = get_metric(entry.name)
-    options = {**metric.options, **entry.options}
-    if "seed" in metric.options and "seed" not in entry.options:
-        options["seed"] = seed
-    return options
-
-
 class MethodRun:
     """One (model, method): the loop over the images that still miss maps or a metric value."""
 
-    def __init__(self, adapter: ModelAdapter, model_name: str, method: MethodEntry, options: dict[str, Any],
-                 metrics: list[tuple[MetricEntry, Metric, dict[str, Any]]], base: Path, normal: Normalisation | None,
-                 config: BenchConfig, where: Place, work: Findings | None = None):
-        self.adapter, self.model_name, self.method, self.options = adapter, model_name, method, options
+    def __init__(self, adapter: ModelAdapter, model_name: str, method: BoundMethod, metrics: list[BoundMetric],
+                 base: Path, normal: Normalisation | None, config: BenchConfig, where: Place,
+                 work: Findings | None = None):
+        self.adapter, self.model_name, self.method = adapter, model_name, method
         self.metrics, self.normalisation = metrics, normal
         self.config, self.where, self.work = config, where, work
-        self.cache = MethodCache(base, method.name, options, {e.label: (m.name, o) for e, m, o in metrics})
-        self.explain = reexplainer(adapter, method.name, options)
+        self.cache = MethodCache(base, method, metrics)
+        self.explain = reexplainer(adapter, method)
         self.wanted: dict[str, set[int]] = {}
         #: dataset index -> the image's identity (what the cache is keyed by), set by :meth:`run`
         self.keys: dict[int, str] = {}
@@ -300,7 +308,7 @@ class MethodRun:
 
         ``wanted`` gives each metric's images (by label), ``keys`` the identity of every image that could be read
         (:func:`~vitexplain.bench.data.identities`: what the cache is keyed by; an image without one is loaded,
-        to report why); ``shown`` are images that need maps only (the gallery's and the sanity check's).
+        to report why); ``shown`` are images that need maps only (the gallery's).
         """
         self.cache.scan()
         self.keys = keys
@@ -329,14 +337,15 @@ class MethodRun:
             return labels
         return self.adapter.target(images, None).classes  # the float32 prediction, whatever the precision
 
-    def _eval_batch(self, batch: Batch, maps: Tensor, targets: Tensor) -> EvalBatch:
+    def _eval_batch(self, batch: Batch, maps: Tensor, targets: Tensor, call: Call) -> EvalBatch:
+        """The batch as the protocols score it, its forwards those of the :func:`scoring` ``call``."""
         data = batch.data
         mean, std = self.normalisation or (None, None)
         truth = {key: value for key, value in data.items() if key not in NOT_TRUTH}
-        return EvalBatch(images=data["images"], maps=maps, targets=targets, labels=data["labels"],
-                         logits=self.adapter.logits, ids=batch.ids, truth=truth, mean=mean, std=std,
-                         features=self.adapter.features,
-                         **RepeatedExplanations(self.explain, modifier(self.adapter.model)).batch_fields())
+        explain = reexplainer(call, self.method)
+        return EvalBatch(images=data["images"], maps=maps, targets=targets, labels=data["labels"], ids=batch.ids,
+                         truth=truth, mean=mean, std=std, randomised=self.method.spec.randomised,
+                         **model_fields(call, explain, modifier(self.adapter.model)))
 
     def _maps(self, batch: Batch) -> tuple[Tensor, Tensor, list[int]]:
         """Maps and targets of the batch (cached or computed, on the device) and the rows computed now."""
@@ -384,35 +393,36 @@ class MethodRun:
         batch = batch.to(self.where.device)
         try:
             maps, targets, fresh = self._maps(batch)
-            evaluated = self._eval_batch(batch, maps, targets)
-            self.adapter.check_inputs(evaluated.images)        # once: the protocols' copies of them are trusted
+            check_finite(maps, batch.ids)                       # as the batch's EvalBatch checks them
+            self.adapter.check_inputs(batch.data["images"])     # once: the protocols' copies of them are trusted
             if fresh:
                 self.cache.maps.write([batch.keys[r] for r in fresh], {"maps": maps[fresh], "targets": targets[fresh]})
         except Exception as error:  # noqa: BLE001 - a method failing on a batch must not lose the rest
             return errors + [error_entry(self.model_name, self.method.label, None, batch.ids, error)]
-        with scoring(self.adapter):
-            for entry, metric, options in self.metrics:
-                store = self.cache.values[entry.label]
+        with scoring(self.adapter) as call:
+            evaluated = self._eval_batch(batch, maps, targets, call)
+            for metric in self.metrics:
+                store = self.cache.values[metric.label]
                 rows = [row for row, (index, key) in enumerate(zip(batch.indices, batch.keys))
-                        if index in self.wanted[entry.label] and key not in store]
+                        if index in self.wanted[metric.label] and key not in store]
                 if not rows:
                     continue
                 part = batch if len(rows) == len(batch.indices) else batch.take(rows)
                 try:
-                    subset = evaluated if part is batch else self._eval_batch(part, maps[rows], targets[rows])
-                    with self._timed(entry.label):
-                        values = score(metric, subset, options, self.adapter.model)
+                    subset = evaluated if part is batch else self._eval_batch(part, maps[rows], targets[rows], call)
+                    with self._timed(metric.label):
+                        values = score(metric.metric, subset, metric.options, call=call)
                     store.write(part.keys, values)
                 except Exception as error:  # noqa: BLE001 - a metric failing on a batch must not lose the rest
-                    errors.append(error_entry(self.model_name, self.method.label, entry.label, part.ids, error))
+                    errors.append(error_entry(self.model_name, self.method.label, metric.label, part.ids, error))
         return errors
 
     def shares(self, wanted: dict[str, list[int]]) -> list[Share]:
         """The stored per-image values of each metric's wanted images that have them."""
         found = []
-        for entry, _, _ in self.metrics:
-            store = self.cache.values[entry.label]
-            done = [i for i in wanted[entry.label] if i in self.keys and self.keys[i] in store]
+        for metric in self.metrics:
+            store = self.cache.values[metric.label]
+            done = [i for i in wanted[metric.label] if i in self.keys and self.keys[i] in store]
             values = store.read([self.keys[i] for i in done]) if done else {}
-            found.append(Share(self.model_name, self.method.label, entry.label, done, values))
+            found.append(Share(self.model_name, self.method.label, metric.label, done, values))
         return found

@@ -2,16 +2,15 @@
 
 :class:`ModelAdapter` reads a :class:`~vitexplain.instrumentation.families.base.Family` once and offers the
 methods what they need, one way: the model's facts (its attributes), calls on the model whose checks are made
-once (:meth:`ModelAdapter.call`), plain forwards, an instrumented forward that records what a method asks for
-(:meth:`ModelAdapter.record`), forwards on token subsets (TIS), and the context in which LRP rules run
+once (:meth:`ModelAdapter.call` yields a :class:`Call`, the adapter as what runs within the call receives it and
+passes it on: its inputs checked, its float32 scope), plain forwards, an instrumented forward that records what a
+method asks for (:meth:`ModelAdapter.record`), forwards on token subsets (TIS), and the context in which LRP rules run
 (:meth:`ModelAdapter.instrumented`). Every change to the model happens inside a context manager that undoes it
 (hooks removed, ``forward`` methods and train / eval flags restored), also when an exception is raised.
 """
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import dataclasses
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Callable, ContextManager
 
@@ -20,54 +19,21 @@ from torch import Tensor, nn
 
 from .blocks import BlockParts
 from .families import ForwardOnly
-from .families.base import Family, ProbeParts, UnsupportedModelError, check_images
-from .geometry import TokenGeometry
-from .inputs import TokenBatch
+from .families.base import Family, ProbeParts, UnsupportedModelError
 from .instrumented import instrumented_forward
-from .layer_scores import LayerScores, refuse_layer_scores
+from .layer_scores import LayerScores
+from .modes import CHECKPOINTING_FLAGS, evaluation_mode
 from .patching import ModelPatch
-from .precision import caller_precision, float32_scope
-from .readouts import readout_weights
-from .recording import BLOCK_FIELDS, HEAD_FIELDS, BlockRecord, Recorder, Recording
+from .positions import token_geometry
+from .precision import Scope, caller_precision, float32_scope
+from .received import as_seen, checked, placed
+from .recording import BlockRecord, Recorder, Recording
+from .representation import classifier_input
+from .requests import requested
 from .targets import Target, TargetLike, refuse_classes, resolve_target
 from .token_subsets import subset_outputs
-from .windows import WindowLayout, stage_grids
 
-#: the flags by which timm (``set_grad_checkpointing``) and transformers (``gradient_checkpointing_enable``) make
-#: a module recompute its forward in the backward
-CHECKPOINTING_FLAGS = ("grad_checkpointing", "gradient_checkpointing")
-
-
-@contextlib.contextmanager
-def evaluation_mode(model: nn.Module) -> Iterator[None]:
-    """Put every module in eval mode with gradient checkpointing off, and give each its own flags back afterwards.
-
-    Checkpointing runs a forward again in the backward, where the recording (and LRP's rules) would meet it a
-    second time; it only trades memory for time, so the values are the same without it.
-    """
-    flags = [(module, module.training) for module in model.modules()]
-    with ModelPatch() as patch:
-        for module in model.modules():
-            for name in CHECKPOINTING_FLAGS:
-                if getattr(module, name, None) is True:
-                    patch.set_attribute(module, name, False)
-        model.eval()
-        try:
-            yield
-        finally:
-            for module, training in flags:
-                module.training = training
-
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    """A call on a model that is running (:meth:`ModelAdapter.call`): whose, and whether it took a target."""
-
-    adapter: ModelAdapter
-    took_target: bool
-
-
-_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("vitexplain_call", default=None)
+__all__ = ["CHECKPOINTING_FLAGS", "Call", "ModelAdapter", "evaluation_mode"]
 
 
 class ModelAdapter:
@@ -116,7 +82,8 @@ class ModelAdapter:
     def grid_size(self, inputs: Any) -> tuple[int, ...]:
         """Patch grid (h, w) of a batch of images (as the described model sees them), or (T,) for a batch of
         T-token sequences."""
-        return self.family.grid_size(inputs if self.preprocessing is None else self._as_seen(inputs))
+        seen = inputs if self.preprocessing is None else as_seen(self.preprocessing, self.model, inputs)
+        return self.family.grid_size(seen)
 
     # -- refusals ---------------------------------------------------------------------------------
     def require(self, reads: str, method: str) -> None:
@@ -141,69 +108,43 @@ class ModelAdapter:
             raise UnsupportedModelError(f"{method} runs the model on token subsets, but {reason}")
 
     # -- calls and their inputs -------------------------------------------------------------------
+    #: the float32 scope of the call this is (:class:`Call`); None for an adapter outside any call
+    scope: Scope | None = None
+
     @contextlib.contextmanager
-    def call(self, inputs: Any = None, target: TargetLike = None, *, reads_target: bool = True) -> Iterator[Any]:
+    def call(self, inputs: Any = None, target: TargetLike = None, *, reads_target: bool = True) -> Iterator[Call]:
         """One call on the model (``explain``'s, or a method's own — :meth:`record`, :meth:`target` … — called
-        directly), whose checks are made once: within the block the model is seen in float32 (:mod:`.precision`),
-        a class target (None included) is refused when the outputs are not classes, and ``inputs`` (if given)
-        come back checked and on the model.
+        directly), whose checks are made once: yields the :class:`Call`, an adapter within whose block the model
+        is seen in float32 (its :attr:`scope`, :mod:`.precision`), a class target (None included) refused when the
+        outputs are not classes, and ``inputs`` (if given) checked and on the model (:attr:`Call.inputs`).
 
-        A call within a call of this adapter (a method's :meth:`record` within ``explain``) trusts what the outer
-        one checked: its inputs, derived from the checked ones, are only moved to the model, and its target is
-        refused only if no outer call took one (a control explaining another method, ``degraded``).
-        ``reads_target``: False for a call that reads no target (the controls, :meth:`differentiable_forward`).
+        Hand the call, not this adapter, to what runs within it (a method, a protocol's forwards): it trusts what
+        this call checked (:meth:`Call.call`). ``reads_target``: False for a call that reads no target (the
+        controls, :meth:`differentiable_forward`).
         """
-        within = self._within_call()
-        taken = within and _CALL.get().took_target
-        with contextlib.nullcontext() if within else float32_scope(self.model):
-            if reads_target and not taken:
+        with float32_scope(self.model) as scope:
+            if reads_target:
                 refuse_classes(target, self.head_reason)
-            received = None if inputs is None else self._received(inputs)
-            token = _CALL.set(_Call(self, reads_target or taken))
-            try:
-                yield received
-            finally:
-                _CALL.reset(token)
+            yield Call(self, None if inputs is None else self.received(inputs), reads_target, scope)
 
-    def _within_call(self) -> bool:
-        call = _CALL.get()
-        return call is not None and call.adapter is self
-
-    def _received(self, inputs: Any) -> Any:
-        """``inputs`` on the model: checked (:meth:`check_inputs`) unless they come within a :meth:`call`, whose
-        inputs were (what derives from them is trusted, only moved)."""
-        return self._placed(inputs) if self._within_call() else self.check_inputs(inputs)
+    def received(self, inputs: Any) -> Any:
+        """``inputs`` on the model: checked (:meth:`check_inputs`); a :class:`Call` only moves them."""
+        return self.check_inputs(inputs)
 
     def check_inputs(self, inputs: Any) -> Any:
         """What the user passed, checked and moved to the model's device (and, for images, dtype); with
         preprocessing, images are checked as the described model sees them (preprocessed)."""
-        if self.preprocessing is None:
-            checked = self.family.check_inputs(inputs)
-        else:
-            checked = check_images(inputs, grid_size=lambda images: None)
-            self.family.check_inputs(self._as_seen(checked))
-        return self._placed(checked)
-
-    def _placed(self, inputs: Any) -> Any:
-        """Checked ``inputs`` on the model's device (images also in its dtype)."""
-        if isinstance(inputs, TokenBatch):
-            return inputs.to(self.device)
-        return inputs.to(device=self.device, dtype=self.dtype)
+        return checked(self.family, self.preprocessing, self.model, inputs)
 
     def check_images(self, images: Any) -> Tensor:
-        """``images`` checked (within a :meth:`call`, trusted) and on the model; refuses a text model."""
+        """``images`` checked (by a :class:`Call`, trusted) and on the model; refuses a text model."""
         if self.modality != "image":
             raise TypeError(f"{self.model_name} explains tokenised text, not images")
-        return self._received(images)
+        return self.received(images)
 
     def preprocessed(self, inputs: Any) -> Any:
         """``inputs`` as the described model takes them: through the preprocessing, if any."""
         return inputs if self.preprocessing is None else self.preprocessing(inputs)
-
-    def _as_seen(self, images: Tensor) -> Tensor:
-        """``images`` preprocessed without gradients, in eval mode: what the described model would check."""
-        with torch.no_grad(), evaluation_mode(self.model):
-            return self.preprocessed(images.to(device=self.device, dtype=self.dtype))
 
     # -- plain forwards ---------------------------------------------------------------------------
     def forward(self, inputs: Any) -> Tensor:
@@ -214,32 +155,17 @@ class ModelAdapter:
     def logits(self, inputs: Any) -> Tensor:
         """Float32 outputs of a plain batched forward in eval mode, no gradients.
 
-        A forward that only scores inputs: within an explanation it runs in the caller's precision
-        (autocast, TF32, low-precision weights; see :mod:`.precision`)."""
-        with torch.no_grad(), evaluation_mode(self.model), caller_precision():
-            return self.forward(self._received(inputs)).float()
+        A forward that only scores inputs: within a call it runs in the caller's precision (autocast, TF32,
+        low-precision weights; see :mod:`.precision`)."""
+        with torch.no_grad(), evaluation_mode(self.model), caller_precision(self.scope):
+            return self.forward(self.received(inputs)).float()
 
     def features(self, inputs: Any) -> Tensor:
-        """Float32 [B, D]: the representation the model's classifier reads, the input of the linear layer whose
-        output is the model's output (the pre-logits), from a plain forward as :meth:`logits` computes it. Refused,
-        in one line, when the last linear layer the forward runs does not compute the output from a [B, D] input
-        (two heads averaged, a scaled similarity, an embedding model's output)."""
-        last: list[tuple[Tensor, Tensor]] = []
-
-        def keep(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
-            last[:] = [(args[0], output)]
-
-        hooks = [module.register_forward_hook(keep) for module in self.model.modules() if isinstance(module, nn.Linear)]
-        try:
-            with torch.no_grad(), evaluation_mode(self.model), caller_precision():
-                outputs = self.forward(self._received(inputs))
-        finally:
-            for hook in hooks:
-                hook.remove()
-        if not last or last[0][1] is not outputs or last[0][0].dim() != 2:
-            raise UnsupportedModelError(f"no linear classifier of this {self.model_name} computes its outputs from a "
-                                        "[B, D] representation, so the representation its classifier reads is unknown")
-        return last[0][0].float()
+        """Float32 [B, D]: the representation the model's classifier reads (the pre-logits), from a plain forward as
+        :meth:`logits` computes it; refused in one line where the last linear layer the forward runs does not compute
+        the output from a [B, D] input (:func:`~.representation.classifier_input`)."""
+        with torch.no_grad(), evaluation_mode(self.model), caller_precision(self.scope):
+            return classifier_input(self.model, lambda: self.forward(self.received(inputs)), self.model_name)
 
     @contextlib.contextmanager
     def differentiable_forward(self) -> Iterator[Callable[[Tensor], Tensor]]:
@@ -252,8 +178,8 @@ class ModelAdapter:
         """``target`` resolved for ``inputs`` (the prediction when None), from a plain float32 forward."""
         if isinstance(target, Target):
             return target
-        with self.call(inputs, target) as inputs, torch.no_grad(), evaluation_mode(self.model):
-            outputs = self.forward(inputs)
+        with self.call(inputs, target) as call, torch.no_grad(), evaluation_mode(self.model):
+            outputs = self.forward(call.inputs)
         return resolve_target(target, outputs)
 
     # -- instrumented forwards --------------------------------------------------------------------
@@ -305,17 +231,9 @@ class ModelAdapter:
                 (:class:`~.layer_scores.LayerScores`, each block's gradients those of its own score) instead of
                 at the model's output; ``scores`` stays the output's.
         """
-        if set(stop_gradient) - {"attn_input"}:
-            raise ValueError(f"stop_gradient supports only 'attn_input', got {sorted(stop_gradient)}")
-        if isinstance(self.family, ForwardOnly):
-            raise UnsupportedModelError(f"record reads the model's blocks; {self.family.unreachable}")
-        wanted = dict(grads) if isinstance(grads, Mapping) else {name: None for name in grads}
-        input_grad = wanted.pop("input", False) is not False
-        for name in set(wanted) | set(fields or ()):
-            if name not in BLOCK_FIELDS + HEAD_FIELDS:
-                raise ValueError(f"cannot record {name!r}; choose from {list(BLOCK_FIELDS + HEAD_FIELDS) + ['input']}")
-        refuse_layer_scores(layer_scores, set(wanted) | set(fields or ()), input_grad, self.probe, self.readout)
-        with self.call(inputs, target) as inputs:  # internals and gradients are read in float32 (precision.py)
+        wanted, input_grad = requested(self.family, fields, grads, stop_gradient, layer_scores)
+        with self.call(inputs, target) as call:  # internals and gradients are read in float32 (precision.py)
+            inputs = call.inputs
             if input_grad and not isinstance(inputs, Tensor):
                 raise ValueError("'input' gradients are taken with respect to images; token ids have none "
                                  "(ask for 'residual': block 0's residual holds the embeddings)")
@@ -336,26 +254,12 @@ class ModelAdapter:
                 scores = resolved.score(outputs, score)
                 differentiated = scores if layer_scores is None else layer_scores.scored(
                     recorder, self.head, self.sequence_first, resolved, score)
-                geometry = self.token_geometry(inputs, recorder.layouts, recorder.tokens[-1], recorder.readout_attn,
-                                               recorder.readout_selection)
+                geometry = token_geometry(self, inputs, recorder.layouts, recorder.tokens[-1], recorder.readout_attn,
+                                          recorder.readout_selection)
                 recording = recorder.recording(self.blocks, outputs, resolved, scores, geometry)
                 if backward:
                     recorder.backward(differentiated, recording, reduce, inputs if input_grad else None)
             return recording
-
-    def token_geometry(self, inputs: Any, layouts: Sequence[WindowLayout | None], last_tokens: int,
-                       probe_attn: Tensor | None = None, selection: Tensor | None = None) -> TokenGeometry:
-        """Where the tokens of one instrumented forward of ``inputs`` sit (:class:`TokenGeometry`): the
-        family's grid, prefix and class token, the readout of the last block's ``last_tokens`` tokens (an
-        attention-pooling head's attention ``probe_attn`` or a max-pooling head's ``selection`` from
-        the same forward), each block's window
-        ``layouts`` and the stages they give; for text, the token mask."""
-        grid = self.grid_size(inputs)
-        return TokenGeometry(
-            grid=grid, num_prefix_tokens=self.num_prefix_tokens, class_token_index=self.class_token_index,
-            readout=readout_weights(self.family, last_tokens, inputs.shape[0], self.device, probe_attn, selection),
-            stages=stage_grids(layouts, grid),
-            layouts=list(layouts), token_mask=inputs.attention_mask if isinstance(inputs, TokenBatch) else None)
 
     def logits_on_tokens(self, inputs: Any, keep: Tensor, *, batch_size: int = 256) -> Tensor:
         """Outputs when only some patch tokens of each image enter the encoder (:mod:`.token_subsets`).
@@ -369,10 +273,47 @@ class ModelAdapter:
             outputs [B, M, classes].
         """
         self.require_token_subsets("logits_on_tokens")
-        inputs = self._received(inputs)
+        inputs = self.received(inputs)
         batch = inputs.shape[0]
         if keep.ndim != 3 or keep.shape[0] != batch:
             raise ValueError(f"keep must be [B, M, K] patch indices with B={batch}, got {tuple(keep.shape)}")
-        with torch.no_grad(), evaluation_mode(self.model), caller_precision():  # in the model's own dtype
-            outputs = subset_outputs(self.family, self.preprocessed(self._placed(inputs)), keep, batch_size)
+        with torch.no_grad(), evaluation_mode(self.model), caller_precision(self.scope):  # in the model's own dtype
+            outputs = subset_outputs(self.family, self.preprocessed(placed(self.model, inputs)), keep, batch_size)
         return outputs.float().reshape(*keep.shape[:2], -1)
+
+
+class Call(ModelAdapter):
+    """One call on a model (:meth:`ModelAdapter.call`): the adapter as its methods and protocols receive it, and
+    pass on, within that call. Its type is the mark that what it receives was checked: its :attr:`inputs`, and
+    what is derived from them (masked, noisy, interpolated copies), are only moved to the model
+    (:func:`~.received.placed`), never checked again.
+
+    Attributes:
+        adapter: the adapter outside any call, whose call this is.
+        inputs: the inputs the call took, checked and on the model (None if it took none).
+        took_target: whether a target was taken (refused when not a class of a model without classes).
+        scope: the float32 scope of the call (:func:`~.precision.float32_scope`), whose record of the caller's
+            precision :meth:`logits` and the other scoring forwards run in.
+        shared: what the call's user shares across the call's forwards, or None: the protocols' scoring of one
+            batch (``evaluation.scoring``) hangs its store of perturbed images' logits here
+            (:class:`vitexplain.metrics._perturb.SharedForwards`), the forward the batch's protocols receive.
+    """
+
+    def __init__(self, outer: ModelAdapter, inputs: Any, took_target: bool, scope: Scope, shared: Any = None):
+        vars(self).update(vars(outer))  # the adapter's facts, as it read them once (and an outer call's fields)
+        self.adapter: ModelAdapter = outer.adapter if isinstance(outer, Call) else outer
+        self.inputs, self.took_target, self.scope, self.shared = inputs, took_target, scope, shared
+
+    @contextlib.contextmanager
+    def call(self, inputs: Any = None, target: TargetLike = None, *, reads_target: bool = True) -> Iterator[Call]:
+        """A call within this one (a method's :meth:`record` within ``explain``): it trusts what this one checked,
+        its ``inputs`` only moved to the model, in this call's scope; its target is refused only if no outer call
+        took one (a control explaining another method, ``degraded``)."""
+        if reads_target and not self.took_target:
+            refuse_classes(target, self.head_reason)
+        yield Call(self, None if inputs is None else self.received(inputs), reads_target or self.took_target,
+                   self.scope, self.shared)
+
+    def received(self, inputs: Any) -> Any:
+        """``inputs`` on the model, only moved: within a call they are the call's or derived from them."""
+        return placed(self.model, inputs)

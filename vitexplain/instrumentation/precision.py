@@ -16,13 +16,14 @@ copies — may run in the caller's precision, which is where the speed of a redu
 Everything that reads gradients or internals (every recording, every LRP pass) runs in float32.
 
 Every global flag comes back exactly as it was, also when an exception is raised; scopes nest (an
-inner one reuses the outer one's record of the caller's precision). ``docs/decisions/precision.md``
+inner one is given the outer :class:`Scope` and reuses its record of the caller's precision). A scope is an
+object its user holds and passes on (:meth:`~vitexplain.instrumentation.ModelAdapter.call` keeps it on its
+:class:`~vitexplain.instrumentation.adapter.Call`), not a context variable. ``docs/decisions/precision.md``
 says why this split, and what each method measured.
 """
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,7 +166,7 @@ def _autocast(state: dict[str, tuple[bool, torch.dtype]]) -> Iterator[None]:
 
 # -- the scopes -----------------------------------------------------------------------------------
 @dataclass
-class _Scope:
+class Scope:
     """One :func:`float32_scope`: the caller's precision, and the model's low-precision tensors with their float32
     copies."""
 
@@ -179,49 +180,43 @@ class _Scope:
             tensor.data = copy if float32 else own
 
 
-_SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vitexplain_precision_scope", default=None)
-
-
 def _low_precision_tensors(model: nn.Module) -> list[Tensor]:
     return [tensor for tensor in (*model.parameters(), *model.buffers()) if tensor.dtype in LOW_PRECISION]
 
 
 @contextlib.contextmanager
-def float32_scope(model: nn.Module | None = None) -> Iterator[None]:
+def float32_scope(model: nn.Module | None = None, outer: Scope | None = None) -> Iterator[Scope]:
     """Within the block: autocast off, float32 products in full precision, ``model``'s low-precision
     parameters and buffers seen in float32; everything comes back on exit, also after an exception.
+    Yields the :class:`Scope`, which :func:`caller_precision` and :func:`precision_modes` take.
 
-    Nested scopes reuse the outermost one's record of the caller's precision (and its float32 copies).
+    A scope within ``outer`` reuses its record of the caller's precision (and its float32 copies): it is ``outer``
+    itself when ``model`` has no low-precision tensor left.
     """
-    outer = _SCOPE.get()
     low = [] if model is None else _low_precision_tensors(model)  # a model an outer scope holds is float32 already
     if outer is not None and not low:
-        yield
+        yield outer
         return
-    scope = _Scope(outer.caller_autocast if outer else _autocast_state(),
-                   outer.caller_flags if outer else MatmulFlags.read(),
-                   [(tensor, tensor.data, tensor.data.float()) for tensor in low])
-    token = _SCOPE.set(scope)
-    try:
-        with _autocast({device: (False, dtype) for device, (_, dtype) in scope.caller_autocast.items()}), \
-                full_precision_matmuls():
-            scope.weights(float32=True)
-            try:
-                yield
-            finally:
-                scope.weights(float32=False)
-    finally:
-        _SCOPE.reset(token)
+    scope = Scope(outer.caller_autocast if outer else _autocast_state(),
+                  outer.caller_flags if outer else MatmulFlags.read(),
+                  [(tensor, tensor.data, tensor.data.float()) for tensor in low])
+    with _autocast({device: (False, dtype) for device, (_, dtype) in scope.caller_autocast.items()}), \
+            full_precision_matmuls():
+        scope.weights(float32=True)
+        try:
+            yield scope
+        finally:
+            scope.weights(float32=False)
 
 
 @contextlib.contextmanager
-def caller_precision() -> Iterator[None]:
-    """Within a :func:`float32_scope`, a forward that only scores inputs runs in the caller's precision: its
-    autocast, its matrix-product flags, the model's own low-precision weights. Outside any scope: nothing changes.
+def caller_precision(scope: Scope | None) -> Iterator[None]:
+    """Within the :func:`float32_scope` ``scope``, a forward that only scores inputs runs in the caller's precision:
+    its autocast, its matrix-product flags, the model's own low-precision weights. Without a scope (None): nothing
+    changes.
 
     The forward must not be differentiated after the block (its weights are swapped back on exit).
     """
-    scope = _SCOPE.get()
     if scope is None:
         yield
         return
@@ -236,12 +231,11 @@ def caller_precision() -> Iterator[None]:
         inside.restore()
 
 
-def precision_modes(model: nn.Module) -> list[str]:
+def precision_modes(model: nn.Module, scope: Scope | None = None) -> list[str]:
     """The reduced precisions the caller runs ``model`` in, by name: ``"bfloat16 weights"``, ``"float16
     weights"``, ``"<device> autocast <dtype>"`` (e.g. ``"cuda autocast bfloat16"``), ``"tf32"`` (TF32 matrix
     products); [] in float32 (PyTorch's default TF32 cuDNN convolutions included).
-    Within a :func:`float32_scope`, the caller's."""
-    scope = _SCOPE.get()
+    Within a :func:`float32_scope`, given its ``scope``: the caller's."""
     autocast = scope.caller_autocast if scope else _autocast_state()
     flags = scope.caller_flags if scope else MatmulFlags.read()
     dtypes = {tensor.dtype for tensor in _low_precision_tensors(model)} | (

@@ -187,8 +187,8 @@ def neuron_scores(model: nn.Module | ModelAdapter, images: Tensor, *, outlier_no
     layer = block_index("outlier_layer", outlier_layer, adapter.num_blocks)
     totals: list[Tensor | None] = [None] * adapter.num_blocks
     counted = 0
-    with adapter.call(images, reads_target=False) as images, torch.no_grad(), evaluation_mode(adapter.model):
-        for chunk in images.split(batch_size):
+    with adapter.call(images, reads_target=False) as call, torch.no_grad(), evaluation_mode(adapter.model):
+        for chunk in call.inputs.split(batch_size):
             sink = _BlockOutput(layer)
             with adapter.instrumented(sink=sink):
                 adapter.forward(chunk)

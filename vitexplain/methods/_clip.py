@@ -73,11 +73,11 @@ def taking(adapter: ModelAdapter, images: Tensor, target: TargetLike, wanted: Ma
     gradients), so a backward from the outputs reaches the last block and an attention-pooling head only; the
     model is restored when the block exits."""
     sink = Taken(wanted)
-    with adapter.call(images, target) as images:
+    with adapter.call(images, target) as call:
         instrumented = adapter.instrumented(sink=sink, arithmetic=arithmetic or Arithmetic(),
                                             gradient_from=adapter.num_blocks - 1 if gradient else None)
         with evaluation_mode(adapter.model), torch.set_grad_enabled(gradient), instrumented:
-            yield adapter.forward(images), sink
+            yield adapter.forward(call.inputs), sink
 
 
 def geometry_of(adapter: ModelAdapter, images: Tensor, sink: Taken) -> TokenGeometry:

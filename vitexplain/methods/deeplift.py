@@ -10,7 +10,12 @@ from ._captum import Reduction, captum_map
 from .integrated_gradients import integration_baselines
 
 
-@register_method(resolution="pixel", cost=6, reads="output")
+@register_method(resolution="pixel", cost=6, reads="output",
+                 reference="latec",
+                 departures="None in substance: Captum's `DeepLift` with LATEC's eps 1e-9 and zero baseline, "
+                            "positive part per channel, summed where LATEC averages. On a model with an `nn.Softmax` "
+                            "module (Swin) ours explains one image per call, since Captum's softmax rule mixes the "
+                            "images of a batch.")
 def deeplift(adapter: ModelAdapter, images: Tensor, target=None, *, baseline: float | Tensor = 0.0,
              eps: Positive = 1e-9,
              channel_reduction: Reduction = "positive_sum", batch_size: PositiveInt = 64) -> Tensor:

@@ -24,7 +24,12 @@ def reference_images(baselines: Tensor | None, n_samples: int, images: Tensor, s
     return seeded_draw(seed, lambda generator: torch.randn(shape, generator=generator), images.device)
 
 
-@register_method(resolution="pixel", cost=lambda o: 6 * o["n_samples"], reads="output")
+@register_method(resolution="pixel", cost=lambda o: 6 * o["n_samples"], reads="output",
+                 reference="latec",
+                 departures="LATEC takes the first 16 images of the data batch as references; ours draws 16 "
+                            "standard-normal references from `seed`, so a map does not depend on its batch "
+                            "(`baselines=` takes your own). LATEC's Captum fork keeps each reference's positive part "
+                            "before the mean, ours the mean's.")
 def deeplift_shap(adapter: ModelAdapter, images: Tensor, target=None, *,
                   n_samples: AtLeastTwo = 16,
                   baselines: Tensor | None = None, channel_reduction: Reduction = "positive_sum",

@@ -112,6 +112,6 @@ def degraded(adapter: ModelAdapter, images: Tensor, target=None, *, of: str = "g
     adapter.require(spec.reads, spec.name)
     if is_score_target(target) and not spec.score_targets:
         raise ValueError(f"degraded: method {of!r} explains classes only; give target= class indices")
-    with adapter.call(target=target):  # the wrapped method takes the target this control's call did not
-        maps = spec.fn(adapter, images, target, **wrapped_options).float()
+    with adapter.call(target=target) as call:  # the wrapped method takes the target this control's call did not
+        maps = spec.fn(call, images, target, **wrapped_options).float()
     return degrade(maps, kind, float(strength), seed)

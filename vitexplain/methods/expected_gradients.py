@@ -27,7 +27,13 @@ def expected_gradients_draws(n_samples: int, image_shape: tuple[int, ...], n_ref
     return seeded_draw(seed, draw, device)
 
 
-@register_method(resolution="pixel", cost=lambda o: 3 * o["n_samples"], reads="output")
+@register_method(resolution="pixel", cost=lambda o: 3 * o["n_samples"], reads="output",
+                 reference="latec",
+                 departures="LATEC's GradientShap takes its baselines from the data batch and its draws from NumPy's "
+                            "and the device's global generators; ours draws each of the 40 samples' baseline "
+                            "(standard normal), point and noise (σ 0.001) from `seed` on the CPU, so a map depends "
+                            "neither on its batch nor on the device. LATEC's Captum fork keeps each sample's "
+                            "positive part before the mean, ours the mean's.")
 def expected_gradients(adapter: ModelAdapter, images: Tensor, target=None, *, n_samples: PositiveInt = 40,
                        stdev: NonNegative = 0.001, baselines: Tensor | None = None,
                        channel_reduction: Reduction = "positive_sum", batch_size: PositiveInt = 64,

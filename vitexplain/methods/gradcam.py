@@ -10,7 +10,11 @@ from ._cam import feature_map
 
 @register_method(modalities=("image", "text"), reads="tokens",
                  zero_map_reason="Grad-CAM's ReLU removed every token's relevance: the gradient-weighted "
-                                 "features were negative on every patch")
+                                 "features were negative on every patch",
+                 reference="latec",
+                 departures="None in arithmetic: pytorch-grad-cam's Grad-CAM on the last block's `norm1` tokens, as "
+                            "LATEC's copy runs it on a ViT. LATEC resizes each map to the image; ours stays on the "
+                            "patch grid (the protocols upsample it bilinearly).")
 def gradcam(adapter: ModelAdapter, inputs: Tensor, target=None, *, layer: int = -1) -> Tensor:
     """Grad-CAM with the patch tokens of a block's first LayerNorm output as the feature map.
 

@@ -15,7 +15,11 @@ EPS = 1e-6
 @register_method(reads="tokens",
                  precision_caveats={"bfloat16 weights": -0.548, "float16 weights": 0.048},
                  zero_map_reason="Grad-CAM++'s ReLU removed every token's relevance: the weighted features were "
-                                 "negative on every patch")
+                                 "negative on every patch",
+                 reference="latec",
+                 departures="None in arithmetic: pytorch-grad-cam's Grad-CAM++ (the closed-form α, 1e-6 in its "
+                            "denominator) on the last block's `norm1` tokens, as LATEC runs it. LATEC resizes each "
+                            "map to the image; ours stays on the patch grid.")
 def gradcam_pp(adapter: ModelAdapter, inputs: Tensor, target=None, *, layer: int = -1) -> Tensor:
     """Grad-CAM++: Grad-CAM's channel weights with each position's gradient weighted by α, from one backward.
 

@@ -9,7 +9,11 @@ from ..registry import register_method
 from ._captum import Reduction, captum_map
 
 
-@register_method(resolution="pixel", cost=3, reads="output")
+@register_method(resolution="pixel", cost=3, reads="output",
+                 reference="latec",
+                 departures="None in substance: Captum's `GuidedBackprop` as LATEC calls it, positive part per "
+                            "channel as its Captum fork, summed where LATEC averages. On a timm ViT, which has no "
+                            "ReLU module, both give the plain input gradient.")
 def guided_backprop(adapter: ModelAdapter, images: Tensor, target=None, *,
                     channel_reduction: Reduction = "positive_sum", batch_size: PositiveInt = 64) -> Tensor:
     """The input gradient of the target logit with every ReLU passing back only positive gradient, by Captum's

@@ -9,7 +9,11 @@ from ..registry import register_method
 from ._captum import Reduction, captum_map
 
 
-@register_method(resolution="pixel", cost=3, reads="output")
+@register_method(resolution="pixel", cost=3, reads="output",
+                 reference="latec",
+                 departures="None in substance: Captum's `InputXGradient` as LATEC calls it, each channel's positive "
+                            "part kept as LATEC's Captum fork keeps it, then summed where LATEC averages (the same "
+                            "map times 3).")
 def input_x_gradient(adapter: ModelAdapter, images: Tensor, target=None, *,
                      channel_reduction: Reduction = "positive_sum", batch_size: PositiveInt = 64,
                      libragrad: bool = False) -> Tensor:

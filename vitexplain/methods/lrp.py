@@ -12,7 +12,13 @@ from ..registry import register_method
 
 
 @register_method(resolution="pixel", cost=lambda o: 4 + (o["recompute"] is True), score_targets=False,
-                 precision_caveats={"bfloat16 weights": -0.360, "float16 weights": -0.755})
+                 precision_caveats={"bfloat16 weights": -0.360, "float16 weights": -0.755},
+                 reference="latec",
+                 departures="On a ViT LATEC's full LRP runs Chefer et al.'s transformer-attribution rules "
+                            "(`layers_ours`: every residual and the position-embedding add normalised), sums the "
+                            "channels and keeps the positive part; ours is their LRP baseline's rule set "
+                            "(`layers_lrp`: the plain z-rule at those adds) with the same shared αβ Linear rule, "
+                            "signed.")
 def lrp(adapter: ModelAdapter, images: Tensor, target=None, *,
         linear_rule: Literal["shared", "separate"] = "shared", recompute: Recompute = "auto") -> Tensor:
     """Layer-wise relevance propagation from the target logit to the input pixels, summed over channels.

@@ -6,7 +6,7 @@ import math
 from torch import Tensor
 
 from ..instrumentation import ModelAdapter
-from ..options import PositiveInt
+from ..options import PixelLength, PositiveInt
 from ..registry import register_method
 from ._captum import Reduction, captum_map
 
@@ -17,9 +17,13 @@ def _windows(options: dict) -> float:
     return (math.ceil((224 - window) / options["stride"]) + 1) ** 2 + 1
 
 
-@register_method(resolution="pixel", cost=_windows, reads="output")
-def occlusion(adapter: ModelAdapter, images: Tensor, target=None, *, window: PositiveInt = 50,
-              stride: PositiveInt = 25, baseline: float = 0.0, channel_reduction: Reduction = "positive_sum",
+@register_method(resolution="pixel", cost=_windows, reads="output",
+                 reference="latec",
+                 departures="None in substance: Captum's `Occlusion` with LATEC's 50 px window over all channels, "
+                            "stride 25 and baseline 0, positive part per channel, summed where LATEC averages. A "
+                            "window larger than the image is cut to it, where Captum (and so LATEC) refuses it.")
+def occlusion(adapter: ModelAdapter, images: Tensor, target=None, *, window: PixelLength = 50,
+              stride: PixelLength = 25, baseline: float = 0.0, channel_reduction: Reduction = "positive_sum",
               batch_size: PositiveInt = 64) -> Tensor:
     """The drop of the target logit when a square window of the image is replaced by a baseline, by Captum's
     ``Occlusion``, averaged over the windows that cover each pixel.

@@ -8,7 +8,11 @@ from ..instrumentation.test_time_registers import Registers, test_time_registers
 from ..registry import register_method
 
 
-@register_method(class_specific=False, modalities=("image", "text"), cost=1)
+@register_method(class_specific=False, modalities=("image", "text"), cost=1,
+                 reference="latec",
+                 departures="None in substance: LATEC's `attention` (Chefer et al.'s `last_layer_attn`) is the last "
+                            "block's class-token attention averaged over heads, as ours. LATEC upsamples it 16× "
+                            "bilinearly and min-max scales it; ours stays on the patch grid, unscaled.")
 def raw_attention(adapter: ModelAdapter, inputs: Tensor, target=None, *,
                   registers: Registers | None = None) -> Tensor:
     """Last block's class-token attention over the patches, averaged over heads.

@@ -31,7 +31,12 @@ def discard_lowest(attn: Tensor, ratio: float, keep_index: int) -> Tensor:
     return flat.reshape(attn.shape)
 
 
-@register_method(class_specific=False, modalities=("image", "text"), cost=1)
+@register_method(class_specific=False, modalities=("image", "text"), cost=1,
+                 reference="latec",
+                 departures="LATEC's `attentionrollout` runs Chefer et al.'s `method=\"rollout\"`, which rolls out the "
+                            "positive LRP relevance of each block's attention (the identity added, rows not "
+                            "renormalised), not the attention itself. Ours is Abnar & Zuidema's rollout of the "
+                            "attention, rows renormalised, as the paper.")
 def rollout(adapter: ModelAdapter, inputs: Tensor, target=None, *, start_layer: int = 0,
             head_fusion: HeadFusion = "mean", discard_ratio: OpenShare = 0.0,
             registers: Registers | None = None) -> Tensor:

@@ -9,7 +9,10 @@ from ..registry import register_method
 from ._captum import Reduction, captum_map
 
 
-@register_method(resolution="pixel", cost=3, reads="output")
+@register_method(resolution="pixel", cost=3, reads="output",
+                 reference="latec",
+                 departures="None in substance: Captum's `Saliency` with its defaults (|gradient|), as LATEC calls "
+                            "it. LATEC averages the channels, ours sums them: the same map times 3.")
 def saliency(adapter: ModelAdapter, images: Tensor, target=None, *, absolute: bool = True,
              channel_reduction: Reduction = "positive_sum", batch_size: PositiveInt = 64,
              libragrad: bool = False) -> Tensor:

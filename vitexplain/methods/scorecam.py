@@ -31,7 +31,12 @@ def channel_masks(maps: Tensor, size: tuple[int, int], upsampling: str) -> Tenso
 
 @register_method(cost=769, reads="tokens",
                  zero_map_reason="Score-CAM's ReLU removed every token's relevance: the score-weighted features "
-                                 "were negative on every patch")
+                                 "were negative on every patch",
+                 reference="latec",
+                 departures="pytorch-grad-cam's Score-CAM by default (masks upsampled bilinearly, corners aligned); "
+                            "LATEC's own copy upsamples them by nearest neighbour (`upsampling=\"nearest\"`) and adds "
+                            "1e-7 to each mask's range (not an option). 32 masked images a forward, as LATEC's "
+                            "config.")
 def scorecam(adapter: ModelAdapter, images: Tensor, target=None, *, layer: int = -1, score: Score = "logit",
              channel_weights: Literal["softmax", "score"] = "softmax",
              upsampling: Literal["bilinear", "nearest"] = "bilinear", batch_size: PositiveInt = 32) -> Tensor:

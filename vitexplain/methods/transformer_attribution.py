@@ -12,7 +12,11 @@ from ._products import ReadoutFold
 
 
 @register_method(cost=8, score_targets=False,
-                 precision_caveats={"bfloat16 weights": 0.735, "float16 weights": 0.374})
+                 precision_caveats={"bfloat16 weights": 0.735, "float16 weights": 0.374},
+                 reference="latec",
+                 departures="None in substance: LATEC runs Chefer et al.'s code (`start_layer` 0, rows not "
+                            "renormalised), whose rules ours follows (rule set `chefer`). LATEC upsamples the map "
+                            "16× bilinearly and min-max scales it; ours stays on the patch grid, unscaled.")
 def transformer_attribution(adapter: ModelAdapter, images: Tensor, target=None, *, start_layer: int = 0,
                             recompute: Recompute = "auto") -> Tensor:
     """Relevance of each block's attention map weighted by its gradient, rolled out from ``start_layer``.

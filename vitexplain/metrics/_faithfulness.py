@@ -12,7 +12,7 @@ report stays a mean of finite numbers (Quantus returns NaN: docs/decisions/metri
 
 Copies that are not the top pixels of one ranking (random subsets; one feature under many noise draws) go through
 :func:`chunked_scores`, every (image, copy) pair of the batch in chunks of ``batch_size``, each chunk made when it is
-forwarded; the intact images through ``_perturb.mixed_logits``, so that within ``shared_forwards`` they are forwarded
+forwarded; the intact images through ``_perturb.mixed_logits``, so that through ``SharedForwards`` they are forwarded
 once for every protocol. The copies are not kept for sharing: no other protocol makes them.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from ._perturb import mixed_logits
-from ._randomise import average_ranks, pearson
 from ._regions import class_score, pixel_patches, region_relevance, upsampled
+from .correlation import average_ranks, pearson
 
 
 def patch_features(maps: Tensor, images: Tensor, patch_size: int) -> tuple[Tensor, Tensor, int]:
@@ -39,7 +39,7 @@ def patch_features(maps: Tensor, images: Tensor, patch_size: int) -> tuple[Tenso
 
 
 def intact_logits(forward: Callable[[Tensor], Tensor], images: Tensor, batch_size: int) -> Tensor:
-    """The logits of the images themselves [B, 1, classes] (a mix that takes nothing: within ``shared_forwards``, the
+    """The logits of the images themselves [B, 1, classes] (a mix that takes nothing: through ``SharedForwards``, the
     forward every protocol of the batch shares)."""
     nothing = torch.zeros(images.shape[0], images.shape[-2] * images.shape[-1], dtype=torch.long, device=images.device)
     return mixed_logits(forward, images, images[:1], nothing, torch.zeros(1, dtype=torch.long), batch_size)

@@ -6,8 +6,9 @@ range (below its count, and from its start on) come from ``second``, the others 
 images of all steps of all images are built chunk by chunk with one ``torch.where`` each and go
 through the model in chunks of ``batch_size``: no per-step Python work beyond the chunking.
 
-Within :func:`shared_forwards` (the bench's scoring of one batch, :func:`vitexplain.evaluate`) an image is
-forwarded once however many protocols ask for it: a step that takes nothing is its first source, a step that
+Given a :class:`SharedForwards` as its forward (what the bench's scoring of one batch and :func:`vitexplain.evaluate`
+hand the protocols as :attr:`EvalBatch.logits`, kept on their call), :func:`mixed_logits` forwards an image once
+however many protocols ask for it: a step that takes nothing is its first source, a step that
 takes every pixel is its second, and a call that repeats an earlier one (AOPC's removal is the perturbation
 test's positive one) returns the earlier logits. Sameness is decided by exact equality of the sources, ranks
 and steps, never by a fingerprint. The steps are kept and sorted on the CPU, so sharing asks the device
@@ -17,9 +18,7 @@ efficient MPRT and numerical stability only explain the changed model).
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -74,7 +73,7 @@ def mixed_logits(forward: Callable[[Tensor], Tensor], first: Tensor, second: Ten
 
     Args:
         forward: images -> logits, batched (e.g. :meth:`~vitexplain.instrumentation.ModelAdapter.logits`);
-            called without gradients.
+            called without gradients. A :class:`SharedForwards` forwards each distinct image once.
         first, second: sources [B or 1, C or 1, H or 1, W or 1] (a source with batch 1 is shared by
             every image; one of them has the full H x W); ``second`` may instead be a function that makes
             it for a chunk, (image index [n], taken [n, 1, H, W]) -> [n, C, H, W], when the replacement
@@ -89,24 +88,9 @@ def mixed_logits(forward: Callable[[Tensor], Tensor], first: Tensor, second: Ten
     """
     counts = counts.cpu()
     starts = torch.zeros_like(counts) if starts is None else starts.cpu()
-    mix = _Mix(forward, first, second, rank, counts, starts, batch_size)
-    shared = _SHARED.get()
-    if shared is None:
-        return mix.logits(torch.arange(counts.shape[0]))
-    return shared.logits(mix)
-
-
-@contextlib.contextmanager
-def shared_forwards() -> Iterator[None]:
-    """Within the block, :func:`mixed_logits` forwards each distinct image once (see the module docstring).
-
-    For one batch of images at a time: what it keeps (the sources' logits, earlier calls' results) is
-    released on exit."""
-    token = _SHARED.set(_Shared())
-    try:
-        yield
-    finally:
-        _SHARED.reset(token)
+    if isinstance(forward, SharedForwards):
+        return forward.logits(_Mix(forward.forward, first, second, rank, counts, starts, batch_size))
+    return _Mix(forward, first, second, rank, counts, starts, batch_size).logits(torch.arange(counts.shape[0]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,12 +142,19 @@ class _Mix:
                 and _same(self.rank, other.rank))
 
 
-@dataclass
-class _Shared:
-    """What :func:`shared_forwards` keeps: each source's logits and each call's."""
+@dataclass(eq=False)
+class SharedForwards:
+    """``forward`` (images -> logits), through which :func:`mixed_logits` forwards each distinct image once (see
+    the module docstring); called, it is ``forward``.
 
+    For one batch of images: what it keeps (each source's logits, each earlier call's) goes with it."""
+
+    forward: Callable[[Tensor], Tensor]
     sources: list[tuple[Callable[[Tensor], Tensor], Tensor, Tensor]] = field(default_factory=list)
     calls: list[tuple[_Mix, Tensor]] = field(default_factory=list)
+
+    def __call__(self, images: Tensor) -> Tensor:
+        return self.forward(images)
 
     def logits(self, mix: _Mix) -> Tensor:
         for earlier, logits in self.calls:
@@ -199,9 +190,6 @@ class _Shared:
                                 for begin in range(0, source.shape[0], mix.batch_size)])
         self.sources.append((mix.forward, source, logits))
         return logits
-
-
-_SHARED: ContextVar[_Shared | None] = ContextVar("vitexplain_shared_forwards", default=None)
 
 
 def _same(a: Tensor, b: Tensor) -> bool:

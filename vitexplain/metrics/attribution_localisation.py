@@ -58,6 +58,11 @@ reduce_attribution_localisation = MaskMeans(attribution_localisation="attributio
     requires=("masks",),
     higher_is_better={"attribution_localisation": True},
     group="localisation",
+    reference="quantus",
+    departures="Quantus takes |map| by default (`negatives=\"absolute\"` here), ours the positive part, as Kohlbrenner "
+               "et al. define μ. Quantus's weighted variant multiplies by the mask's size over the size of the batch "
+               "from its third image on, so its value depends on the batch; ours divides by the mask's share, as the "
+               "paper.",
 )
 def _compute(batch: EvalBatch, *, weighted: bool = False, negatives: Negatives = "clip") -> dict[str, Tensor]:
     maps, masks, ignore = batch_truth(batch)

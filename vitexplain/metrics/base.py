@@ -15,8 +15,8 @@ from typing import Any, Callable, ContextManager
 from torch import Tensor, nn
 
 from ..maps import check_finite
-from ..options import check_options, checking, option_defaults
-from ..registry import Registry, registering
+from ..options import check_options, checking, option_defaults, seeded
+from ..registry import Registry, checked_reference, registering
 
 #: the ground truth the built-in protocols read, by the name a dataset gives it in
 #: :attr:`EvalBatch.truth` (and declares in its ``provides``); a plug-in may add names of its own
@@ -65,6 +65,9 @@ class EvalBatch:
             :meth:`~vitexplain.instrumentation.ModelAdapter.features`), for a protocol that compares representations
             (relative representation stability); None when not at hand: a protocol that requires ``"features"`` then
             refuses the batch.
+        randomised: whether :attr:`explain` draws random numbers, so that another ``seed`` gives another map (the
+            method's :attr:`~vitexplain.registry.MethodSpec.randomised`); False when unknown (a callable, maps from
+            elsewhere). The model-randomisation protocol picks its noise floor by it.
     """
 
     images: Tensor
@@ -79,6 +82,7 @@ class EvalBatch:
     std: Sequence[float] | None = None
     modified: Callable[[Callable[[nn.Module], None]], ContextManager[None]] | None = None
     features: Callable[[Tensor], Tensor] | None = None
+    randomised: bool = False
 
     def __post_init__(self) -> None:
         check_finite(self.maps, self.ids)
@@ -161,6 +165,10 @@ class Metric:
             them over their step numbers).
         carried: per-image values that only ``reduce`` reads and that are neither numbers nor curves (sufficiency
             carries each image's map, to compare it with the other images' maps); the reports never draw them.
+        reference: the other implementations of the protocol, names of :data:`vitexplain.registry.REFERENCES`
+            (``("latec", "quantus")``); empty: none of them has it.
+        departures: where this implementation departs from those (their settings, their arithmetic), in one to three
+            plain sentences, shown in the catalogue (docs/catalogue/protocols.md); required with ``reference``.
     """
 
     name: str
@@ -172,10 +180,15 @@ class Metric:
     group: str = "other"
     curves: Curves | None = None
     carried: tuple[str, ...] = ()
+    reference: tuple[str, ...] = ()
+    departures: str = ""
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
             raise ValueError(f"metric {self.name!r}: group must be one of {', '.join(GROUPS)}, got {self.group!r}")
+        reference = checked_reference(f"metric {self.name!r}", self.reference, self.departures)
+        object.__setattr__(self, "reference", reference)
+        object.__setattr__(self, "departures", " ".join(self.departures.split()))
         needs = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
         needs = tuple(need if isinstance(need, str) else tuple(need) for need in needs)
         if not all(isinstance(need, str) or (need and all(isinstance(name, str) for name in need)) for need in needs):
@@ -212,6 +225,34 @@ class Metric:
         """Model passes per image with ``options`` over the defaults (see :attr:`cost`)."""
         return self.cost({**self.options, **options}, method_passes)
 
+    def bind(self, options: dict[str, Any] | None = None, *, seed: int | None = None,
+             label: str | None = None) -> BoundMetric:
+        """This protocol with ``options`` (checked here, once) over its defaults and, when it draws noise and they
+        give no seed, ``seed`` (:func:`~vitexplain.options.seeded`): what the callers after the door carry."""
+        given = dict(options or {})
+        self.check_options(given)
+        return BoundMetric(self, {**self.options, **seeded(self.options, given, seed)}, label or self.name)
+
+
+@dataclass(frozen=True, eq=False)
+class BoundMetric:
+    """A protocol resolved where a user named it (``evaluate``, a bench config) with its effective options
+    (:meth:`Metric.bind`): scoring, cache keys, results and reports carry it, never the name again.
+
+    Attributes:
+        metric: the registered protocol.
+        options: every option it computes with (its defaults filled in), checked.
+        label: how tables and reports name it (a bench entry's label; else the protocol's name).
+    """
+
+    metric: Metric
+    options: dict[str, Any]
+    label: str
+
+    @property
+    def name(self) -> str:
+        return self.metric.name
+
 
 METRICS: Registry[Metric] = Registry("metric", "vitexplain.metrics")
 
@@ -219,7 +260,8 @@ METRICS: Registry[Metric] = Registry("metric", "vitexplain.metrics")
 def register_metric(name: str | Callable[..., dict[str, Tensor]] | Metric | None = None, /, **metadata: Any) -> Any:
     """Decorator that registers an evaluation protocol: the decorated function is its ``compute``, ``metadata`` its
     other :class:`Metric` fields (``reduce`` is required; ``requires``, ``higher_is_better``, ``cost``, ``group``,
-    ``curves``), its name the function's unless ``name`` is given: ``@register_metric("aopc", reduce=...)``.
+    ``curves``, ``reference`` and ``departures``), its name the function's unless ``name`` is given:
+    ``@register_metric("aopc", reduce=...)``.
 
     A :class:`Metric` built beforehand, ``register_metric(Metric(...))`` (the shape plug-ins were written in),
     is registered as it is and returned.

@@ -49,6 +49,9 @@ reduce_complexity = Means(complexity="complexity")
     reduce=reduce_complexity,
     higher_is_better={"complexity": False},
     group="complexity",
+    reference=("latec", "quantus"),
+    departures="None in substance: the entropy of |map| / Σ |map| as Quantus computes it, to 1.6e-6; ours takes 0 ln "
+               "0 = 0 exactly (Quantus adds 1e-12 in the logarithm) and gives a zero map ln n (Quantus: NaN).",
 )
 def _compute(batch: EvalBatch) -> dict[str, Tensor]:
     return {"complexity": complexity(batch.maps, tuple(batch.images.shape[-2:]))}

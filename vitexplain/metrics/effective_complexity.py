@@ -52,6 +52,10 @@ reduce_effective_complexity = Means(effective_complexity="effective_complexity")
     reduce=reduce_effective_complexity,
     higher_is_better={"effective_complexity": False},
     group="complexity",
+    reference=("latec", "quantus"),
+    departures="Quantus divides the maps by the largest value over the whole batch before counting, so an image's "
+               "count depends on its batch; ours divides each map by its own largest |value| (Quantus's batches of "
+               "one agree exactly). ε defaults to Quantus's 1e-5 (LATEC: `eps=0.01`).",
 )
 def _compute(batch: EvalBatch, *, eps: NonNegative = 1e-5) -> dict[str, Tensor]:
     return {"effective_complexity": effective_complexity(batch.maps, tuple(batch.images.shape[-2:]), eps=eps)}

@@ -149,6 +149,11 @@ reduce_infidelity = Means(infidelity="infidelity")
     higher_is_better={"infidelity": False},
     cost=lambda options, method: options["n_samples"] + 1,
     group="faithfulness",
+    reference=("latec", "quantus"),
+    departures="LATEC calls Captum's `infidelity` with Gaussian noise (σ 0.005 per entry, NumPy's global generator) "
+               "and no scaling; Quantus sweeps every 4 × 4 patch cumulatively into a fixed baseline, without draws "
+               "or scaling. Ours wraps Captum's `infidelity` with the paper's perturbations (seeded black squares by "
+               "default) and the authors' optimal scaling β (`normalize=False`: the plain error).",
 )
 def _compute(batch: EvalBatch, *, perturbation: Perturbation = "square", n_samples: PositiveInt = 50,
              normalize: bool = True, score: Score = "logit", batch_size: PositiveInt = 128,

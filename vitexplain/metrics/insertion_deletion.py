@@ -125,6 +125,11 @@ def reduce_insertion_deletion(values: dict[str, Tensor]) -> dict[str, float]:
                   "share of the pixels replaced, most relevant first (no point at 0, as in TIS's code)",
                   {"insertion": "probability of the explained class, pixels inserted into the baseline",
                    "deletion": "probability of the explained class, pixels replaced by the baseline"}),
+    reference="latec",
+    departures="LATEC's own insertion and deletion step 50 pixels at a time, insert into a 15 × 15 Gaussian blur (σ "
+               "5) and delete into zeros of the preprocessed image; ours follows TIS's code: 224 steps, one baseline "
+               "for both curves (an 11 × 11 blur, σ 5, by default; `baseline=\"black\"` is LATEC's deletion fill) and "
+               "RISE's area.",
 )
 def _compute(batch: EvalBatch, *, n_steps: AtLeastTwo = 224,
              baseline: Baseline = "blur", batch_size: PositiveInt = 128,

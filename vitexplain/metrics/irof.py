@@ -103,6 +103,11 @@ reduce_irof = Means(irof="irof")
     higher_is_better={"irof": True},
     cost=lambda options, method: options["n_segments"] + 1,    # about: SLIC keeps most of its seeds
     group="faithfulness",
+    reference=("latec", "quantus"),
+    departures="Quantus's IROF fails on RGB images as shipped, fills with the whole batch's current mean (an image's "
+               "value depends on its neighbours) and its area grows with the superpixel count; ours fills with the "
+               "intact image's own mean and reports the paper's 1 − normalised area. SLIC is ported without "
+               "scikit-image's connectivity step.",
 )
 def _compute(batch: EvalBatch, *, n_segments: AtLeastTwo = 100,
              compactness: Positive = 10.0,

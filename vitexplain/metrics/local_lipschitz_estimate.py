@@ -75,6 +75,11 @@ reduce_local_lipschitz_estimate = Means(local_lipschitz_estimate="local_lipschit
     higher_is_better={"local_lipschitz_estimate": False},
     cost=lambda options, method: options["n_samples"] * method,
     group="robustness",
+    reference=("latec", "quantus"),
+    departures="Quantus divides the maps by their largest value over the whole batch, so an image's number depends "
+               "on its batch, and draws per image from NumPy's global generator; ours rescales each map by its own "
+               "max |value| and draws the Gaussian noise (σ 0.1, Quantus's) once from `seed`. 10 samples by default "
+               "(Quantus 200, LATEC 5).",
 )
 def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 10,
              sigma: Positive = 0.1, seed: int = 0,

@@ -76,6 +76,10 @@ reduce_localisation_auc = MaskMeans(localisation_auc="localisation_auc")
     requires=("masks",),
     higher_is_better={"localisation_auc": True},
     group="localisation",
+    reference="quantus",
+    departures="None in substance: the ROC-AUC of the map as a classifier of the mask, as Quantus's `AUC` and "
+               "scikit-learn compute it, ties counting one half; Quantus's normalisation over the batch can merge or "
+               "split ties (up to 1.2e-5).",
 )
 def _compute(batch: EvalBatch) -> dict[str, Tensor]:
     maps, masks, ignore = batch_truth(batch)

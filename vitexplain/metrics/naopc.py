@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..options import PositiveInt
+from ..options import PixelLength, PositiveInt
 from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel
@@ -178,7 +178,7 @@ def _cost(options: dict, method_passes: float) -> float:
     cost=_cost,
     group="faithfulness",
 )
-def _compute(batch: EvalBatch, *, patch_size: PositiveInt | None = None, beam_size: PositiveInt = 5,
+def _compute(batch: EvalBatch, *, patch_size: PixelLength | None = None, beam_size: PositiveInt = 5,
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return naopc(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean, pixel_std=batch.std,
                  patch_size=patch_size, beam_size=beam_size, batch_size=batch_size)

@@ -24,6 +24,10 @@ restored exactly. Buffers are left as they are (they hold indices and fixed tabl
 Each perturbation is a copy (``copy=k``, k = 1 … 4 in the order of :data:`KINDS`, of :attr:`EvalBatch.explain`): the
 random control is drawn afresh for each, so its r is that of two unrelated maps, about 0, not a perfect 1
 (docs/decisions/metric-trust.md); every explanation method ignores it.
+
+Public beside the protocol (:data:`__all__`): :data:`CHAOTIC_BELOW`, which the bench's reports read to name the chaotic
+maps, and the weight changes :func:`round_weights` and :func:`noisy_weights`, with which the bench builds a model's
+noisy copy (``ModelEntry.noise_of``), so that copy is the model this protocol explains.
 """
 from __future__ import annotations
 
@@ -35,14 +39,18 @@ from torch import Tensor, nn
 from ..options import Positive
 from ..seeding import seeded_draw
 from ._common import check_image_batch, check_maps, explain_copy
-from ._randomise import check_explained, modifier_of, pearson
+from ._randomise import check_explained, modifier_of
 from .base import EvalBatch, register_metric
+from .correlation import pearson
 
 #: a method whose r_worst (mean over images) is below this on the model in hand has chaotic maps there
 CHAOTIC_BELOW = 0.9
 #: the relative size of one bfloat16 rounding (8 significant bits: half a unit in the last place, 2^-9)
 ROUNDING = 2.0 ** -9
 KINDS = ("bf16_weights", "noise_weights", "bf16_input", "noise_input")
+
+__all__ = ["CHAOTIC_BELOW", "KINDS", "ROUNDING", "bf16_round", "noisy_weights", "numerical_stability",
+           "reduce_numerical_stability", "round_weights"]
 
 
 def bf16_round(tensor: Tensor) -> Tensor:

@@ -73,6 +73,11 @@ reduce_pixel_flipping = Means(auc="auc")
     curves=Curves(lambda options, points: even_steps(1, points, options["n_steps"]),
                   "share of the pixels removed, most relevant first (no point at 0, as in Quantus)",
                   {"curve": "probability of the explained class, most relevant pixels removed first"}),
+    reference=("latec", "quantus"),
+    departures="Quantus flips single channel values (LATEC: 224 a step) into the image's minimum and sums the curve "
+               "in steps; ours flips whole pixels in 224 steps into true black and reports the mean height over [0, "
+               "1] (insertion / deletion's deletion curve). The curves agree with Quantus's to 0.003, where a step "
+               "cuts tied pixels.",
 )
 def _compute(batch: EvalBatch, *, n_steps: AtLeastTwo = 224, fill: Fill = "black",
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:

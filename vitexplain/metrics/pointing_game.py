@@ -126,6 +126,10 @@ def reduce_pointing_game(values: dict[str, Tensor]) -> dict[str, float]:
     requires=(("boxes", "masks"),),
     higher_is_better={"accuracy": True},
     group="localisation",
+    reference="quantus",
+    departures="Quantus takes masks only, counts a hit when any tied maximum is on the mask and gives an empty mask "
+               "NaN; ours keeps TIS's rules for boxes and masks alike: the first maximum in raster order, an image "
+               "whose region covers half of it or more left out, an empty one a miss.",
 )
 def _compute(batch: EvalBatch, *, max_coverage: Share = 0.5, tolerance: NonNegative = 0.0) -> dict[str, Tensor]:
     size = tuple(batch.images.shape[-2:])

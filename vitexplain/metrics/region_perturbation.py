@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..options import PositiveInt, Score
+from ..options import PixelLength, PositiveInt, Score
 from ..seeding import seeded_draw
 from ..uncertainty import Means
 from ._common import check_image_batch, check_maps, check_targets
@@ -94,8 +94,14 @@ reduce_region_perturbation = Means(aopc="drop")
     curves=Curves(lambda options, points: [float(k) for k in range(points)],
                   "patches replaced by uniform noise, most relevant first (0 = the image itself)",
                   {"drop": "drop of the explained class's score (probability unless score says otherwise)"}),
+    reference=("latec", "quantus"),
+    departures="Quantus's uniform fill gives each region one random value (normalised space, NumPy's global "
+               "generator), returns the drops without their AOPC and calls lower better; ours fills every pixel with "
+               "seeded U[0, 1) noise in pixel units (the paper) and reports the paper's AOPC, k = 0 included, higher "
+               "better. Defaults are the paper's 9 px patches and 100 regions (LATEC: `patch_size=14`, "
+               "`n_regions=10`).",
 )
-def _compute(batch: EvalBatch, *, patch_size: PositiveInt = 9, n_regions: PositiveInt = 100,
+def _compute(batch: EvalBatch, *, patch_size: PixelLength = 9, n_regions: PositiveInt = 100,
              score: Score = "probability", batch_size: PositiveInt = 128, seed: int = 0) -> dict[str, Tensor]:
     return region_perturbation(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
                                pixel_std=batch.std, patch_size=patch_size, n_regions=n_regions, score=score,

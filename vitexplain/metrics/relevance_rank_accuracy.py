@@ -46,6 +46,9 @@ reduce_relevance_rank_accuracy = MaskMeans(relevance_rank_accuracy="relevance_ra
     requires=("masks",),
     higher_is_better={"relevance_rank_accuracy": True},
     group="localisation",
+    reference="quantus",
+    departures="None in substance: as Quantus computes it on the raw values, ties broken in raster order (Quantus "
+               "leaves them unspecified); identical on maps without ties.",
 )
 def _compute(batch: EvalBatch) -> dict[str, Tensor]:
     maps, masks, ignore = batch_truth(batch)

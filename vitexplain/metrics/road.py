@@ -192,6 +192,11 @@ def reduce_road(values: dict[str, Tensor]) -> dict[str, float]:
                   "share of the pixels imputed (noisy linear imputation)",
                   {"morf": "probability of the explained class, most relevant imputed first (MoRF)",
                    "lerf": "probability of the explained class, least relevant imputed first (LeRF)"}),
+    reference=("latec", "quantus"),
+    departures="Quantus's ROAD (LATEC: noise 0.1, 1 … 99 % in steps of 2) removes the most relevant pixels only, "
+               "imputes the normalised image with fresh NumPy noise and scores whether the top class stays the "
+               "label; ours follows the authors' code: both orders at their seven fractions, imputation in pixel "
+               "units with noise 0.01 drawn once from `seed`, the explained class's probability.",
 )
 def _compute(batch: EvalBatch, *, fractions: Sequence[OpenShare] = FRACTIONS, noise: NonNegative = 0.01,
              batch_size: PositiveInt = 128, seed: int = 0, solver: Solver = "auto") -> dict[str, Tensor]:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..options import PositiveInt, Score
+from ..options import PixelLength, PositiveInt, Score
 from ._common import check_image_batch, check_maps, check_targets
 from ._perturb import black_pixel, mixed_logits
 from ._regions import class_score, pixel_patches, pixel_rank, region_relevance, upsampled
@@ -93,8 +93,13 @@ def _cost(options: dict, method: float) -> float:
     curves=Curves(lambda options, points: [k / (points - 1) for k in range(points)],
                   "share of the patches set to black, most relevant first (0 = the image itself)",
                   {"score": "score of the explained class (probability unless score says otherwise)"}),
+    reference="quantus",
+    departures="Quantus's default black is the image's minimum, its patches 8 px, and its area, in steps without the "
+               "intact image, grows with the number of patches; ours uses true black, the paper's 7 × 7 grid of "
+               "patches and the area over [0, 1] with the intact image. With the same black and patches the curves "
+               "are identical.",
 )
-def _compute(batch: EvalBatch, *, patch_size: PositiveInt | None = None, score: Score = "probability",
+def _compute(batch: EvalBatch, *, patch_size: PixelLength | None = None, score: Score = "probability",
              batch_size: PositiveInt = 128) -> dict[str, Tensor]:
     return selectivity(batch.logits, batch.images, batch.maps, batch.targets, pixel_mean=batch.mean,
                        pixel_std=batch.std, patch_size=patch_size, score=score, batch_size=batch_size)

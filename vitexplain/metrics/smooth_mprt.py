@@ -34,11 +34,13 @@ from typing import Callable, ContextManager
 import torch
 from torch import Tensor, nn
 
+from ..instrumentation.randomisation import Randomisation
 from ..options import NonNegative, PositiveInt
 from ..seeding import seeded_draw
 from ._common import check_image_batch, check_maps
-from ._randomise import Randomisation, check_explained, modifier_of, spearman
+from ._randomise import check_explained, modifier_of
 from .base import Curves, EvalBatch, register_metric
+from .correlation import spearman
 
 #: the levels a ViT-B/16 has (head, 12 blocks, embedding): the cost's nominal count, the model being unknown there
 NOMINAL_LEVELS = 14
@@ -119,6 +121,11 @@ def reduce_smooth_mprt(values: dict[str, Tensor]) -> dict[str, float]:
                   "levels of the model randomised, top first (head, blocks from the last, embedding)",
                   {"similarity_levels": "Spearman correlation of the smoothed maps of the trained and the "
                                         "randomised model"}),
+    reference="quantus",
+    departures="Quantus's averaged similarity counts the trained model's similarity to itself, its random model "
+               "repeats one block, and as shipped it explains with Captum's gradient whatever `explain_func` says; "
+               "ours averages the randomised levels only, re-draws every parameter, explains with the method and "
+               "shares one seeded noise draw between the models. Otherwise it agrees to 1e-16.",
 )
 def _compute(batch: EvalBatch, *, n_samples: PositiveInt = 50, noise: NonNegative = 0.1, seed: int = 0,
              absolute: bool = True, cascade: bool = True) -> dict[str, Tensor]:

@@ -56,6 +56,10 @@ reduce_sparseness = Means(sparseness="sparseness")
     reduce=reduce_sparseness,
     higher_is_better={"sparseness": True},
     group="complexity",
+    reference=("latec", "quantus"),
+    departures="Quantus (and so LATEC) takes |map| before the Gini index; ours follows TIS's code, the map upsampled "
+               "and its minimum subtracted (`shift=\"always\"`), so a map positive everywhere scores sparser than "
+               "there; `shift=\"negative\"` leaves such a map as it is.",
 )
 def _compute(batch: EvalBatch, *, shift: Shift = "always") -> dict[str, Tensor]:
     return {"sparseness": gini_sparseness(batch.maps, tuple(batch.images.shape[-2:]), shift=shift)}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..options import PositiveInt
+from ..options import PixelArea
 from ._localisation import MaskMeans, batch_truth, prepare, top_ranked, undefined_where_empty
 from .base import EvalBatch, register_metric
 
@@ -57,8 +57,11 @@ reduce_top_k_intersection = MaskMeans(top_k_intersection="top_k_intersection")
     requires=("masks",),
     higher_is_better={"top_k_intersection": True},
     group="localisation",
+    reference="quantus",
+    departures="None in substance: as Quantus computes it (k = 1,000 pixels), ties broken in raster order (Quantus "
+               "leaves them unspecified); k = H·W is allowed (Quantus refuses it).",
 )
-def _compute(batch: EvalBatch, *, k: PositiveInt = 1000, concept_influence: bool = False) -> dict[str, Tensor]:
+def _compute(batch: EvalBatch, *, k: PixelArea = 1000, concept_influence: bool = False) -> dict[str, Tensor]:
     maps, masks, ignore = batch_truth(batch)
     return {"top_k_intersection": top_k_intersection(maps, masks, k=k, concept_influence=concept_influence,
                                                      ignore=ignore)}

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ...registry import Registry
 from ..attention import AttentionInput, AttentionParts
 from ..blocks import BlockParts
+from .cascade import Cascade, Level
 from .errors import UnsupportedModelError as UnsupportedModelError  # where the families and the package read it
 from .examples import Example
 from .stack import Stack, at
@@ -131,6 +132,9 @@ class Family(ABC):
     excluded_classes: ClassVar[tuple[str | type, ...]] = ()
     #: where the blocks are, which classes are described and where each keeps its parts
     stack: ClassVar[Stack | None] = None
+    #: which parameters a model-randomisation cascade re-initialises, level by level: the head's modules (the blocks
+    #: follow from :attr:`stack`, the embedding is the rest); None: the family's models are not randomised
+    cascade: ClassVar[Cascade | None] = None
     #: what a recognised model must be, in order: each check gives the clause saying what it is not, or None
     refusals: ClassVar[tuple[Callable[[nn.Module], str | None], ...]] = ()
     #: the family's tiny example models (the support matrix's columns, the tests' models)
@@ -182,6 +186,14 @@ class Family(ABC):
     def block(self, module: nn.Module) -> BlockParts:
         """Where one block keeps its parts (the :attr:`stack`'s, its attention's as :meth:`attention` reads them)."""
         return self.stack.block(module, self.attention)
+
+    def randomisation_levels(self) -> list[Level]:
+        """The model's levels of a model-randomisation cascade, top first (:class:`~.cascade.Cascade`): the parameters
+        each re-initialises, as :attr:`cascade` declares them beside the blocks."""
+        if self.cascade is None:
+            raise UnsupportedModelError(f"model randomisation is not described for this {type(self.model).__name__} "
+                                        f"({self.name}): its family declares no cascade of layers to re-initialise")
+        return self.cascade.levels(self.model, self.block_modules(), self.stack.word)
 
     def attention(self, module: nn.Module) -> AttentionParts:
         """Where one block's attention module keeps its parts."""
@@ -452,7 +464,7 @@ class LinearView(nn.Linear):
         return self._read[1]()
 
 
-__all__ = ["AttentionInput", "ClassTokenFirst", "EmbeddingParts", "Family", "LinearView", "PatchTokensOnly",
+__all__ = ["AttentionInput", "Cascade", "ClassTokenFirst", "EmbeddingParts", "Family", "LinearView", "PatchTokensOnly",
            "ProbeParts", "TokenContext", "UnsupportedModelError", "at", "check_images", "fixed_size_grid",
            "loaded_class", "loaded_classes", "max_selection", "projection_head", "require_tiling", "wrong_channels"]
 

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionParts
 from .base import EmbeddingParts, Family, ProbeParts, max_selection
+from .cascade import Cascade
 from .stack import optional
 
 #: ``global_pool`` values that take a per-channel maximum over the tokens
@@ -101,6 +102,9 @@ class TimmSequenceFamily(Family):
     #: the ``global_pool`` values described
     pooling: ClassVar[GlobalPool]
     lrp_modules = TIMM_LAYERS
+    #: model randomisation: the final norm, the pooling and the classifier heads first, then the blocks (the rest:
+    #: patch embedding, prefix tokens, positions, ``norm_pre``, last)
+    cascade = Cascade(top=("head", "head_dist", "norm", "fc_norm", "attn_pool"))
 
     def __init__(self, model: nn.Module):
         super().__init__(model)

@@ -19,7 +19,6 @@ from ..adapter import ModelAdapter
 from ..attention import PLAIN, Arithmetic
 from ..families.base import UnsupportedModelError
 from ..patching import ModelPatch
-from ..precision import float32_scope
 from . import rules as r
 from .composites import RuleSet, resolve_rules
 from .trace import Trace, TraceSink
@@ -263,7 +262,7 @@ def lrp_rules(adapter: ModelAdapter, rules: str | RuleSet = "chefer", *, pixels:
     sink = TraceSink(trace, gradient_from or 0, recompute)
     arithmetic = RuleArithmetic(rules, recompute)
     try:
-        with float32_scope(adapter.model), \
+        with adapter.call(reads_target=False), \
                 adapter.instrumented(arithmetic=arithmetic, sink=sink, gradient_from=gradient_from) as patch:
             _place(adapter, rules, trace, patch, pixels)
             yield trace

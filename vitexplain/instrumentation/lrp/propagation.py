@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..adapter import ModelAdapter, evaluation_mode
 from ..geometry import TokenGeometry
-from ..precision import float32_scope
+from ..positions import token_geometry
 from ..targets import resolve_target
 from . import rules as r
 from .composites import RuleSet, one_on_target, resolve_rules
@@ -105,14 +105,16 @@ def relevance(adapter: ModelAdapter, images: Tensor, targets=None, rules: str | 
     if (gradients or reduce is not None) and "attn" not in at:
         raise ValueError(f"{'gradients are' if gradients else 'reduce is'} taken at the attention: ask for relevance "
                          "at 'attn' too")
-    with float32_scope(adapter.model):  # the rules' denominators need float32 (precision.py)
-        return _relevance(adapter, images, targets, resolve_rules(rules), at, blocks, gradients, reduce, recompute)
+    with adapter.call(reads_target=False) as call:  # the rules' denominators need float32 (precision.py)
+        resolved = resolve_rules(rules)
+        return _relevance(call, adapter.check_images(images), targets, resolved, at, blocks, gradients, reduce,
+                          recompute)
 
 
 def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, at: Collection[str],
                blocks: Collection[int] | None, gradients: bool, reduce, recompute: bool) -> Relevance:
     below_blocks = "pixels" in at or "patches" in at
-    images = adapter.check_images(images).detach().requires_grad_(below_blocks)
+    images = images.detach().requires_grad_(below_blocks)  # checked by the caller
     num_blocks = adapter.num_blocks
     chosen = range(num_blocks) if blocks is None else sorted({b % num_blocks for b in blocks})
     # the graph starts where the lowest relevance asked for is (the images' own gradient is never taken
@@ -127,8 +129,8 @@ def _relevance(adapter: ModelAdapter, images: Tensor, targets, rules: RuleSet, a
             logits = adapter.forward(images)
             # the backward computes each block's forward again under the rules, so it runs while they are placed
             layouts = [trace.layouts.get(block) for block in range(num_blocks)]
-            geometry = adapter.token_geometry(images, layouts, trace.residuals[num_blocks - 1].shape[1],
-                                              trace.readout_attn, trace.readout_selection)
+            geometry = token_geometry(adapter, images, layouts, trace.residuals[num_blocks - 1].shape[1],
+                                      trace.readout_attn, trace.readout_selection)
             if readings is not None:
                 readings.geometry = geometry
             resolved = resolve_target(targets, logits.detach(), has_classes=adapter.family.has_classes)
