@@ -76,13 +76,12 @@ def test_a_corrupt_cache_file_is_named_removed_and_recomputed(tmp_path, monkeypa
     messages = [str(w.message) for w in found if issubclass(w.category, CacheWarning)]
     assert len(messages) == 3 and all(any(str(path) in m for m in messages) for path in broken)
     assert _findings(healed) == clean
-    assert _count(method_log) == 3 + LEVELS          # the 3 lost maps, and the check's image of the lost shard at
-    #                                                  every level (its 2 images fall in two batches of 3)
+    assert _count(method_log) == 3 + LEVELS * 2      # the 3 lost maps, and the check's 2 images at every level
     assert _count(metric_log) == 3                   # the 3 lost values; nothing else recomputed
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
         again = run_benchmark(_config(out))          # healed for good: no warning, no work
-    assert _findings(again) == clean and (_count(method_log), _count(metric_log)) == (3 + LEVELS, 3)
+    assert _findings(again) == clean and (_count(method_log), _count(metric_log)) == (3 + LEVELS * 2, 3)
 
 
 def test_shards_are_found_by_identity_carry_a_checksum_and_older_positional_shards_are_not_used(tmp_path):

@@ -66,10 +66,11 @@ def explain_files(model: torch.nn.Module, files: Sequence[str | Path], methods: 
     """
     from .api import explain
     from .instrumentation import adapter_for
+    from .registry import get_method
 
     check_options("explain_files", explain_files, {"batch_size": batch_size, "target": target})
     on_error = on_error or _warn
-    options = options or {}
+    bound = {method: get_method(method).bind((options or {}).get(method)) for method in methods}   # checked once
     for taken, batch in _readable_batches(model, files, methods, config, batch_size, on_error, on_progress):
         probabilities = adapter_for(model).logits(batch.images).softmax(-1).cpu()  # a transformers output's logits
         if target is not None and not 0 <= target < probabilities.shape[-1]:
@@ -78,8 +79,7 @@ def explain_files(model: torch.nn.Module, files: Sequence[str | Path], methods: 
         predicted = probabilities.argmax(-1)
         targets = predicted if target is None else torch.full_like(predicted, target)
         maps = _every_method(methods, batch, taken, on_error, on_progress, lambda method: explain(
-            model, batch.images, method, target=targets.to(batch.images.device), classes=classes,
-            **options.get(method, {})))
+            model, batch.images, bound[method], target=targets.to(batch.images.device), classes=classes))
         for i, name in enumerate(batch.names):
             yield ExplainedImage(name, batch.shown[i], {method: found[i] for method, found in maps.items()
                                                         if i in found},

@@ -177,7 +177,7 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
                     work.errors.append(refusal)
         checked = group == 0 and _sanity(model, model_entry.name, dataset, config, where, work)
         if checked:
-            wanted[SANITY_LABEL] = _mine(len(dataset), config.limit_of(config.sanity.entry), config, where)
+            wanted[SANITY_LABEL] = _sanity_indices(len(dataset), config)[where.rank::where.world]
         shown = []
         if group == 0 and where.rank == 0:
             shown = _mine(len(dataset), config.limit, config, where)[:config.gallery]
@@ -208,6 +208,12 @@ def _bench_model(model_entry: ModelEntry, config: BenchConfig, where: Place, wor
         work.galleries.append(gallery)
 
 
+def _sanity_indices(size: int, config: BenchConfig) -> list[int]:
+    """The images the model-randomisation check explains again: the first ``sanity.images`` of the run's selection
+    (those the gallery shows first), as the check has always taken them, so its verdicts stay comparable."""
+    return select_indices(size, config.limit, config.seed)[:config.sanity.images]
+
+
 def _sanity(model: nn.Module, model_name: str, dataset: Dataset, config: BenchConfig, where: Place,
             work: Findings) -> bool:
     """Whether the model-randomisation check runs on this model (the config's ``sanity``, as its protocol entry):
@@ -216,7 +222,7 @@ def _sanity(model: nn.Module, model_name: str, dataset: Dataset, config: BenchCo
     the protocol then says why for every method)."""
     if config.sanity is None:
         return False
-    indices = select_indices(len(dataset), config.limit_of(config.sanity.entry), config.seed)
+    indices = _sanity_indices(len(dataset), config)
     if len(indices) < 2:
         if where.rank == 0:
             work.errors.append(error_entry(model_name, "", SANITY_LABEL, [f"#{i}" for i in indices],
