@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..options import Positive, PositiveInt
-from ._relative_stability import DefinedMean, passes, relative_stability
+from ._relative_stability import NOISE_DEPARTURES, DefinedMean, passes, relative_stability
 from .base import EvalBatch, register_metric
 
 
@@ -25,11 +25,7 @@ from .base import EvalBatch, register_metric
     cost=passes,
     group="robustness",
     reference=("latec", "quantus"),
-    departures="Quantus's noise is uniform in [0.02, 0.2] (always brightening), 200 samples per image from NumPy's "
-               "global generator, and one copy that changes the prediction makes the image NaN (LATEC: the max over "
-               "all copies, 10 of them); ours draws 50 Gaussian copies (σ 0.05, the authors') once from `seed` and "
-               "leaves out copies that change the prediction, as the paper. Given our copies it agrees to 1e-6 "
-               "(relative).",
+    departures=NOISE_DEPARTURES + " Given our copies it agrees to 1e-6 (relative).",
 )
 def relative_input_stability(batch: EvalBatch, *, n_samples: PositiveInt = 50, noise: Positive = 0.05,
                              eps_min: Positive = 1e-6, seed: int = 0,
