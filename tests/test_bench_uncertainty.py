@@ -292,3 +292,45 @@ def test_a_report_declared_a_mean_is_resampled_as_the_report_itself_would_be():
         called = [plain({key: value[positions[r]] for key, value in values.items()}) for r in range(50)]
         for key in ("a", "b"):
             np.testing.assert_allclose(found[key][:50], [row[key] for row in called], rtol=1e-12, atol=0)
+
+
+def test_a_stacked_report_resamples_as_the_report_called_on_each_resample():
+    """Sufficiency's report (a :class:`Stacked`: every resample in a few calls), reached through its metric's
+    reporter with an option, gives on each resample what its plain arithmetic (one set at a time) gives: the
+    plain loop over the resamples with SciPy's standardised Euclidean distances."""
+    from scipy.spatial.distance import cdist
+
+    from vitexplain.metrics import get_metric
+    from vitexplain.uncertainty import Stacked, resampled_positions
+
+    generator = torch.Generator().manual_seed(4)
+    maps = torch.rand(14, 16, generator=generator)
+    maps[5] = maps[4] * 0.9                             # a close pair: neighbours at a low threshold
+    values = {"explanation": maps / maps.max(1, keepdim=True).values,
+              "prediction": torch.randint(0, 3, (14,), generator=generator).float()}
+    metric = get_metric("sufficiency")
+    assert isinstance(metric.reduce, Stacked)
+
+    def plain(found, threshold):
+        flat = found["explanation"].double().numpy()
+        varies = flat.var(0, ddof=1) > 0
+        distance = cdist(flat[:, varies], flat[:, varies], "seuclidean") if varies.any() else np.zeros((14, 14))
+        distance = distance / distance.max() if distance.max() > 0 else distance
+        local, covered = [], []
+        for i in range(len(flat)):
+            near = [j for j in range(len(flat)) if j != i and distance[i, j] <= threshold]
+            agree = [j for j in near if found["prediction"][j] == found["prediction"][i]]
+            local.append(len(agree) / len(near) if near else 0.0)
+            covered.append(float(bool(near)))
+        return {"sufficiency": np.mean(local), "covered": np.mean(covered)}
+
+    for threshold in (0.3, 0.6):
+        report = metric.reporter({"threshold": threshold})
+        found = bootstrap(values, report, SEED)
+        positions = resampled_positions(14, SEED)
+        for r in range(0, 1000, 97):
+            expected = plain({key: value[positions[r]] for key, value in values.items()}, threshold)
+            for key in ("sufficiency", "covered"):
+                assert found[key][r] == pytest.approx(expected[key], abs=1e-12)
+        assert report(values) == pytest.approx(plain(values, threshold), abs=1e-12)
+        assert 0 < found["covered"].mean() < 1

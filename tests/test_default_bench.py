@@ -128,7 +128,7 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     assert list(result.scores) == SHIPPED
     expected = {"segmentation", "pointing_game", "perturbation", "aopc", "insertion_deletion", "sparseness",
                 "max_sensitivity", "class_sensitivity", "road", "saco", "smooth_mprt", "efficient_mprt",
-                "numerical_stability", "srg", "region_perturbation", "irof", "selectivity", "relevance_mass_accuracy",
+                "numerical_stability", "srg", "relevance_mass_accuracy",
                 "relevance_rank_accuracy", "top_k_intersection", "attribution_localisation", "localisation_auc",
                 "complexity", "effective_complexity", "sufficiency", "completeness"}
     for model in SHIPPED:

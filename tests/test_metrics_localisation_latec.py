@@ -261,6 +261,12 @@ def test_mask_means_is_the_plain_mean_without_undefined_images_and_bootstraps_wi
     plain = Means(localisation_auc="localisation_auc")
     assert report(values) == {**plain(values), "undefined": 0}
     assert report.per_image(values) is not None
+    # as the bench and evaluate call it (the metric's reporter): a replicate of every number it reports, those of
+    # a clean set drawn by indexing, as the plain mean's
+    reporter = get_metric("localisation_auc").reporter()
+    drawn = bootstrap(values, reporter, seed=0)
+    assert drawn.keys() == report(values).keys() and not drawn["undefined"].any()
+    assert np.array_equal(drawn["localisation_auc"], bootstrap(values, plain, seed=0)["localisation_auc"])
     values["localisation_auc"][4] = float("nan")
     assert report.per_image(values) is None
     replicates = bootstrap(values, report, seed=0)["localisation_auc"]

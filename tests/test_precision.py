@@ -27,10 +27,11 @@ from vitexplain.models import load_model
 from vitexplain.registry import get_method
 
 from conftest import make_vit
+from quick import method_options
 from zoo import enrolled, randomise
 
 #: fewer samples than the defaults, so every method runs in seconds (the masks and samples are the same in
-#: every precision: only the arithmetic differs)
+#: every precision: only the arithmetic differs); a method not named takes the suite's small settings (tests/quick.py)
 QUICK = {"tis": {"n_masks": 32}, "rise": {"n_masks": 64}, "vitcx": {"batch_size": 64},
          "integrated_gradients": {"n_steps": 8}, "smoothgrad": {"n_samples": 4}, "tam": {"n_steps": 4},
          "bt_token": {"n_steps": 4}, "bt_head": {"n_steps": 4}}
@@ -60,7 +61,7 @@ def test_maps_hold_under_cpu_autocast_and_low_precision_weights(shipped, canvase
     """Autocast: the float32 map. bfloat16 weights: the float32 map of those weights (the rounding of the weights
     is a different model; where it was measured to move a method's maps, the method warns with the figure)."""
     monkeypatch.setattr(api, "_WARNED", set())
-    options = QUICK.get(method, {})
+    options = QUICK.get(method, method_options(method))
     reference = vitexplain.explain(shipped, canvases, method, **options)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         autocast = vitexplain.explain(shipped, canvases, method, **options)

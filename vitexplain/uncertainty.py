@@ -33,6 +33,8 @@ RESAMPLES = 1000
 CONFIDENCE = 0.95
 #: resamples on which a report must equal the mean of its per-image numbers before the rest are taken as such
 PROBES = 3
+#: resamples a :class:`Stacked` report computes per call
+STACKED_CHUNK = 100
 
 #: the fewest images on which an interval is reported (and methods are compared): below, the percentile bootstrap of
 #: a mean with nominal 95 % covers under 90 % even for normally distributed per-image values
@@ -66,6 +68,23 @@ class Means:
         return f"Means({', '.join(f'{number}={key!r}' for number, key in self.numbers.items())})"
 
 
+class Stacked:
+    """A metric's report that computes itself on many resamples of the images at once: ``numbers(values, positions,
+    **options)`` takes the per-image values of the n images and ``positions`` [R, m] (each row a set of rows of them,
+    repeats allowed) and gives each number on every set [R]; called as a report, it is that on the whole set. For a
+    report that is neither a mean over the images nor cheap per call (sufficiency's distances between every two maps,
+    which it computes once for all the resamples): :func:`bootstrap` hands it every resample in a few calls, and the
+    whole set and the resamples go through the same arithmetic."""
+
+    def __init__(self, numbers: Callable[..., dict[str, Tensor]]):
+        self.numbers = numbers
+        functools.update_wrapper(self, numbers)     # its signature is numbers' (the options a reporter hands it)
+
+    def __call__(self, values: dict[str, Tensor], **options) -> dict[str, float]:
+        whole = torch.arange(next(iter(values.values())).shape[0])[None]
+        return {number: value[0].item() for number, value in self.numbers(values, whole, **options).items()}
+
+
 def has_interval(images: int) -> bool:
     """Whether a number over ``images`` images gets a bootstrap interval (at least :data:`MIN_IMAGES`)."""
     return images >= MIN_IMAGES
@@ -83,13 +102,25 @@ def resampled_positions(n: int, seed: int, resamples: int = RESAMPLES) -> Tensor
 def bootstrap(values: dict[str, Tensor], report: Report, seed: int) -> dict[str, np.ndarray]:
     """Per reported number, its value on each resample of the images (rows of ``values``) [resamples]."""
     positions = resampled_positions(next(iter(values.values())).shape[0], seed)
-    means = report.per_image(values) if isinstance(report, Means) else None
+    declared, options = _declared(report)
+    if isinstance(declared, Stacked):
+        chunks = [declared.numbers(values, rows, **options) for rows in positions.split(STACKED_CHUNK)]
+        return {key: torch.cat([chunk[key] for chunk in chunks]).to(torch.float64).numpy() for key in chunks[0]}
+    means = declared.per_image(values) if isinstance(declared, Means) else None
     means = means if means is not None else _as_means(values, report, positions)
     if means is not None:
         return {key: per_image[positions].mean(1).numpy() for key, per_image in means.items()}
     resampled = {key: value[positions] for key, value in values.items()}      # [resamples, n, ...] each
     rows = [report({key: value[r] for key, value in resampled.items()}) for r in range(positions.shape[0])]
     return {key: np.array([float(row[key]) for row in rows]) for key in rows[0]}
+
+
+def _declared(report: Report) -> tuple[Report, dict]:
+    """The report a metric registered and the options it is called with: ``report`` itself, or what a
+    :meth:`~vitexplain.metrics.Metric.reporter` wraps (``functools.partial(reduce, **options)``)."""
+    if isinstance(report, functools.partial) and not report.args:
+        return report.func, dict(report.keywords)
+    return report, {}
 
 
 def _as_means(values: dict[str, Tensor], report: Report, positions: Tensor) -> dict[str, Tensor] | None:

@@ -438,15 +438,16 @@ def build_result(config, shares: list[Share], errors: list[dict[str, Any]], *, g
                 values = {key: torch.cat([part.values[key] for part in parts])[order] for key in parts[0].values}
                 try:
                     scores[entry.label] = {key: float(value) for key, value in report(values).items()}
-                    samples[method.label] = Sample(indices, values, bootstrap(values, report, config.seed))
+                    # too few images for an interval: nothing reads resamples (no interval, no comparison, no rank's)
+                    drawn = bootstrap(values, report, config.seed) if has_interval(count) else {}
+                    samples[method.label] = Sample(indices, values, drawn)
                 except Exception as error:  # noqa: BLE001 - one metric's reduction must not lose the other reports
                     scores.pop(entry.label, None)
                     result.errors.append({"model": model.name, "method": method.label, "metric": entry.label,
                                           "images": [], "error": f"reduce failed: {type(error).__name__}: {error}"})
                     continue
                 result.intervals.setdefault(model.name, {}).setdefault(method.label, {})[entry.label] = {
-                    key: list(interval(replicates)) if has_interval(count) else TOO_FEW
-                    for key, replicates in samples[method.label].replicates.items()}
+                    key: list(interval(drawn[key])) if drawn else TOO_FEW for key in scores[entry.label]}
                 for key, value in values.items():
                     if value.ndim == 2 and key not in metric.carried:
                         curves = result.curves.setdefault(model.name, {}).setdefault(entry.label, {})

@@ -84,4 +84,6 @@ class MaskMeans(Means):
 
     def per_image(self, values: dict[str, Tensor]) -> dict[str, Tensor] | None:
         found = super().per_image(values)
-        return None if found is None or any(value.isnan().any() for value in found.values()) else found
+        if found is None or any(value.isnan().any() for value in found.values()):
+            return None
+        return {**found, "undefined": torch.zeros_like(next(iter(found.values())))}     # none is left out

@@ -18,10 +18,12 @@ of x and x' are close", which is what is implemented:
 
 Quantus does all this within each batch it is given, so an image's value depends on its batch; here ``compute``
 keeps each image's normalised map and prediction and ``reduce`` does the rest over the whole dataset, so the number
-does not depend on batching (the bootstrap resamples whole images, duplicates included, and recomputes it; O(n^2 F) per
-resample). Reported: ``sufficiency`` (↑, the mean local sufficiency) and ``covered``, the share of images with at
-least one neighbour (no direction). This measures consistency of similar maps (the paper's consistency is
-Pr[f(x') = f(x) | e(x') = e(x)]) as much as sufficiency; docs/decisions/metrics-latec-faithfulness-2.md.
+does not depend on batching (the bootstrap resamples whole images, duplicates included, and recomputes it: O(n^2 F)
+per resample, the resamples stacked a hundred to a call). The distances are summed entry by entry, never through
+a matrix product, so each is exact to the last bits at any n. Reported: ``sufficiency`` (↑, the mean local
+sufficiency) and ``covered``, the share of images with at least one neighbour (no direction). This measures
+consistency of similar maps (the paper's consistency is Pr[f(x') = f(x) | e(x') = e(x)]) as much as sufficiency;
+docs/decisions/metrics-latec-faithfulness-2.md.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..options import PositiveInt, Range
+from ..uncertainty import Stacked
 from ._common import check_image_batch, check_maps
 from ._perturb import mixed_logits
 from .base import EvalBatch, register_metric
@@ -53,24 +56,55 @@ def sufficiency_inputs(forward: Callable[[Tensor], Tensor], images: Tensor, maps
 
 def local_sufficiency(explanation: Tensor, prediction: Tensor, threshold: float = 0.6) -> tuple[Tensor, Tensor]:
     """Per image of a whole set, its local sufficiency [n] and whether it has a neighbour [n] (float64), from
-    :func:`sufficiency_inputs`' values."""
+    :func:`sufficiency_inputs`' values of its n images ([n, h*w] and [n])."""
+    whole = torch.arange(explanation.shape[0], device=explanation.device)[None]
+    local, covered = drawn_sufficiency(explanation, prediction, whole, threshold)
+    return local[0], covered[0]
+
+
+def drawn_sufficiency(explanation: Tensor, prediction: Tensor, positions: Tensor,
+                      threshold: float = 0.6) -> tuple[Tensor, Tensor]:
+    """:func:`local_sufficiency` of each of the R sets that ``positions`` [R, m] draws from the n images (rows,
+    repeats allowed: the bootstrap's resamples), each as if alone: [R, m] each.
+
+    A set's variances and distances are those of its members, computed from the n images once: each entry's
+    variance from the member counts (sums of the centred values and of their squares), and every squared distance
+    as the n x n squared differences weighted by each set's 1 / variance (one matrix product for all the sets).
+    """
     maps = explanation.to(torch.float64)
-    count = maps.shape[0]
-    variance = maps.var(0) if count > 1 else torch.zeros_like(maps[0])
-    scaled = maps[:, variance > 0] / variance[variance > 0].sqrt()
-    distance = torch.cdist(scaled, scaled) if scaled.shape[1] else maps.new_zeros(count, count)
-    high = distance.max() if count else distance.new_zeros(())
-    distance = distance / high if high > 0 else distance
-    near = (distance <= threshold) & ~torch.eye(count, dtype=torch.bool, device=maps.device)
-    same = prediction[:, None] == prediction[None, :]
-    neighbours = near.sum(1).to(torch.float64)
-    agreeing = (near & same).sum(1).to(torch.float64)
+    maps = maps - maps.mean(0)         # centred: the variances' sums of squares lose no digits to the mean
+    count, entries = maps.shape
+    positions = positions.to(maps.device)
+    sets, members = positions.shape
+    if members > 1:
+        counts = torch.zeros(sets, count, dtype=torch.float64, device=maps.device)
+        counts.scatter_add_(1, positions, torch.ones_like(positions, dtype=torch.float64))
+        total = counts @ maps
+        variance = (counts @ maps.square() - total.square() / members) / (members - 1)
+    else:
+        variance = maps.new_zeros(sets, entries)
+    weight = torch.where(variance > 0, 1 / variance, 0.0)    # an entry constant over the set adds nothing
+    squared = torch.stack([(row - maps).square() @ weight.T for row in maps])       # [n, n, R]
+    distance = squared[positions[:, :, None], positions[:, None, :],
+                       torch.arange(sets, device=maps.device)[:, None, None]].clamp(min=0).sqrt()   # [R, m, m]
+    high = distance.amax((-2, -1), keepdim=True)
+    distance = distance / torch.where(high > 0, high, 1.0)
+    near = (distance <= threshold) & ~torch.eye(members, dtype=torch.bool, device=maps.device)
+    predicted = prediction.to(maps.device)[positions]
+    same = predicted[:, :, None] == predicted[:, None, :]
+    neighbours = near.sum(-1).to(torch.float64)
+    agreeing = (near & same).sum(-1).to(torch.float64)
     return torch.where(neighbours > 0, agreeing / neighbours.clamp(min=1), 0.0), (neighbours > 0).to(torch.float64)
 
 
-def reduce_sufficiency(values: dict[str, Tensor], threshold: float = 0.6) -> dict[str, float]:
-    local, covered = local_sufficiency(values["explanation"], values["prediction"], threshold)
-    return {"sufficiency": local.mean().item(), "covered": covered.mean().item()}
+def sufficiency_numbers(values: dict[str, Tensor], positions: Tensor, threshold: float = 0.6) -> dict[str, Tensor]:
+    """The reported numbers on each set of images ``positions`` draws [R] (:class:`~vitexplain.uncertainty.Stacked`:
+    every bootstrap resample at once)."""
+    local, covered = drawn_sufficiency(values["explanation"], values["prediction"], positions, threshold)
+    return {"sufficiency": local.mean(-1), "covered": covered.mean(-1)}
+
+
+reduce_sufficiency = Stacked(sufficiency_numbers)
 
 
 @register_metric(
