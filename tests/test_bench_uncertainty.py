@@ -294,27 +294,30 @@ def test_a_report_declared_a_mean_is_resampled_as_the_report_itself_would_be():
             np.testing.assert_allclose(found[key][:50], [row[key] for row in called], rtol=1e-12, atol=0)
 
 
-def test_a_stacked_report_resamples_as_the_report_called_on_each_resample():
+@pytest.mark.parametrize("count", [14, 70])     # every resample at once; above SMALL_SET, one at a time
+def test_a_stacked_report_resamples_as_the_report_called_on_each_resample(count):
     """Sufficiency's report (a :class:`Stacked`: every resample in a few calls), reached through its metric's
     reporter with an option, gives on each resample what its plain arithmetic (one set at a time) gives: the
     plain loop over the resamples with SciPy's standardised Euclidean distances."""
     from scipy.spatial.distance import cdist
 
     from vitexplain.metrics import get_metric
+    from vitexplain.metrics.sufficiency import SMALL_SET
     from vitexplain.uncertainty import Stacked, resampled_positions
 
+    assert (count <= SMALL_SET) == (count == 14)
     generator = torch.Generator().manual_seed(4)
-    maps = torch.rand(14, 16, generator=generator)
+    maps = torch.rand(count, 16, generator=generator)
     maps[5] = maps[4] * 0.9                             # a close pair: neighbours at a low threshold
     values = {"explanation": maps / maps.max(1, keepdim=True).values,
-              "prediction": torch.randint(0, 3, (14,), generator=generator).float()}
+              "prediction": torch.randint(0, 3, (count,), generator=generator).float()}
     metric = get_metric("sufficiency")
     assert isinstance(metric.reduce, Stacked)
 
     def plain(found, threshold):
         flat = found["explanation"].double().numpy()
         varies = flat.var(0, ddof=1) > 0
-        distance = cdist(flat[:, varies], flat[:, varies], "seuclidean") if varies.any() else np.zeros((14, 14))
+        distance = cdist(flat[:, varies], flat[:, varies], "seuclidean") if varies.any() else np.zeros((count, count))
         distance = distance / distance.max() if distance.max() > 0 else distance
         local, covered = [], []
         for i in range(len(flat)):
@@ -327,7 +330,7 @@ def test_a_stacked_report_resamples_as_the_report_called_on_each_resample():
     for threshold in (0.3, 0.6):
         report = metric.reporter({"threshold": threshold})
         found = bootstrap(values, report, SEED)
-        positions = resampled_positions(14, SEED)
+        positions = resampled_positions(count, SEED)
         for r in range(0, 1000, 97):
             expected = plain({key: value[positions[r]] for key, value in values.items()}, threshold)
             for key in ("sufficiency", "covered"):

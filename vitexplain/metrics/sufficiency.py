@@ -19,11 +19,10 @@ of x and x' are close", which is what is implemented:
 Quantus does all this within each batch it is given, so an image's value depends on its batch; here ``compute``
 keeps each image's normalised map and prediction and ``reduce`` does the rest over the whole dataset, so the number
 does not depend on batching (the bootstrap resamples whole images, duplicates included, and recomputes it: O(n^2 F)
-per resample, the resamples stacked a hundred to a call). The distances are summed entry by entry, never through
-a matrix product, so each is exact to the last bits at any n. Reported: ``sufficiency`` (↑, the mean local
-sufficiency) and ``covered``, the share of images with at least one neighbour (no direction). This measures
-consistency of similar maps (the paper's consistency is Pr[f(x') = f(x) | e(x') = e(x)]) as much as sufficiency;
-docs/decisions/metrics-latec-faithfulness-2.md.
+per resample, the resamples of up to 64 images stacked a hundred to a call; :func:`drawn_sufficiency`). Reported:
+``sufficiency`` (↑, the mean local sufficiency) and ``covered``, the share of images with at least one neighbour
+(no direction). This measures consistency of similar maps (the paper's consistency is Pr[f(x') = f(x) | e(x') =
+e(x)]) as much as sufficiency; docs/decisions/metrics-latec-faithfulness-2.md.
 """
 from __future__ import annotations
 
@@ -62,19 +61,33 @@ def local_sufficiency(explanation: Tensor, prediction: Tensor, threshold: float 
     return local[0], covered[0]
 
 
+#: up to this many images, the distances of every resample come at once from the n x n pairs' squared differences,
+#: weighted by each resample's variances (one matrix product: n^2 x resamples held); above, one resample at a time
+SMALL_SET = 64
+
+
 def drawn_sufficiency(explanation: Tensor, prediction: Tensor, positions: Tensor,
                       threshold: float = 0.6) -> tuple[Tensor, Tensor]:
     """:func:`local_sufficiency` of each of the R sets that ``positions`` [R, m] draws from the n images (rows,
     repeats allowed: the bootstrap's resamples), each as if alone: [R, m] each.
 
-    A set's variances and distances are those of its members, computed from the n images once: each entry's
-    variance from the member counts (sums of the centred values and of their squares), and every squared distance
-    as the n x n squared differences weighted by each set's 1 / variance (one matrix product for all the sets).
+    A set's variances are those of its members, from the member counts (sums of the centred values and of their
+    squares). Up to :data:`SMALL_SET` images, its distances come from each pair's own differences, for every set at
+    once: the n x n squared differences weighted by each set's 1 / variance. Above, one set at a time, from
+    ``torch.cdist`` of the members' scaled maps, whose expansion |a|^2 + |b|^2 - 2 a.b over more than 25 rows may lose
+    the last digits of a distance between near-identical maps (a neighbour either way: far below the threshold).
     """
     maps = explanation.to(torch.float64)
     maps = maps - maps.mean(0)         # centred: the variances' sums of squares lose no digits to the mean
+    positions, prediction = positions.to(maps.device), prediction.to(maps.device)
+    groups = [positions] if maps.shape[0] <= SMALL_SET else positions.split(1)
+    found = [_neighbourhoods(maps, prediction, rows, threshold) for rows in groups]
+    return torch.cat([local for local, _ in found]), torch.cat([covered for _, covered in found])
+
+
+def _neighbourhoods(maps: Tensor, prediction: Tensor, positions: Tensor, threshold: float) -> tuple[Tensor, Tensor]:
+    """Local sufficiency and coverage [R, m] of the sets ``positions`` draws from the centred ``maps``."""
     count, entries = maps.shape
-    positions = positions.to(maps.device)
     sets, members = positions.shape
     if members > 1:
         counts = torch.zeros(sets, count, dtype=torch.float64, device=maps.device)
@@ -83,14 +96,20 @@ def drawn_sufficiency(explanation: Tensor, prediction: Tensor, positions: Tensor
         variance = (counts @ maps.square() - total.square() / members) / (members - 1)
     else:
         variance = maps.new_zeros(sets, entries)
-    weight = torch.where(variance > 0, 1 / variance, 0.0)    # an entry constant over the set adds nothing
-    squared = torch.stack([(row - maps).square() @ weight.T for row in maps])       # [n, n, R]
-    distance = squared[positions[:, :, None], positions[:, None, :],
-                       torch.arange(sets, device=maps.device)[:, None, None]].clamp(min=0).sqrt()   # [R, m, m]
+    varies = variance > 0              # an entry constant over the set adds nothing to any distance
+    if count <= SMALL_SET:
+        weight = torch.where(varies, 1 / torch.where(varies, variance, 1.0), 0.0)
+        squared = torch.stack([(row - maps).square() @ weight.T for row in maps])       # [n, n, R]
+        chosen = torch.arange(sets, device=maps.device)[:, None, None]
+        distance = squared[positions[:, :, None], positions[:, None, :], chosen].clamp(min=0).sqrt()   # [R, m, m]
+    else:
+        scale = torch.where(varies, torch.where(varies, variance, 1.0).rsqrt(), 0.0)
+        scaled = maps[positions] * scale[:, None, :]
+        distance = torch.cdist(scaled, scaled)       # the matrix-product form: n^2 F per set, at BLAS speed
     high = distance.amax((-2, -1), keepdim=True)
     distance = distance / torch.where(high > 0, high, 1.0)
     near = (distance <= threshold) & ~torch.eye(members, dtype=torch.bool, device=maps.device)
-    predicted = prediction.to(maps.device)[positions]
+    predicted = prediction[positions]
     same = predicted[:, :, None] == predicted[:, None, :]
     neighbours = near.sum(-1).to(torch.float64)
     agreeing = (near & same).sum(-1).to(torch.float64)
