@@ -34,7 +34,7 @@ from zoo import enrolled, randomise
 #: every precision: only the arithmetic differs); a method not named takes the suite's small settings (tests/quick.py)
 QUICK = {"tis": {"n_masks": 32}, "rise": {"n_masks": 64}, "vitcx": {"batch_size": 64},
          "integrated_gradients": {"n_steps": 8}, "smoothgrad": {"n_samples": 4}, "tam": {"n_steps": 4},
-         "bt_token": {"n_steps": 4}, "bt_head": {"n_steps": 4}}
+         "bt_token": {"n_steps": 4}, "bt_head": {"n_steps": 4}, "occlusion": {"window": 32, "stride": 16}}
 METHODS = [m for m in vitexplain.available_methods("image") if m != "constant_baseline"]
 
 

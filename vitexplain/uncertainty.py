@@ -105,7 +105,7 @@ def bootstrap(values: dict[str, Tensor], report: Report, seed: int) -> dict[str,
     declared, options = _declared(report)
     if isinstance(declared, Stacked):
         chunks = [declared.numbers(values, rows, **options) for rows in positions.split(STACKED_CHUNK)]
-        return {key: torch.cat([chunk[key] for chunk in chunks]).to(torch.float64).numpy() for key in chunks[0]}
+        return {key: torch.cat([chunk[key] for chunk in chunks]).to("cpu", torch.float64).numpy() for key in chunks[0]}
     means = declared.per_image(values) if isinstance(declared, Means) else None
     means = means if means is not None else _as_means(values, report, positions)
     if means is not None:
