@@ -38,14 +38,21 @@ def runs(tmp_path_factory):
     commands = {name: ["-X", "importtime", *args] for name, args in QUICK.items()}
     commands["draw"] = ["-c", DRAW, str(folder)]
     commands["methods"] = ["-m", "vitexplain.cli.main", "methods"]
+    commands["bad_limit"] = ["-X", "importtime", "-m", "vitexplain.cli.main", "bench", "--limit", "0"]
+    commands["metrics"] = ["-X", "importtime", "-m", "vitexplain.cli.main", "methods", "--metrics"]
     return dict(zip(commands, run_python_many(*commands.values())))
+
+
+def _imported(result) -> set[str]:
+    """The modules a run under ``-X importtime`` imported."""
+    return set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)$", result.stderr, flags=re.M))
 
 
 @pytest.mark.parametrize("run", sorted(QUICK))
 def test_help_version_and_import_load_nothing_heavy(runs, run):
     result = runs[run]
     assert result.returncode == 0, result.stderr
-    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)$", result.stderr, flags=re.M))
+    imported = _imported(result)
     assert "vitexplain" in imported  # -X importtime reported
     assert not {name for name in imported if name.split(".")[0] in HEAVY}
     if run == "help":
@@ -57,6 +64,17 @@ def test_help_version_and_import_load_nothing_heavy(runs, run):
         assert "-O KEY=VALUE" in result.stdout and "output names:" in result.stdout and "--no-progress" in result.stdout
     if run == "import":
         assert "'explain'" in result.stdout and "'adapter_for'" in result.stdout
+
+
+def test_a_bad_flag_is_refused_before_torch_and_listing_protocols_loads_no_model_library(runs):
+    refused = runs["bad_limit"]
+    assert refused.returncode == 2 and "argument --limit: expected an integer >= 1, got 0" in refused.stderr
+    assert not {name for name in _imported(refused) if name.split(".")[0] in HEAVY}
+    listed = runs["metrics"]
+    assert listed.returncode == 0 and "insertion_deletion" in listed.stdout, listed.stderr
+    imported = {name.split(".")[0] for name in _imported(listed)}
+    assert "torch" in imported and not imported & {"timm", "torchvision", "captum", "transformers", "matplotlib"}
+    assert "scipy.stats" not in _imported(listed)
 
 
 def test_drawing_leaves_the_matplotlib_backend_and_settings_alone(runs):

@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import rankdata
 from torch import Tensor
 
 from ..uncertainty import TOO_FEW, has_interval, interval, resampled_positions
@@ -86,6 +85,8 @@ def mean_ranks(numbers: list[Ranked], controls: set[str]) -> dict[str, object]:
 
 def _ranks(values: np.ndarray, higher: bool) -> np.ndarray:
     """Ranks of the methods (rows) in every column, 1 = best, ties averaged."""
+    from scipy.stats import rankdata  # here: scipy.stats takes half a second to import, every bench paid it
+
     return rankdata(-values if higher else values, axis=0, method="average")
 
 

@@ -16,7 +16,7 @@ import textwrap
 import warnings
 from typing import Any
 
-from .shared import add_model_arguments, add_precision_option, output_folder
+from .shared import add_model_arguments, add_precision_option, output_folder, positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -40,12 +40,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--data-root", help="folder the dataset is read from")
     parser.add_argument("--dataset-option", action="append", default=[], metavar="KEY=VALUE",
                         help="a dataset option, the value read as YAML (repeatable)")
-    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--batch-size", type=positive_int)
     parser.add_argument("-o", "--output", dest="output_dir", help="output folder (default: vitexplain-bench)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     add_precision_option(parser)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--limit", type=int, help="benchmark a random subset of this many images")
+    parser.add_argument("--limit", type=positive_int, help="benchmark a random subset of this many images")
     parser.add_argument("--target", choices=("predicted", "label"), help="class explained (default: predicted)")
     parser.add_argument("--num-workers", type=int)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)

@@ -40,7 +40,6 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
-from captum.metrics import infidelity as captum_infidelity
 from torch import Tensor
 
 from ..maps import resize
@@ -117,6 +116,8 @@ def infidelity(forward: Callable[[Tensor], Tensor], images: Tensor, maps: Tensor
     def scores(inputs: Tensor) -> Tensor:
         logits = forward(inputs).double()         # float64: Captum's normalised error is a difference of sums
         return {"logit": logits, "probability": logits.softmax(-1), "log_probability": logits.log_softmax(-1)}[score]
+
+    from captum.metrics import infidelity as captum_infidelity  # here: captum's import takes half a second
 
     relevance = resize(maps.double(), (height, width))[:, None].expand(-1, channels, -1, -1)
     values = []

@@ -30,7 +30,6 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-from torchvision.transforms.functional import gaussian_blur
 
 from ..maps import resize
 from ..options import AtLeastTwo, PositiveInt
@@ -45,6 +44,10 @@ Baseline = Literal["blur", "black", "mean", "random"]
 def baseline_images(images: Tensor, baseline: str, seed: int = 0) -> Tensor:
     """The replacement image of each image [B or 1, C, H, W] (see the module docstring)."""
     if baseline == "blur":
+        # imported here: torchvision's import pulls in torch._dynamo (about a second), which listing or checking
+        # protocols does not need
+        from torchvision.transforms.functional import gaussian_blur
+
         return gaussian_blur(images, kernel_size=[11, 11], sigma=[5.0, 5.0])
     if baseline == "black":
         return torch.zeros_like(images[:1])
