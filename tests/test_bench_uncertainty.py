@@ -337,3 +337,56 @@ def test_a_stacked_report_resamples_as_the_report_called_on_each_resample(count)
                 assert found[key][r] == pytest.approx(expected[key], abs=1e-12)
         assert report(values) == pytest.approx(plain(values, threshold), abs=1e-12)
         assert 0 < found["covered"].mean() < 1
+
+
+@pytest.mark.parametrize("threshold", ["mean", "best", "best_per_metric"])
+def test_segmentation_and_the_pointing_game_resample_as_their_plain_arithmetic_on_each_resample(threshold):
+    """Their reports are :class:`Stacked` (every resample at once): on each resample they equal the plain NumPy
+    arithmetic on that set of images: ratios of summed counts (at the best threshold of the grid), mean AP, and the
+    pointing game's hits among the images it keeps, NaN where it keeps none."""
+    from vitexplain.metrics import get_metric
+    from vitexplain.metrics.segmentation import THRESHOLD_GRID
+    from vitexplain.uncertainty import Stacked, resampled_positions
+
+    count, generator = 23, np.random.default_rng(3)
+    shape = (count,) if threshold == "mean" else (count, len(THRESHOLD_GRID))
+    counts = {name: generator.integers(0, 400, shape).astype(np.float32)
+              for name in ("correct", "intersection_background", "intersection_foreground")}
+    for union, part in (("labeled", "correct"), ("union_background", "intersection_background"),
+                        ("union_foreground", "intersection_foreground")):
+        counts[union] = counts[part] + generator.integers(1, 400, shape)
+    counts["ap"] = generator.random(count).astype(np.float32)
+    segmentation = get_metric("segmentation")
+    assert isinstance(segmentation.reduce, Stacked)
+    options = {} if threshold == "mean" else {"threshold": threshold}
+    report = segmentation.reporter(options)
+
+    def plain(rows):
+        total = {name: counts[name][rows].astype(np.float64).sum(0) for name in counts if name != "ap"}
+        accuracy = total["correct"] / (np.spacing(1) + total["labeled"])
+        miou = (total["intersection_background"] / (np.spacing(1) + total["union_background"])
+                + total["intersection_foreground"] / (np.spacing(1) + total["union_foreground"])) / 2
+        best = int(np.argmax(miou)) if miou.ndim else None
+        best_accuracy = int(np.argmax(accuracy)) if threshold == "best_per_metric" else best
+        pick = (lambda array, at: array) if best is None else (lambda array, at: array[at])
+        return {"pixel_accuracy": 100 * pick(accuracy, best_accuracy), "miou": 100 * pick(miou, best),
+                "map": 100 * counts["ap"][rows].astype(np.float64).mean()}
+
+    values = {name: torch.from_numpy(array) for name, array in counts.items()}
+    found, positions = bootstrap(values, report, SEED), resampled_positions(count, SEED).numpy()
+    for r in range(0, 1000, 71):
+        for key, expected in plain(positions[r]).items():
+            assert found[key][r] == pytest.approx(expected, rel=1e-6)
+    assert report(values)["miou"] == pytest.approx(plain(np.arange(count))["miou"], rel=1e-6)
+
+    hit, excluded = generator.random(count) > 0.4, generator.random(count) > 0.7
+    excluded[:] = True if threshold == "mean" else excluded      # once, every image left out: NaN
+    pointing = bootstrap({"hit": torch.from_numpy(hit), "excluded": torch.from_numpy(excluded).long()},
+                         get_metric("pointing_game").reporter({}), SEED)
+    for r in range(0, 1000, 71):
+        kept = ~excluded[positions[r]]
+        assert pointing["included"][r] == kept.sum() and pointing["excluded"][r] == count - kept.sum()
+        if kept.any():
+            assert pointing["accuracy"][r] == pytest.approx(hit[positions[r]][kept].mean(), abs=1e-12)
+        else:
+            assert np.isnan(pointing["accuracy"][r])

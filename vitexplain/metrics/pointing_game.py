@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..maps import resize
 from ..options import NonNegative, Share
+from ..uncertainty import Stacked
 from ._common import check_maps
 from .base import EvalBatch, register_metric
 
@@ -114,10 +115,18 @@ def _within(region: Tensor, peak: Tensor, tolerance: float) -> Tensor:
     return (region & (distance < float(tolerance) ** 2)).flatten(1).any(1)
 
 
-def reduce_pointing_game(values: dict[str, Tensor]) -> dict[str, float]:
-    kept = values["excluded"] == 0
-    accuracy = values["hit"][kept].to(torch.float64).mean().item() if kept.any() else float("nan")
-    return {"accuracy": accuracy, "included": int(kept.sum()), "excluded": int((~kept).sum())}
+def pointing_game_numbers(values: dict[str, Tensor], positions: Tensor) -> dict[str, Tensor]:
+    """The share of hits among the images not left out (NaN where none is), and how many were in and out, on each
+    set of images ``positions`` draws [R] (a :class:`~vitexplain.uncertainty.Stacked` report: every bootstrap resample
+    at once)."""
+    kept = values["excluded"][positions] == 0
+    included = kept.sum(1)
+    hits = (values["hit"][positions].to(torch.float64) * kept).sum(1)
+    return {"accuracy": hits / included, "included": included, "excluded": positions.shape[1] - included}
+
+
+#: the report: :func:`pointing_game_numbers` on the whole set
+reduce_pointing_game = Stacked(pointing_game_numbers)
 
 
 @register_metric(

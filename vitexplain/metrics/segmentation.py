@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ..maps import min_max, resize
+from ..uncertainty import Stacked
 from ._common import check_maps
 from .base import EvalBatch, register_metric
 
@@ -126,8 +127,10 @@ def segmentation(maps: Tensor, masks: Tensor, *, threshold: str = "mean",
     return {**counts, "labeled": pixels[:, 0], "ap": average_precision(scores, positives)}
 
 
-def reduce_segmentation(values: dict[str, Tensor], *, threshold: str = "best") -> dict[str, float]:
-    """Dataset-level pixel accuracy, mIoU (accumulated counts) and mAP (mean of per-image AP), in %.
+def segmentation_numbers(values: dict[str, Tensor], positions: Tensor, threshold: str = "best") -> dict[str, Tensor]:
+    """Dataset-level pixel accuracy, mIoU (accumulated counts) and mAP (mean of per-image AP), in %, on each set of
+    images ``positions`` draws [R] (a :class:`~vitexplain.uncertainty.Stacked` report: every bootstrap resample at
+    once; the counts are whole numbers, so their sums are exact in any order).
 
     Counts of the mean threshold ([B]) are reduced as they are; counts of the threshold grid ([B, 10])
     at the threshold(s) ``threshold`` chooses: ``"best"``, the one with the highest mIoU for both
@@ -135,24 +138,29 @@ def reduce_segmentation(values: dict[str, Tensor], *, threshold: str = "best") -
     """
 
     def total(name: str) -> Tensor:
-        return values[name].to(torch.float64).sum(0)
+        return values[name].to(torch.float64)[positions].sum(1)
 
     pixel_accuracy = total("correct") / (_EPS + total("labeled"))
     iou_background = total("intersection_background") / (_EPS + total("union_background"))
     iou_foreground = total("intersection_foreground") / (_EPS + total("union_foreground"))
     miou = (iou_background + iou_foreground) / 2
-    result = {"map": 100 * values["ap"].to(torch.float64).mean().item()}
-    if pixel_accuracy.numel() == 1:
-        return {"pixel_accuracy": 100 * pixel_accuracy.item(), "miou": 100 * miou.item(), **result}
-    best_miou = int(miou.argmax())
-    best_accuracy = int(pixel_accuracy.argmax()) if threshold == "best_per_metric" else best_miou
+    mean_ap = 100 * values["ap"].to(torch.float64)[positions].mean(1)
+    if pixel_accuracy.ndim == 1:
+        return {"pixel_accuracy": 100 * pixel_accuracy, "miou": 100 * miou, "map": mean_ap}
+    best_miou = miou.argmax(1, keepdim=True)
+    best_accuracy = pixel_accuracy.argmax(1, keepdim=True) if threshold == "best_per_metric" else best_miou
+    grid = torch.tensor(THRESHOLD_GRID, dtype=torch.float64, device=miou.device)
     return {
-        "pixel_accuracy": 100 * pixel_accuracy[best_accuracy].item(),
-        "miou": 100 * miou[best_miou].item(),
-        **result,
-        "pixel_accuracy_threshold": THRESHOLD_GRID[best_accuracy],
-        "miou_threshold": THRESHOLD_GRID[best_miou],
+        "pixel_accuracy": 100 * pixel_accuracy.gather(1, best_accuracy)[:, 0],
+        "miou": 100 * miou.gather(1, best_miou)[:, 0],
+        "map": mean_ap,
+        "pixel_accuracy_threshold": grid[best_accuracy[:, 0]],
+        "miou_threshold": grid[best_miou[:, 0]],
     }
+
+
+#: the report: :func:`segmentation_numbers` on the whole set
+reduce_segmentation = Stacked(segmentation_numbers)
 
 
 @register_metric(
