@@ -77,6 +77,17 @@ def test_the_cli_without_arguments_runs_the_default_and_flags_still_override_it(
     both = bench_cli.config_from_args(parse(["bench", "--model", "digits_vit", "--model", "digits_deit"]))
     assert [m.name for m in both.models] == ["digits_vit", "digits_deit"]             # --model alone: the default
     assert [m.label for m in both.methods] == [m.label for m in shipped.methods] and both.sanity == shipped.sanity
+    # an option for a protocol or method that only `all` reaches: named on its own, with the option, all else alike
+    tuned = bench_cli.config_from_args(parse(["bench", "--metric-option", "saco.n_groups=2",
+                                              "--method-option", "vitcx.batch_size=4"]))
+    assert sorted(m.label for m in tuned.metrics) == sorted(m.label for m in shipped.metrics)
+    assert [m.label for m in tuned.methods if m.label != "vitcx"] == [m.label for m in shipped.methods
+                                                                      if m.label != "vitcx"]
+    assert {m.label: m.options for m in tuned.metrics if m.name == "saco"} == {"saco": {"n_groups": 2}}
+    assert {m.label: m.options for m in tuned.methods if m.name == "vitcx"} == {"vitcx": {"batch_size": 4}}
+    with pytest.raises(ValueError, match=r"'irof.n_segments=4' names no metric of this run \(the config's "
+                                         r"exclude_metrics leaves it out\)"):
+        bench_cli.config_from_args(parse(["bench", "--metric-option", "irof.n_segments=4"]))
     own = bench_cli.config_from_args(parse(["bench", "--model", "x.pt", "--method", "gae", "--metric", "sparseness",
                                             "--dataset", "digits"]))
     assert [m.name for m in own.methods] == ["gae"] and own.sanity is None      # not mixed with the default

@@ -73,16 +73,21 @@ def _assignment(text: str, dotted: bool) -> tuple[str | None, str, Any]:
         raise ValueError(f"cannot read the value of {text!r} as YAML: {str(error).splitlines()[0]}") from None
 
 
-def _with_options(entries: list, assignments: list[str], what: str) -> list[dict[str, Any]]:
-    """Entries as dicts with ``--<what>-option`` values merged in (matched by label or name); ``all`` stays
-    as it is (the config expands it)."""
+def _with_options(entries: list, assignments: list[str], what: str, excluded: list[str]) -> list[dict[str, Any]]:
+    """Entries as dicts with ``--<what>-option`` values merged in (matched by label or name). ``all`` stays as it is
+    (the config expands it); an option for a name only ``all`` reaches (not one of ``excluded``) names that entry on
+    its own, after ``all``, so that it runs with the option."""
     entries = [entry if entry == "all" else {"name": entry} if isinstance(entry, str) else dict(entry)
                for entry in entries]
     for text in assignments:
         owner, key, value = _assignment(text, dotted=True)
         matching = [entry for entry in entries if entry != "all" and owner in (entry.get("label"), entry["name"])]
+        if not matching and "all" in entries and owner not in excluded:
+            matching = [{"name": owner, "label": owner}]   # an unknown name is refused by the config, as in a file
+            entries.append(matching[0])
         if not matching:
-            raise ValueError(f"--{what}-option {text!r} names no {what} of this run")
+            why = f" (the config's exclude_{what}s leaves it out)" if owner in excluded else ""
+            raise ValueError(f"--{what}-option {text!r} names no {what} of this run{why}")
         for entry in matching:
             entry["options"] = {**entry.get("options", {}), key: value}
     return entries
@@ -103,7 +108,8 @@ def config_from_args(args: argparse.Namespace):
     for key in ("method", "metric"):
         if getattr(args, key):
             data[f"{key}s"] = list(getattr(args, key))
-        data[f"{key}s"] = _with_options(data.get(f"{key}s", []), getattr(args, f"{key}_option"), key)
+        data[f"{key}s"] = _with_options(data.get(f"{key}s", []), getattr(args, f"{key}_option"), key,
+                                        data.get(f"exclude_{key}s", []))
     if args.highlight:
         data["highlight"] = list(args.highlight)
     elif args.method and data.get("highlight"):     # --method replaced the config's methods: keep what is still run
