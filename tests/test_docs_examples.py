@@ -74,13 +74,15 @@ SUBSTITUTIONS = [
      r"--metric-option max_sensitivity.n_samples=1 --metric-option avg_sensitivity.n_samples=1 "
      r"--metric-option continuity.n_steps=1 --metric-option relative_input_stability.n_samples=1 "
      r"--metric-option relative_output_stability.n_samples=1 "
-     r"--metric-option relative_representation_stability.n_samples=1 && "
+     r"--metric-option relative_representation_stability.n_samples=1 --method-option occlusion.window=112 "
+     r"--method-option occlusion.stride=112 --metric-option insertion_deletion.n_steps=2 "
+     r"--metric-option region_perturbation.n_regions=2 --metric-option naopc.beam_size=1 && "
      r"""python -c "import json; r = json.load(open('latec-bench/results.json')); assert not r['errors'], """
      r"""r['errors']; assert all(set(m) == set(r['settings']['metrics']) """
      r"""for m in r['scores']['digits_vit'].values())" """,
-     "the shipped LATEC config with its sample counts at their least, so that all of its methods and protocols run on "
-     "2 images in the suite's budget; then no pair of them may have failed, and every method has every protocol's "
-     "score"),
+     "the shipped LATEC config with its sample counts, steps and beams at their least and its patches and occlusion "
+     "windows large, so that all of its methods and protocols run on 2 images in the suite's budget; then no pair of "
+     "them may have failed, and every method has every protocol's score"),
     (r'"cuda"', '"cpu"', "no GPU here: the GPU page runs on the CPU"),
     (r"--device cuda\b", "--device cpu", "no GPU here"),
     (r"--nproc_per_node=4\b", "--nproc_per_node=2", "two CPU processes (gloo) stand in for four GPUs"),
