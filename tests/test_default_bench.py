@@ -132,6 +132,13 @@ def test_the_default_config_end_to_end_on_a_few_images(tmp_path):
     for metric in data["metrics"]:
         if isinstance(metric, dict) and "limit" in metric:
             metric["limit"] = 2
+    # the removal curves at two steps and ROAD at one fraction (the suite's time: what is checked is the wiring)
+    fewer = {"perturbation": {"n_steps": 2}, "insertion_deletion": {"n_steps": 2}, "srg": {"n_steps": 2},
+             "road": {"fractions": [0.5]}}
+    entries = [{"name": metric} if isinstance(metric, str) and metric in fewer else metric
+               for metric in data["metrics"]]
+    data["metrics"] = [{**metric, "options": {**metric.get("options", {}), **fewer[metric["name"]]}}
+                       if isinstance(metric, dict) and metric["name"] in fewer else metric for metric in entries]
     data.update(models=SHIPPED, limit=3, gallery=2, sanity={"images": 3}, output_dir=str(tmp_path), progress=False,
                 device="cpu")
     result = run_benchmark(BenchConfig.from_dict(data))
