@@ -160,7 +160,7 @@ def test_installed_wheel_explains_an_image_and_runs_a_bench_outside_the_source_t
     # removal curves at two steps (SaCo's through `all`) and the sampling methods with few samples (the suite's
     # time: what is checked here is the installed package)
     quick = {"method": ["rise.n_masks=16", "tis.n_masks=16", "smoothgrad.n_samples=2",
-                        "integrated_gradients.n_steps=2"],
+                        "integrated_gradients.n_steps=2", "tam.n_steps=2", "bt_token.n_steps=2", "bt_head.n_steps=2"],
              "metric": ["max_sensitivity.n_samples=1", "smooth_mprt.n_samples=1", "road.fractions=[0.5]",
                         "insertion_deletion.n_steps=2", "perturbation.n_steps=2", "srg.n_steps=2", "saco.n_groups=2"]}
     options = [arg for kind, values in quick.items() for value in values for arg in (f"--{kind}-option", value)]
