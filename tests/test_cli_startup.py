@@ -39,6 +39,8 @@ def runs(tmp_path_factory):
     commands["draw"] = ["-c", DRAW, str(folder)]
     commands["methods"] = ["-m", "vitexplain.cli.main", "methods"]
     commands["bad_limit"] = ["-X", "importtime", "-m", "vitexplain.cli.main", "bench", "--limit", "0"]
+    (folder / "taken").write_text("a file where the output folder should go")
+    commands["bad_output"] = ["-X", "importtime", "-m", "vitexplain.cli.main", "bench", "-o", str(folder / "taken")]
     commands["metrics"] = ["-X", "importtime", "-m", "vitexplain.cli.main", "methods", "--metrics"]
     return dict(zip(commands, run_python_many(*commands.values())))
 
@@ -67,9 +69,11 @@ def test_help_version_and_import_load_nothing_heavy(runs, run):
 
 
 def test_a_bad_flag_is_refused_before_torch_and_listing_protocols_loads_no_model_library(runs):
-    refused = runs["bad_limit"]
-    assert refused.returncode == 2 and "argument --limit: expected an integer >= 1, got 0" in refused.stderr
-    assert not {name for name in _imported(refused) if name.split(".")[0] in HEAVY}
+    for run, message in (("bad_limit", "argument --limit: expected an integer >= 1, got 0"),
+                         ("bad_output", "taken is a file, not a folder")):
+        refused = runs[run]
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+        assert not {name for name in _imported(refused) if name.split(".")[0] in HEAVY}
     listed = runs["metrics"]
     assert listed.returncode == 0 and "insertion_deletion" in listed.stdout, listed.stderr
     imported = {name.split(".")[0] for name in _imported(listed)}

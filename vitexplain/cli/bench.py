@@ -137,7 +137,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"warning: {message}", file=sys.stderr)
 
 
+def _refused(error: Exception) -> int:
+    """The user's mistake as one line on stderr; the exit status of a refused run."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.output_dir is not None:         # the flag's folder before torch is imported; a config's after it is read
+        try:
+            output_folder(args.output_dir)
+        except ValueError as error:
+            return _refused(error)
     from ..bench import run_benchmark
     from ..models import ModelLoadError
 
@@ -151,8 +162,7 @@ def run(args: argparse.Namespace) -> int:
             output_folder(config.output_dir)
             result = run_benchmark(config)       # resolves the device before any data, model or cache
     except (ValueError, TypeError, OSError, ModelLoadError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return _refused(error)
     finally:
         for key, value in saved.items():
             if value is None:
