@@ -73,10 +73,11 @@ def _assignment(text: str, dotted: bool) -> tuple[str | None, str, Any]:
         raise ValueError(f"cannot read the value of {text!r} as YAML: {str(error).splitlines()[0]}") from None
 
 
-def _with_options(entries: list, assignments: list[str], what: str, excluded: list[str]) -> list[dict[str, Any]]:
+def _with_options(entries: list, assignments: list[str], what: str, excluded: list[str] | str) -> list[dict[str, Any]]:
     """Entries as dicts with ``--<what>-option`` values merged in (matched by label or name). ``all`` stays as it is
     (the config expands it); an option for a name only ``all`` reaches (not one of ``excluded``) names that entry on
-    its own, after ``all``, so that it runs with the option."""
+    its own, last, so that it runs with the option."""
+    excluded = [excluded] if isinstance(excluded, str) else list(excluded)     # a YAML file may give one name
     entries = [entry if entry == "all" else {"name": entry} if isinstance(entry, str) else dict(entry)
                for entry in entries]
     for text in assignments:
