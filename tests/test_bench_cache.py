@@ -3,9 +3,6 @@ line."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -16,10 +13,10 @@ from safetensors.torch import load_file, save
 from vitexplain.bench import BenchConfig, run_benchmark
 from vitexplain.bench.store import CacheWarning, ShardStore, read_record, write_record
 
+from cli import run_cli
 from conftest import make_vit
 from test_bench_fakes import RandomImages
 
-ROOT = Path(__file__).parent.parent
 IMAGES = 6
 LEVELS = 4                                  # head, block 1, block 0, embedding of a two-block ViT
 
@@ -114,23 +111,16 @@ def test_records_carry_a_checksum(tmp_path):
     assert not path.exists() and read_record(path) is None
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "vitexplain.cli.main", "bench", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_cli_config_errors_are_one_line_before_any_work(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("models: [digits_vit]\nmethods: [gae\nmetrics: [sparseness]\n")
-    done = _cli("--config", str(bad), "-o", str(tmp_path / "out"), cwd=tmp_path)
+    done = run_cli("bench", "--config", str(bad), "-o", str(tmp_path / "out"), cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [f"error: {bad}:3:8: invalid YAML: expected ',' or ']', but got ':' "
                                         "while parsing a flow sequence"]
     bad.write_text("models: [digits_vit]\nmethods: [{name: tis, options: {n_masks: 0}}]\nmetrics: [sparseness]\n"
                    "dataset: digits\n")
-    done = _cli("--config", str(bad), "-o", str(tmp_path / "out"), cwd=tmp_path)
+    done = run_cli("bench", "--config", str(bad), "-o", str(tmp_path / "out"), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["error: option n_masks of method 'tis' must be an integer >= 1, got 0"]
     assert not (tmp_path / "out").exists()                    # refused at load: nothing was run or written
@@ -139,12 +129,12 @@ def test_cli_config_errors_are_one_line_before_any_work(tmp_path):
 def test_cli_names_a_repaired_cache_file_in_one_line(tmp_path):
     args = ["--model", "digits_vit", "--method", "random_baseline", "--metric", "sparseness", "--dataset", "digits",
             "--dataset-option", "n=4", "--device", "cpu", "--no-progress", "-o", str(tmp_path / "out")]
-    first = _cli(*args, cwd=tmp_path)
+    first = run_cli("bench", *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     scores = json.loads((tmp_path / "out" / "results.json").read_text())["scores"]
     shard = next((tmp_path / "out").glob("cache/*/*/target-predicted/random_baseline-*/maps/*.safetensors"))
     _corrupt(shard, "truncated")
-    second = _cli(*args, cwd=tmp_path)
+    second = run_cli("bench", *args, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     warned = [line for line in second.stderr.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and str(shard) in warned[0] and "computed again" in warned[0]

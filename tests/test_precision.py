@@ -5,8 +5,6 @@ method and an LRP one."""
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 import textwrap
 import warnings
 
@@ -26,6 +24,7 @@ from vitexplain.instrumentation.precision import (
 from vitexplain.models import load_model
 from vitexplain.registry import get_method
 
+from cli import run_python_many
 from conftest import make_vit
 from quick import method_options
 from zoo import enrolled, randomise
@@ -227,8 +226,6 @@ def test_every_way_of_setting_tf32_comes_back_exactly():
     """Each way a user sets TF32 (legacy switches, torch >= 2.9's per-backend ones, mixtures torch refuses to
     read back through the legacy getters) is switched off inside a scope and comes back exactly, each in a fresh
     process (the switches are process-wide)."""
-    processes = [subprocess.Popen([sys.executable, "-c", FLAG_CHECK.replace("SETUP", repr(setup))],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for setup in SETUPS]
-    for setup, process in zip(SETUPS, processes):
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0 and out.strip() == "ok", (setup, err[-2000:])
+    done = run_python_many(*(["-c", FLAG_CHECK.replace("SETUP", repr(setup))] for setup in SETUPS), timeout=300)
+    for setup, process in zip(SETUPS, done):
+        assert process.returncode == 0 and process.stdout.strip() == "ok", (setup, process.stderr[-2000:])

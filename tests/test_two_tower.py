@@ -7,10 +7,6 @@ logit_scale·cos + logit_bias), its gradient by plain autograd, and the attentio
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -20,6 +16,8 @@ transformers = pytest.importorskip("transformers")
 
 import vitexplain  # noqa: E402
 from vitexplain.instrumentation import adapter_for  # noqa: E402
+
+from cli import run_cli  # noqa: E402
 
 TEXTS = ["a dog", "a cat", "a cat sat"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -187,12 +185,6 @@ def test_text_targets_refused_clearly():
     assert [module.training for module in clip.modules()] == flags
 
 
-def _run_cli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "vitexplain.cli.main", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory):
     model, tok = two_tower("clip")
@@ -210,7 +202,7 @@ def test_cli_explains_each_text(clip_folder, tmp_path):
 
     picture = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(picture)
-    done = _run_cli("explain", str(picture), "--model", str(clip_folder), "--method", "gae", "--text", "a dog",
+    done = run_cli("explain", str(picture), "--model", str(clip_folder), "--method", "gae", "--text", "a dog",
                     "--text", "A cat!", "--device", "cpu", "-o", str(tmp_path / "out"), "--no-progress", "--html",
                     cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -235,7 +227,7 @@ def test_cli_refuses_before_reading_images(clip_folder, tmp_path, capsys):
 
     missing = str(tmp_path / "absent.png")
     out = tmp_path / "out"
-    no_text = _run_cli("explain", missing, "--model", str(clip_folder), "--method", "gae", "-o", str(out), cwd=tmp_path)
+    no_text = run_cli("explain", missing, "--model", str(clip_folder), "--method", "gae", "-o", str(out), cwd=tmp_path)
     assert no_text.returncode == 2 and "give --text" in no_text.stderr
     # the other refusals in this process (each subprocess costs seconds of imports)
     assert main(["explain", missing, "--model", str(clip_folder), "--method", "gae", "--text", "a dog", "--target", "1",
