@@ -4,15 +4,17 @@ Each new interpreter pays seconds for importing torch and torchvision (torchvisi
 tests start the commands they need together with :func:`run_cli_many` (a few at a time) and check several things
 per command; and a ``python -m MODULE`` or ``python -c CODE`` command is forked from a server that has imported
 the two already (the standard library's ``forkserver``, with them as its preload): a new process that runs the
-module as ``__main__`` with the command's arguments, environment, working directory and standard streams, as
-``python`` would. A command whose interpreter would start differently (other interpreter flags such as
-``-X importtime``, or another value of a variable that Python, torch or the C libraries read when they start:
-``PYTHON*``, ``OMP_*``, ``TORCH*``, ...) is a new interpreter, as are commands run with ``fork=False``: the tests
-of what a command imports at start. ``tests/test_cli_runner.py`` checks that both ways give the same result.
+module as ``__main__`` with the command's arguments, environment, import path, working directory and standard
+streams, as ``python`` would. A command whose interpreter would start differently is a new interpreter: other
+interpreter flags (``-X importtime``: the tests of what a command imports at start), another value of a variable
+that Python, torch or the C libraries read when they start (``PYTHON*``, ``OMP_*``, ``TORCH*``, ...), a PYTHONPATH
+that would shadow a preloaded module, or ``fork=False``. ``tests/test_cli_runner.py`` checks that both ways end
+alike (docs/decisions/performance.md).
 """
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import multiprocessing
 import os
@@ -24,6 +26,7 @@ import time
 import traceback
 import types
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +52,7 @@ class Finished:
 
 def python_env() -> dict[str, str]:
     """The environment with this checkout first on PYTHONPATH."""
-    return python_env_of(dict(os.environ))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *_python_path(os.environ)])}
 
 
 class _Server:
@@ -73,16 +76,17 @@ class _Server:
             cls.installed = json.loads(subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps("
                                                        "sys.path[1:]))"], env=bare, capture_output=True, text=True,
                                                       check=True).stdout)
-        keys = {*environment, *cls.environment}
-        return not any(key.startswith(AT_START) and environment.get(key) != cls.environment.get(key)
-                       for key in keys if key != "PYTHONPATH") and \
-            environment.get("PYTHONPATH") == python_env_of(cls.environment).get("PYTHONPATH")
+        keys = {*environment, *cls.environment} - {"PYTHONPATH"}
+        if any(key.startswith(AT_START) and environment.get(key) != cls.environment.get(key) for key in keys):
+            return False
+        # PYTHONPATH only makes the import path, which the child sets: it matters where it would shadow what the
+        # server imported
+        return not any(PathFinder.find_spec(name, [entry]) for entry in _python_path(environment)
+                       for name in PRELOADED)
 
 
-def python_env_of(environment: dict[str, str]) -> dict[str, str]:
-    """``environment`` with this checkout first on PYTHONPATH."""
-    paths = [str(REPO), *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**environment, "PYTHONPATH": os.pathsep.join(paths)}
+def _python_path(environment: dict[str, str]) -> list[str]:
+    return [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep) if entry]
 
 
 def _as_python_would(args: list, environment: dict[str, str], cwd: str, out: str, err: str,
@@ -96,8 +100,8 @@ def _as_python_would(args: list, environment: dict[str, str], cwd: str, out: str
         os.dup2(opened, descriptor)
         os.close(opened)
     option, target, *rest = args
-    sys.path[:] = [cwd if option == "-m" else "", *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep)),
-                   *installed]
+    sys.path[:] = [cwd if option == "-m" else "", *_python_path(environment), *installed]
+    importlib.invalidate_caches()  # the server's listings of folders may predate files a test wrote since
     status = 0
     try:
         if option == "-m":

@@ -41,3 +41,16 @@ def test_a_variable_read_at_start_gives_a_new_interpreter(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", str(wanted))
     (after,) = run_python_many(probe)
     assert int(after.stdout) == wanted
+
+
+def test_pythonpath_is_the_import_path_and_a_shadowed_preload_gives_a_new_interpreter(tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "probe.py").write_text("print('mine')\n")
+    (tmp_path / "shadow" / "torch").mkdir(parents=True)
+    (tmp_path / "shadow" / "torch" / "__init__.py").write_text("print('a torch of my own')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mine"))
+    ((forked, new),) = _both(run_python_many, ["-c", "import probe"])
+    assert forked.stdout == new.stdout == "mine\n"
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "shadow"))
+    (shadowed,) = run_python_many(["-c", "import torch"])
+    assert shadowed.stdout == "a torch of my own\n"
