@@ -185,7 +185,8 @@ def run_python_many(*commands: list, cwd: str | Path | None = None, parallel: in
     ``fork=False``: each in a new interpreter, even where the fork server could run it (module docstring).
 
     Each child's peak memory is read from ``/proc/PID/status`` while it runs (``ru_maxrss`` would
-    count the memory of the test process it was forked from).
+    count the memory of the test process it was forked from); a forked child's starts from the server's resident
+    memory, torch and torchvision, where a new interpreter's counts its own import of them.
     """
     results: list[Finished | None] = [None] * len(commands)
     running: dict[int, tuple] = {}

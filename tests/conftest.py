@@ -25,8 +25,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 #: the durations printed at the end of a run), longest first. scripts/test.sh hands whole files to two workers in
 #: collection order (``--dist loadfile --no-loadscope-reorder``); these go first, the others after them by their
 #: number of tests, so that no long file starts last and ends the run alone (docs/decisions/performance.md)
-LONG_FILES = ("test_docs_examples.py", "test_wheel.py", "test_cli_explain.py", "test_method_contract.py",
-              "test_default_bench.py", "test_plugins.py", "test_bench_cache.py", "test_devices.py", "test_support.py")
+LONG_FILES = ("test_docs_examples.py", "test_wheel.py", "test_precision.py", "test_method_contract.py",
+              "test_train.py", "test_cli_explain.py", "test_bench_cache.py", "test_default_bench.py",
+              "test_bench_processes.py", "test_notebook.py", "test_support.py")
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, mlp_ratio=2.0, num_classes=10)
 
