@@ -64,18 +64,23 @@ class _Server:
     installed: list[str] = []
 
     @classmethod
+    def start(cls) -> None:
+        """Make the server (once): its context, the environment it starts with, a bare interpreter's path."""
+        if cls.context is not None:
+            return
+        cls.context = multiprocessing.get_context("forkserver")
+        cls.context.set_forkserver_preload(list(PRELOADED))
+        cls.environment = dict(os.environ)
+        bare = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        cls.installed = json.loads(subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps("
+                                                   "sys.path[1:]))"], env=bare, capture_output=True, text=True,
+                                                  check=True).stdout)
+
+    @classmethod
     def serves(cls, args: list, environment: dict[str, str]) -> bool:
-        """Whether ``python ARGS`` with ``environment`` starts as a child of the server would."""
+        """Whether ``python ARGS`` with ``environment`` starts as a child of the (started) server would."""
         if not args or args[0] not in ("-m", "-c") or len(args) < 2:
             return False
-        if cls.context is None:
-            cls.context = multiprocessing.get_context("forkserver")
-            cls.context.set_forkserver_preload(list(PRELOADED))
-            cls.environment = dict(os.environ)
-            bare = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-            cls.installed = json.loads(subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps("
-                                                       "sys.path[1:]))"], env=bare, capture_output=True, text=True,
-                                                      check=True).stdout)
         keys = {*environment, *cls.environment} - {"PYTHONPATH"}
         if any(key.startswith(AT_START) and environment.get(key) != cls.environment.get(key) for key in keys):
             return False
@@ -138,9 +143,7 @@ class _Forked:
     def poll(self) -> int | None:
         return self.process.exitcode
 
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
+    returncode = property(poll)
 
     def kill(self) -> None:
         self.process.kill()
@@ -153,6 +156,8 @@ class _Forked:
 def _start(args: list, cwd: str | Path | None, fork: bool) -> tuple:
     out, err = (tempfile.NamedTemporaryFile("w+") for _ in range(2))
     args, environment = list(map(str, args)), python_env()
+    if fork:
+        _Server.start()
     if fork and _Server.serves(args, environment):
         process = _Forked(args, environment, os.path.abspath(cwd or os.getcwd()), out, err)
     else:
